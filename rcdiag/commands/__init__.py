@@ -1,0 +1,1 @@
+"""One module per CLI command; each exposes `command(...)` for rcdiag.cli to register."""

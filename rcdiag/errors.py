@@ -1,0 +1,33 @@
+"""Typed errors users can cause; the CLI turns each into `Error: …` and exit code 1."""
+from __future__ import annotations
+
+
+class RcdiagError(Exception):
+    """Base class of every error rcdiag raises on purpose (never for a bug)."""
+
+
+class InputError(RcdiagError, ValueError):
+    """Bad input data, located as precisely as known: file, row, field, and a hint at the fix."""
+
+    def __init__(self, message: str, *, file: str | None = None, row: int | None = None,
+                 field: str | None = None, hint: str | None = None) -> None:
+        self.file, self.row, self.field, self.hint = file, row, field, hint
+        where = []
+        if file is not None:
+            where.append(str(file))
+        if row is not None:
+            where.append(f"row {row}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        text = (" ".join(where) + ": " if where else "") + message
+        if hint:
+            text += f" — {hint}"
+        super().__init__(text)
+
+
+class RunDirError(RcdiagError):
+    """A path that is not a (complete) run directory, or a run that conflicts with the requested one."""
+
+
+class ConfigError(RcdiagError, ValueError):
+    """An invalid option or option combination (unknown mode, bad threshold, unsafe sampling settings…)."""

@@ -1,0 +1,163 @@
+"""Column schemas of the run directory and the structural checks every reader and writer shares."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rcdiag.errors import InputError
+
+TOKEN_SCHEMA = pa.schema([
+    ("seq_id", pa.int64()),
+    ("pos", pa.int32()),
+    ("token_id", pa.int32()),
+    ("rollout_logprob", pa.float32()),
+    ("train_logprob", pa.float32()),
+    ("train_entropy", pa.float32()),
+    ("mask", pa.bool_()),
+])
+"""One row per response token, sorted by (seq_id, pos); pos counts from 0 at the first response token."""
+
+SEQUENCE_SCHEMA = pa.schema([
+    ("seq_id", pa.int64()),
+    ("prompt_id", pa.string()),
+    ("sample_index", pa.int32()),
+    ("prompt_text", pa.string()),
+    ("response_text", pa.string()),
+    ("prompt_len", pa.int32()),
+    ("response_len", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("reward", pa.float64()),
+    ("step", pa.int64()),
+    ("prompt_token_ids", pa.list_(pa.int32())),
+])
+"""One row per rollout (including empty responses, which have no token rows)."""
+
+KEY_COLUMNS = ("seq_id", "pos")
+LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob")
+INTEGER_COLUMNS = ("seq_id", "pos", "token_id", "sample_index", "prompt_len", "response_len", "step")
+
+
+def as_table(data: object, *, source: str = "<data>") -> pa.Table:
+    """Turn a pandas DataFrame, Arrow table or record batch into an Arrow table (index dropped)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a hard dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InputError(f"expected a pandas DataFrame or an Arrow table, got {type(data).__name__}", file=source)
+
+
+def conform(table: pa.Table, schema: pa.Schema, *, source: str, required: Sequence[str] = ()) -> pa.Table:
+    """Cast `table` to `schema`: required columns must exist, missing optional ones become null.
+
+    Integer columns must hold integers (a float `seq_id` is an error, not a silent cast); float columns accept any
+    numeric type. Columns not in the schema are dropped.
+    """
+    for name in required:
+        if name not in table.column_names:
+            raise InputError(f"missing required column '{name}' (have: {', '.join(table.column_names)})",
+                             file=source, field=name)
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(field.name)
+        if column.type == field.type:
+            columns.append(column)
+            continue
+        _check_castable(column, field, source)
+        try:
+            columns.append(column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InputError(f"cannot convert {column.type} to {field.type}: {exc}", file=source,
+                             field=field.name) from None
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _check_castable(column: pa.ChunkedArray, field: pa.Field, source: str) -> None:
+    kind = column.type
+    if pa.types.is_null(kind):
+        return
+    if pa.types.is_integer(field.type) and not pa.types.is_integer(kind):
+        raise InputError(f"wrong dtype {kind}: must be an integer column", file=source, field=field.name)
+    if pa.types.is_floating(field.type) and not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
+        raise InputError(f"wrong dtype {kind}: must be a numeric column", file=source, field=field.name)
+    if pa.types.is_boolean(field.type) and not (pa.types.is_boolean(kind) or pa.types.is_integer(kind)):
+        raise InputError(f"wrong dtype {kind}: must be a boolean (or 0/1) column", file=source, field=field.name)
+
+
+def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: int = 0,
+               previous: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """Check (seq_id, pos) is strictly increasing and pos ≥ 0; return the last key (to chain batches).
+
+    Raises InputError naming the first offending row (counted from `row_offset`).
+    """
+    n = len(seq_id)
+    if n == 0:
+        return previous
+    negative = np.flatnonzero(pos < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise InputError(f"negative position {int(pos[i])} (seq {int(seq_id[i])})", file=source,
+                         row=row_offset + i, field="pos")
+    if previous is not None:
+        s0, p0 = int(seq_id[0]), int(pos[0])
+        if (s0, p0) <= previous:
+            _raise_order(previous, (s0, p0), source, row_offset)
+    if n > 1:
+        ds = np.diff(seq_id)
+        dp = np.diff(pos)
+        bad = np.flatnonzero((ds < 0) | ((ds == 0) & (dp <= 0)))
+        if bad.size:
+            i = int(bad[0])
+            _raise_order((int(seq_id[i]), int(pos[i])), (int(seq_id[i + 1]), int(pos[i + 1])), source,
+                         row_offset + i + 1)
+    return int(seq_id[-1]), int(pos[-1])
+
+
+def _raise_order(before: tuple[int, int], after: tuple[int, int], source: str, row: int) -> None:
+    what = "duplicated" if before == after else "unsorted"
+    raise InputError(f"{what} (seq_id, pos): {after} follows {before}; token rows must be sorted by (seq_id, pos) "
+                     "with each pair once", file=source, row=row, field="seq_id/pos")
+
+
+def check_finite(values: np.ndarray, valid: np.ndarray, *, column: str, seq_id: np.ndarray, pos: np.ndarray,
+                 source: str, row_offset: int = 0, hint: str | None = None) -> None:
+    """Raise InputError at the first valid position where `values` is NaN, ±inf or null (NaN here)."""
+    bad = np.flatnonzero(valid & ~np.isfinite(values))
+    if bad.size:
+        i = int(bad[0])
+        value = values[i]
+        what = "missing (null or NaN)" if np.isnan(value) else f"{value}"
+        raise InputError(f"{column} is {what} on a valid position (seq {int(seq_id[i])}, pos {int(pos[i])}); "
+                         f"{int(bad.size)} such value(s) in this batch", file=source, row=row_offset + i,
+                         field=column, hint=hint)
+
+
+def column_as_float64(batch: pa.RecordBatch | pa.Table, name: str) -> np.ndarray:
+    """A float column as float64 numpy, nulls as NaN."""
+    column = batch.column(name)
+    if column.null_count:
+        column = pc.fill_null(column.cast(pa.float64()), np.nan)
+    return np.asarray(column, dtype=np.float64)
+
+
+def mask_as_bool(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+    """The `mask` column as bool numpy; a missing column or null entry counts as valid (True)."""
+    if "mask" not in batch.schema.names:
+        return np.ones(batch.num_rows, dtype=bool)
+    column = batch.column("mask")
+    if not pa.types.is_boolean(column.type):
+        column = pc.not_equal(column, 0)
+    if column.null_count:
+        column = pc.fill_null(column, True)
+    return np.asarray(column, dtype=bool)

@@ -141,7 +141,7 @@ class RunWriter:
 
     def _has_content(self) -> bool:
         return (self.path / MANIFEST_NAME).exists() or (self.path / PENDING_NAME).exists() or any(
-            (self.path / sub).glob("part-*.parquet") for sub in (TOKENS_DIR, SEQUENCES_DIR))
+            any((self.path / sub).glob("part-*.parquet")) for sub in (TOKENS_DIR, SEQUENCES_DIR))
 
     def _previous_spec(self) -> Any:
         for name in (PENDING_NAME, MANIFEST_NAME):
@@ -261,14 +261,18 @@ def split_into_shards(tokens: pa.Table, sequences: pa.Table, shard_tokens: int) 
 
 def write_run(path: str | os.PathLike, tokens: object, sequences: object | None = None,
               manifest: dict[str, Any] | None = None, *, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-              overwrite: bool = True) -> Run:
+              overwrite: bool = False) -> Run:
     """Write a whole run from DataFrames (or Arrow tables) and return it opened.
 
     `tokens` needs `seq_id`, `pos`, `rollout_logprob`; `token_id`, `train_logprob`, `train_entropy`, `mask` are
     optional (null; `mask` defaults to True). `sequences` may hold only `seq_id` plus whatever is known, and may
     list sequences without token rows (empty responses); when None it is derived from the tokens. `manifest`
-    sections are merged over a fresh skeleton (`source` defaults to "manual").
+    sections are merged over a fresh skeleton (`source` defaults to "manual"). An existing non-empty directory is
+    refused unless `overwrite=True`, which replaces it.
     """
+    path = Path(path)
+    if not overwrite and path.is_dir() and any(path.iterdir()):
+        raise RunDirError(f"{path}: exists and is not empty; pass overwrite=True to replace it")
     token_table = prepare_tokens(tokens)
     sequence_table = prepare_sequences(sequences, token_table)
     base = new_manifest((manifest or {}).get("source", {}).get("kind", "manual")

@@ -1,0 +1,86 @@
+"""Log-prob of the sampled token and entropy from final hidden states, with the LM head applied chunk by chunk.
+
+Never materialises the float32 `[tokens × vocab]` logits of a whole row: only `[chunk_tokens × vocab]` at a time
+(plus one same-sized buffer in the epilogue), so peak memory is bounded by the chunk, not by row length × vocab.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Epilogue = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def epilogue_inplace(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits `[C, V]` float32 (overwritten), targets `[C]` int64 → (log p(target) `[C]`, entropy `[C]`).
+
+    Uses one extra `[C, V]` buffer (for p·log p). Empty input gives two empty tensors.
+    """
+    lse = torch.logsumexp(logits, dim=-1)
+    logits.sub_(lse[:, None])  # now log-probs
+    logp = logits.gather(-1, targets[:, None])[:, 0]
+    entropy = -(logits.exp().mul_(logits)).sum(-1)
+    return logp, entropy
+
+
+def _epilogue_functional(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+
+@functools.cache
+def compiled_epilogue() -> Epilogue:
+    """The epilogue fused by torch.compile (≈7× faster than eager on CPU at V = 152k; compiles on first call)."""
+    return torch.compile(_epilogue_functional, dynamic=True)
+
+
+def logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """Extra logit processing some architectures do after the LM head (Cohere `logit_scale`, Gemma-2
+    `final_logit_softcapping`), applied in float32 before the temperature; None for plain heads (Qwen, Llama)."""
+    scale = getattr(config, "logit_scale", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if not scale and not cap:
+        return None
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        if scale:
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
+def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
+                     temperature: float = 1.0, chunk_tokens: int = 1024, epilogue: Epilogue = epilogue_inplace,
+                     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log p(target) and entropy of softmax(lm_head(hidden) / temperature).
+
+    hidden `[N, H]` (model dtype) holds the final hidden state of the position *before* each target; targets
+    `[N]` int64. The LM head runs on `chunk_tokens` rows at a time, its output is cast to float32, transformed,
+    divided by `temperature`, and reduced by `epilogue`. Returns two float32 `[N]` tensors on hidden's device
+    (empty for N = 0).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n = hidden.shape[0]
+    logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    targets = targets.to(device=hidden.device, dtype=torch.int64)
+    for start in range(0, n, chunk_tokens):
+        stop = min(start + chunk_tokens, n)
+        logits = lm_head(hidden[start:stop]).float()
+        if transform is not None:
+            logits = transform(logits)
+        if temperature != 1.0:
+            logits.div_(temperature)
+        logp[start:stop], entropy[start:stop] = epilogue(logits, targets[start:stop])
+        del logits
+    return logp, entropy

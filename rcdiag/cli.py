@@ -24,6 +24,8 @@ app = typer.Typer(
 # (command name, module under rcdiag.commands). Each module defines `command(...)` with typer options and a
 # docstring whose examples `--help` shows.
 COMMANDS: list[tuple[str, str]] = [
+    ("dashboard", "dashboard"),
+    ("import", "import_"),
 ]
 
 

@@ -1,0 +1,56 @@
+"""`rcdiag import`: turn a framework's rollout dump into a run directory (thin shell over rcdiag.importers)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rcdiag.importers import FORMATS, ImportOptions, import_run
+from rcdiag.importers.common import summary_lines
+
+_D = ImportOptions()
+_FIELD = "jsonl/parquet: name of the field holding"
+
+
+def command(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=f"One of: {', '.join(FORMATS)}.")],
+    path: Annotated[Path, typer.Argument(help="The dump: a file or a directory (see FORMAT).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to create.")],
+    allow_pickle: Annotated[bool, typer.Option(
+        "--allow-pickle", help="Load pickle-based dumps (slime/miles .pt, verl .dp). Pickle runs code named in "
+                               "the file when loaded: use only for dumps you trust.")] = _D.allow_pickle,
+    tokenizer: Annotated[str | None, typer.Option(help="trl/swift: local tokenizer directory.")] = _D.tokenizer,
+    train_data: Annotated[str | None, typer.Option(
+        help="slime/miles: the train dump (with log_probs) for a single rollout dump file.")] = _D.train_path,
+    response_ids_field: Annotated[str | None, typer.Option(help=f"{_FIELD} response token ids.")] = None,
+    rollout_logprobs_field: Annotated[str | None, typer.Option(help=f"{_FIELD} rollout logprobs.")] = None,
+    train_logprobs_field: Annotated[str | None, typer.Option(help=f"{_FIELD} trainer logprobs.")] = None,
+    mask_field: Annotated[str | None, typer.Option(help=f"{_FIELD} the loss mask (0 = excluded).")] = None,
+    prompt_ids_field: Annotated[str | None, typer.Option(help=f"{_FIELD} prompt token ids.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run.")] = _D.overwrite,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = _D.quiet,
+) -> None:
+    """Import rollouts from slime/miles, verl, generic JSONL/Parquet, TRL or ms-swift into a run directory.
+
+    The manifest records the source format, its padding/mask/placeholder conventions and what the source lacks;
+    the same is printed. A failed import leaves nothing behind. Without a --*-field flag, common field names are
+    tried (response_ids/completion_ids/output_ids…, rollout_logprobs/logprobs…, mask/loss_mask/response_mask…).
+
+    Examples:
+
+        rcdiag import slime dump_dir/ --out runs/slime --allow-pickle      # a --dump-details DIR: both sides
+
+        rcdiag import verl ~/.verl/rollout_dump/exp/ --out runs/verl --allow-pickle
+
+        rcdiag import jsonl rollouts.jsonl --out runs/mine --response-ids-field completion_ids --rollout-logprobs-field logprobs
+
+        rcdiag import trl outputs/completions/ --out runs/trl --tokenizer ./model    # then: rcdiag score --rescore-both runs/trl
+    """
+    options = ImportOptions(allow_pickle=allow_pickle, tokenizer=tokenizer, train_path=train_data,
+                            response_ids_field=response_ids_field, rollout_logprobs_field=rollout_logprobs_field,
+                            train_logprobs_field=train_logprobs_field, mask_field=mask_field,
+                            prompt_ids_field=prompt_ids_field, overwrite=overwrite, quiet=quiet)
+    run, imported = import_run(fmt, path, out, options)
+    for line in summary_lines(imported, run):
+        typer.echo(line)

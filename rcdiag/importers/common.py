@@ -1,0 +1,252 @@
+"""What every importer shares: per-sequence records, length checks with pattern diagnosis, atomic run writing."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rcdiag.errors import InputError, RunDirError
+
+
+@dataclass
+class ImportOptions:
+    """Options of `rcdiag import` (each default lives here; the CLI reads them from this class)."""
+
+    allow_pickle: bool = False
+    tokenizer: str | None = None
+    train_path: str | None = None
+    response_ids_field: str | None = None
+    rollout_logprobs_field: str | None = None
+    train_logprobs_field: str | None = None
+    mask_field: str | None = None
+    prompt_ids_field: str | None = None
+    overwrite: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class Record:
+    """One imported sequence. Arrays are 1-D and per response token; None = the source lacks the field.
+
+    `where` locates the sequence in the source (file, row) for error messages.
+    """
+
+    response_ids: Any
+    rollout_logprobs: Any = None
+    train_logprobs: Any = None
+    mask: Any = None
+    where: tuple[str, int | None] = ("<source>", None)
+    prompt_ids: Any = None
+    prompt_text: str | None = None
+    response_text: str | None = None
+    prompt_id: str | None = None
+    sample_index: int | None = None
+    finish_reason: str | None = None
+    reward: float | None = None
+    step: int | None = None
+
+
+@dataclass
+class Imported:
+    """An importer's result: the records plus what the manifest says about the source."""
+
+    fmt: str
+    path: Path
+    records: list[Record]
+    conventions: dict[str, Any] = field(default_factory=dict)
+    lacks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    retokenized: bool = False
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------- length checks
+def length_pattern(n_tokens: int, n_values: int, prompt_len: int | None = None) -> str:
+    """Name the usual cause of a count mismatch between response tokens (n) and per-token values (m)."""
+    if n_values == n_tokens + 1:
+        return "+1 pattern: one value too many (a logprob for the last prompt token, or for an appended EOS)"
+    if n_values == n_tokens - 1:
+        return "-1 pattern: one value too few (the first or the final EOS token has no logprob: a shift by one)"
+    if n_values == 2 * n_tokens + 1:
+        return "2n+1 pattern: the values are duplicated plus one (logprobs gathered twice, as in ms-swift#6890)"
+    if prompt_len and n_values in (prompt_len + n_tokens, prompt_len + n_tokens - 1):
+        return "the values cover prompt+response tokens: keep only the response part"
+    return "no known pattern"
+
+
+def _check_one(record: Record, name: str, values: Any, n: int) -> str | None:
+    if values is None:
+        return None
+    m = len(values)
+    if m == n:
+        return None
+    plen = None if record.prompt_ids is None else len(record.prompt_ids)
+    return f"{name} has {m} values for {n} response tokens ({length_pattern(n, m, plen)})"
+
+
+def check_lengths(records: Sequence[Record], fields: dict[str, str]) -> None:
+    """Every per-token array must have one value per response token.
+
+    `fields` maps Record attributes to the source field names shown in errors. Raises InputError at the first
+    offending sample, with the ±1 / 2n+1 pattern and how many samples share the mismatch.
+    """
+    for attr, source_name in fields.items():
+        first, count = None, 0
+        for record in records:
+            problem = _check_one(record, source_name, getattr(record, attr), len(record.response_ids))
+            if problem:
+                count += 1
+                first = first or (record, problem)
+        if first is not None:
+            record, problem = first
+            raise InputError(f"{problem}; {count} of {len(records)} sample(s) have mismatched lengths",
+                             file=record.where[0], row=record.where[1], field=source_name,
+                             hint="fix the dump, or pass the field that holds response-token values")
+
+
+def check_presence(records: Sequence[Record], fields: dict[str, str]) -> None:
+    """A per-token field must be present in every sample or in none (a sample missing it is an error)."""
+    for attr, source_name in fields.items():
+        have = [getattr(r, attr) is not None for r in records]
+        if any(have) and not all(have):
+            record = records[have.index(False)]
+            raise InputError(f"missing in this sample but present in {sum(have)} other(s)", file=record.where[0],
+                             row=record.where[1], field=source_name)
+
+
+# --------------------------------------------------------------------------------------------- tables
+def _concat(records: Sequence[Record], attr: str, dtype: Any, fill: Any) -> np.ndarray:
+    parts = []
+    for r in records:
+        values = getattr(r, attr)
+        n = len(r.response_ids)
+        parts.append(np.full(n, fill, dtype=dtype) if values is None else np.asarray(values, dtype=dtype))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _float_column(records: Sequence[Record], attr: str) -> pa.Array:
+    values = _concat(records, attr, np.float64, np.nan)
+    if all(getattr(r, attr) is None for r in records):
+        return pa.nulls(values.size, pa.float32())
+    return pa.array(values.astype(np.float32))
+
+
+def token_table(records: Sequence[Record]) -> pa.Table:
+    """Flat token rows (TOKEN_SCHEMA columns) from records; seq_id is the record's index."""
+    lengths = np.array([len(r.response_ids) for r in records], dtype=np.int64)
+    seq_id = np.repeat(np.arange(len(records), dtype=np.int64), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    pos = (np.arange(int(lengths.sum()), dtype=np.int64) - starts).astype(np.int32)
+    ids = _concat(records, "response_ids", np.int64, 0)
+    mask = _concat(records, "mask", np.float64, 1.0) != 0
+    return pa.table({
+        "seq_id": seq_id, "pos": pos, "token_id": ids.astype(np.int32),
+        "rollout_logprob": _float_column(records, "rollout_logprobs"),
+        "train_logprob": _float_column(records, "train_logprobs"),
+        "train_entropy": pa.nulls(len(ids), pa.float32()), "mask": mask,
+    })
+
+
+def sequence_table(records: Sequence[Record]) -> pa.Table:
+    """One row per record (SEQUENCE_SCHEMA columns); prompt_len from prompt ids when known."""
+    def col(attr: str) -> list[Any]:
+        return [getattr(r, attr) for r in records]
+
+    prompt_ids = [None if r.prompt_ids is None else [int(x) for x in r.prompt_ids] for r in records]
+    return pa.table({
+        "seq_id": pa.array(np.arange(len(records), dtype=np.int64)),
+        "prompt_id": pa.array(col("prompt_id"), pa.string()),
+        "sample_index": pa.array(col("sample_index"), pa.int32()),
+        "prompt_text": pa.array(col("prompt_text"), pa.string()),
+        "response_text": pa.array(col("response_text"), pa.string()),
+        "prompt_len": pa.array([None if p is None else len(p) for p in prompt_ids], pa.int32()),
+        "response_len": pa.array([len(r.response_ids) for r in records], pa.int32()),
+        "finish_reason": pa.array(col("finish_reason"), pa.string()),
+        "reward": pa.array(col("reward"), pa.float64()),
+        "step": pa.array(col("step"), pa.int64()),
+        "prompt_token_ids": pa.array(prompt_ids, pa.list_(pa.int32())),
+    })
+
+
+def nonfinite_warning(records: Sequence[Record]) -> list[str]:
+    """Warnings for NaN/±inf logprobs on valid (mask True) positions: kept as stored, surfaced, never masked."""
+    out = []
+    for attr in ("rollout_logprobs", "train_logprobs"):
+        for record in records:
+            values = getattr(record, attr)
+            if values is None or not len(values):
+                continue
+            values = np.asarray(values, dtype=np.float64)
+            valid = np.ones(len(values), bool) if record.mask is None else np.asarray(record.mask) != 0
+            bad = np.flatnonzero(valid & ~np.isfinite(values))
+            if bad.size:
+                out.append(f"{record.where[0]} row {record.where[1]}: {attr} is {values[bad[0]]} at response "
+                           f"position {int(bad[0])} on a valid token (kept; metrics will refuse it)")
+                break
+    return out
+
+
+# --------------------------------------------------------------------------------------------- writing
+def source_section(imported: Imported) -> dict[str, Any]:
+    return {
+        "kind": f"imported:{imported.fmt}", "format": imported.fmt, "path": str(imported.path),
+        "retokenized": imported.retokenized, "conventions": imported.conventions,
+        "lacks": imported.lacks, "warnings": imported.warnings,
+    }
+
+
+def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: bool = False) -> Any:
+    """Write records as a run directory at `out`, atomically: a temp sibling directory renamed at the end.
+
+    A failed import leaves nothing at `out` (and an existing run there untouched unless the import succeeds).
+    """
+    from rcdiag.runstore import write_run
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise RunDirError(f"{out}: already exists and is not empty; pass --overwrite to replace it, or choose "
+                          "another --out")
+    if not imported.records:
+        raise InputError("the dump holds no samples", file=str(imported.path))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.importing-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        manifest = {"source": source_section(imported), **imported.sections}
+        write_run(tmp, token_table(imported.records), sequence_table(imported.records), manifest)
+        _replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    from rcdiag.runstore import open_run
+
+    return open_run(out)
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def summary_lines(imported: Imported, run: Any) -> list[str]:
+    """What `rcdiag import` prints: counts, conventions, what the source lacks, warnings."""
+    counts = run.manifest.get("counts", {})
+    lines = [f"Imported {counts.get('sequences')} sequences, {counts.get('tokens')} tokens from "
+             f"{imported.fmt} dump {imported.path} → {run.path}"]
+    lines += [f"  convention  {k}: {v}" for k, v in imported.conventions.items()]
+    lines += [f"  lacks       {item}" for item in imported.lacks]
+    lines += [f"  warning     {item}" for item in imported.warnings]
+    if imported.retokenized:
+        lines.append(f"  The run is RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {run.path}` "
+                     "to compute the rollout and training sides.")
+    return lines

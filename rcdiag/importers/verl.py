@@ -1,0 +1,166 @@
+"""Import verl's pickled DataProto batch cache (`gen_batch.dp`), or a dict of its tensors, without verl installed.
+
+PATH is a `gen_batch.dp` file (or any pickle / torch.save of a DataProto or of a dict of tensors) or a directory
+searched for `**/gen_batch.dp` (SkipManager: `{dump_dir}/…/{step}/gen_batch.dp` next to `meta.json`).
+Tensors: `responses` [B, R] right-padded, `response_mask` [B, R] (0 on padding and tool tokens),
+`rollout_log_probs` [B, R] float32 right-padded with 0.0, `old_log_probs` [B, R] where present (trainer side),
+`prompts` [B, P] left-padded, `attention_mask` [B, P+R] (gives the true prompt and response lengths).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rcdiag.errors import InputError
+from rcdiag.importers.common import Imported, ImportOptions, Record, check_presence, length_pattern
+from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
+from rcdiag.progress import iterate
+
+TOKEN_FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "old_log_probs",
+                "mask": "response_mask"}
+CONVENTIONS = {
+    "engine": "verl rollout (vLLM/SGLang); logprobs_mode per actor_rollout_ref.rollout.logprobs_mode "
+              "(verl default processed_logprobs) — not recorded in the cache",
+    "padding": "prompts left-padded, responses right-padded; the true lengths come from attention_mask",
+    "mask_field": "response_mask (0 on padding and on tool/observation tokens: imported with mask False)",
+    "placeholder": "rollout_log_probs are 0.0 on padding (dropped) and on masked positions (kept as stored)",
+    "rollout_logprobs": "rollout_log_probs",
+}
+
+
+def _unwrap(obj: Any, file: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(tensors, non-tensor arrays, meta_info) from a DataProto stand-in, a TensorDict stand-in or a dict."""
+    if isinstance(obj, dict) and "batch" not in obj:
+        return obj, {}, {}
+    get = obj.get if isinstance(obj, dict) else lambda k, d=None: getattr(obj, k, d)
+    batch = get("batch")
+    if isinstance(batch, PlainContainer):  # a TensorDict: its tensors live in `_tensordict` (or `_dict`)
+        batch = getattr(batch, "_tensordict", None) or getattr(batch, "_dict", None)
+    if not isinstance(batch, dict):
+        raise InputError(f"cannot find the DataProto's tensor batch (got {type(batch).__name__})", file=str(file),
+                         field="batch", hint="export the tensors as a dict with torch.save and import that")
+    return batch, dict(get("non_tensor_batch") or {}), dict(get("meta_info") or {})
+
+
+def _matrix(batch: dict[str, Any], name: str, file: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
+    value = batch.get(name)
+    if value is None:
+        return None
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    value = np.asarray(value)
+    if value.ndim != 2:
+        raise InputError(f"expected a [batch, length] tensor, got shape {value.shape}", file=str(file), field=name)
+    if shape is not None and value.shape != shape:
+        pattern = length_pattern(shape[1], value.shape[1]) if value.shape[0] == shape[0] else "batch sizes differ"
+        raise InputError(f"shape {tuple(value.shape)} does not match responses {shape} ({pattern})",
+                         file=str(file), field=name)
+    return value
+
+
+def _lengths(batch: dict[str, Any], file: Path, responses: np.ndarray, mask: np.ndarray | None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Response lengths [B] and prompt validity [B, P] (None without prompts)."""
+    n_resp = responses.shape[1]
+    attention = _matrix(batch, "attention_mask", file, None)
+    prompts = _matrix(batch, "prompts", file, None)
+    if attention is not None:
+        lengths = (attention[:, -n_resp:] != 0).sum(axis=1)
+        prompt_valid = None if prompts is None else attention[:, :prompts.shape[1]] != 0
+        return lengths, prompt_valid
+    if mask is None:
+        raise InputError("neither attention_mask nor response_mask: cannot tell response tokens from padding",
+                         file=str(file), field="attention_mask")
+    nonzero = mask != 0
+    lengths = np.where(nonzero.any(axis=1), n_resp - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    return lengths, None
+
+
+def _non_tensor(values: dict[str, Any], name: str, i: int) -> Any:
+    column = values.get(name)
+    return None if column is None or i >= len(column) else column[i]
+
+
+def _records(file: Path, step: int | None) -> tuple[list[Record], bool]:
+    batch, non_tensor, _meta = _unwrap(load_pickle_file(file), file)
+    responses = _matrix(batch, "responses", file, None)
+    if responses is None:
+        raise InputError(f"no 'responses' tensor (have: {', '.join(sorted(map(str, batch)))})", file=str(file),
+                         field="responses")
+    shape = responses.shape
+    rollout = _matrix(batch, "rollout_log_probs", file, shape)
+    train = _matrix(batch, "old_log_probs", file, shape)
+    mask = _matrix(batch, "response_mask", file, shape)
+    lengths, prompt_valid = _lengths(batch, file, responses, mask)
+    prompts = _matrix(batch, "prompts", file, None)
+    records = []
+    for i in range(shape[0]):
+        n = int(lengths[i])
+        records.append(Record(
+            response_ids=responses[i, :n].astype(np.int64), where=(str(file), i),
+            rollout_logprobs=None if rollout is None else rollout[i, :n],
+            train_logprobs=None if train is None else train[i, :n], mask=None if mask is None else mask[i, :n],
+            prompt_ids=None if prompt_valid is None else prompts[i][prompt_valid[i]].astype(np.int64),
+            prompt_id=_str(_non_tensor(non_tensor, "uid", i)), sample_index=i, step=step,
+            reward=_float(_non_tensor(non_tensor, "score", i))))
+    return records, train is not None
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _files(path: Path) -> list[tuple[Path, int | None]]:
+    """(dump file, step) pairs; the step comes from meta.json next to the file, else the folder name."""
+    if path.is_file():
+        candidates = [path]
+    elif path.is_dir():
+        candidates = sorted(path.rglob("gen_batch.dp"))
+        if not candidates:
+            raise InputError("no gen_batch.dp below this directory", file=str(path))
+    else:
+        raise InputError("no such file or directory", file=str(path))
+    out = []
+    for file in candidates:
+        step = None
+        meta = file.parent / "meta.json"
+        if meta.exists():
+            step = json.loads(meta.read_text()).get("global_steps")
+        elif file.parent.name.isdigit():
+            step = int(file.parent.name)
+        out.append((file, step))
+    return sorted(out, key=lambda p: (p[1] is None, p[1] or 0, str(p[0])))
+
+
+def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
+    """Read verl batch caches into records (see the module docstring)."""
+    require_consent(path, fmt, opts.allow_pickle)
+    records: list[Record] = []
+    have_train = []
+    for file, step in iterate(_files(path), desc="verl batches", silent=opts.quiet):
+        batch_records, has_train = _records(file, step)
+        records += batch_records
+        have_train.append(has_train)
+    check_presence(records, {"rollout_logprobs": "rollout_log_probs", "mask": "response_mask"})
+    lacks = ["sampling settings (temperature, top-p/top-k, logprobs mode): not in the cache", "train_entropy"]
+    if not all(have_train):
+        lacks.insert(0, "old_log_probs (trainer side; computed after the cache is written): run "
+                        "`rcdiag score --rescore-both` or add old_log_probs to the dump")
+    if records and records[0].rollout_logprobs is None:
+        lacks.insert(0, "rollout_log_probs (set actor_rollout_ref.rollout.calculate_log_probs=True)")
+    conventions = {**CONVENTIONS, "train_logprobs": "old_log_probs" if any(have_train) else "none"}
+    if any(have_train) and not all(have_train):
+        raise InputError("old_log_probs present in some batches but not others", file=str(path),
+                         field="old_log_probs")
+    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks)

@@ -34,31 +34,40 @@ TEXT = {"prompt_text": ("prompt", "prompt_text", "input"), "response_text": ("re
 PER_TOKEN = {"rollout_logprobs": "rollout logprobs", "train_logprobs": "train logprobs", "mask": "mask"}
 
 
-def rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, dict) for each row of a .jsonl/.json-lines or .parquet file (or a directory of them)."""
-    files = sorted(p for p in path.iterdir() if p.suffix in {".jsonl", ".parquet"}) if path.is_dir() else [path]
+def rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number, dict) for each row of a JSONL or Parquet file (`fmt`), or of each such file in a directory."""
+    suffix = ".parquet" if fmt == "parquet" else ".jsonl"
+    files = sorted(path.glob(f"*{suffix}")) if path.is_dir() else [path]
     if not files or not files[0].exists():
-        raise InputError("no such file (or no .jsonl/.parquet files in the directory)", file=str(path))
+        raise InputError(f"no such file (or no *{suffix} files in the directory)", file=str(path))
     for file in files:
-        if file.suffix == ".parquet":
-            import pyarrow.parquet as pq
+        yield from (_parquet_rows if fmt == "parquet" else _jsonl_rows)(file)
 
-            for i, row in enumerate(pq.read_table(file).to_pylist()):
-                yield i, row | {"__file__": str(file)}
-            continue
-        with open(file) as handle:
-            for i, line in enumerate(handle):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file),
-                                     row=i) from None
-                if not isinstance(row, dict):
-                    raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file),
-                                     row=i)
-                yield i, row | {"__file__": str(file)}
+
+def _parquet_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"not a readable Parquet file ({exc})", file=str(file)) from None
+    for i, row in enumerate(table.to_pylist()):
+        yield i, row | {"__file__": str(file)}
+
+
+def _jsonl_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(file) as handle:
+        for i, line in enumerate(handle):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file), row=i) from None
+            if not isinstance(row, dict):
+                raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
+            yield i, row | {"__file__": str(file)}
 
 
 def _pick(row: dict[str, Any], names: tuple[str, ...]) -> str | None:
@@ -90,10 +99,13 @@ def _list(row: dict[str, Any], name: str | None, where: tuple[str, int], dtype: 
     if not isinstance(value, list | tuple | np.ndarray):
         raise InputError(f"expected a list, got {type(value).__name__}", file=where[0], row=where[1], field=name)
     try:
-        return np.asarray([np.nan if v is None else v for v in value], dtype=dtype)
+        array = np.asarray([np.nan if v is None else v for v in value], dtype=dtype)
     except (TypeError, ValueError):
-        raise InputError(f"not a flat list of numbers (first item {value[0]!r})" if len(value) else "bad list",
-                         file=where[0], row=where[1], field=name) from None
+        array = None
+    if array is None or array.ndim != 1:
+        raise InputError(f"not a flat list of numbers (first item {value[0]!r})", file=where[0], row=where[1],
+                         field=name)
+    return array
 
 
 def _extras(row: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +190,7 @@ def read(path: Path, opts: ImportOptions, fmt: str = "jsonl") -> Imported:
     """Read a generic JSONL/Parquet file into records (see the module docstring)."""
     records: list[Record] = []
     shape, fields = None, None
-    for i, row in rows(path):
+    for i, row in rows(path, fmt):
         if shape is None:
             shape = "openai" if "choices" in row else "sglang" if isinstance(row.get("meta_info"), dict) else "flat"
             fields = resolve_fields(row, opts) if shape == "flat" else None

@@ -1,0 +1,60 @@
+"""`rcdiag import` command line: pinned user-facing text, then checked through the API."""
+from __future__ import annotations
+
+import pandas as pd
+
+import rcdiag
+from rcdiag.cli import main
+from tests.importers.dumps import assert_run_matches, make_truth, save_slime_rollout, save_slime_train
+
+
+def _dump(tmp_path):
+    truth = make_truth(seed=40)
+    save_slime_rollout(tmp_path / "dd/rollout_data/0.pt", truth, rollout_id=0)
+    save_slime_train(tmp_path / "dd/train_data/0.pt", truth, rollout_id=0)
+    return truth
+
+
+def test_import_slime_prints_summary(tmp_path, capsys):
+    truth = _dump(tmp_path)
+    out = tmp_path / "run"
+    assert main(["import", "slime", str(tmp_path / "dd"), "--out", str(out), "--allow-pickle", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"Imported 7 sequences, {sum(len(t.response) for t in truth)} tokens from slime dump")
+    assert "convention  mask_field: loss_mask" in text
+    assert "lacks       sampling settings" in text
+    assert_run_matches(rcdiag.open_run(out), truth)
+
+
+def test_refusals_and_overwrite(tmp_path, capsys):
+    _dump(tmp_path)
+    out = tmp_path / "run"
+    assert main(["import", "slime", str(tmp_path / "dd"), "--out", str(out), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "execute arbitrary code" in err and "--allow-pickle" in err
+    assert not out.exists()
+    args = ["import", "slime", str(tmp_path / "dd"), "--out", str(out), "--allow-pickle", "-q"]
+    assert main(args) == 0
+    assert main(args) == 1 and "already exists" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    assert main(["import", "nope", str(tmp_path), "--out", str(out)]) == 1
+    assert "unknown format 'nope' (choose from: slime, miles, verl" in capsys.readouterr().err
+
+
+def test_failed_overwrite_keeps_the_old_run(tmp_path, capsys):
+    """A failing import with --overwrite leaves the previous run intact and no temp directory behind."""
+    truth = _dump(tmp_path)
+    out = tmp_path / "run"
+    assert main(["import", "slime", str(tmp_path / "dd"), "--out", str(out), "--allow-pickle", "-q"]) == 0
+    pd.DataFrame({"response_ids": [[1, 2]], "logprobs": [[-1.0]]}).to_json(tmp_path / "bad.jsonl",
+                                                                           orient="records", lines=True)
+    assert main(["import", "jsonl", str(tmp_path / "bad.jsonl"), "--out", str(out), "--overwrite", "-q"]) == 1
+    assert "-1 pattern" in capsys.readouterr().err
+    assert_run_matches(rcdiag.open_run(out), truth)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "dd", "run"]
+
+
+def test_help_has_examples(capsys):
+    assert main(["import", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "rcdiag import slime" in text and "--allow-pickle" in text and "--rescore-both" in text

@@ -22,6 +22,8 @@ _EXPORTS = {
     "simulate": "rcdiag.correction",
     "sweep": "rcdiag.correction",
     "CorrectionMode": "rcdiag.correction",
+    "sequence_stats": "rcdiag.metrics",
+    "analyze": "rcdiag.correction",
     "InputError": "rcdiag.errors",
     "RunDirError": "rcdiag.errors",
     "RcdiagError": "rcdiag.errors",

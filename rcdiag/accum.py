@@ -1,0 +1,96 @@
+"""Mergeable reductions whose result does not depend on how the data was split: exact sums and extrema."""
+from __future__ import annotations
+
+import math
+from itertools import chain
+
+import numpy as np
+
+_COMPRESS_AT = 64
+
+
+class ExactSum:
+    """A float64 sum that is exact up to ~eps² of the running total, so any batching gives the same value.
+
+    Each `add(values)` stores the correctly rounded sum of `values` plus its rounded remainder (math.fsum twice);
+    `value()` is the correctly rounded sum of everything stored. Merging concatenates the stored parts. An empty
+    sum is 0.0; an inf/NaN value makes the sum inf/NaN (no exception).
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[float] = []
+
+    def add(self, values: np.ndarray | list[float]) -> None:
+        items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+        if not items:
+            return
+        self._store(items)
+
+    def add_scalar(self, value: float) -> None:
+        self.parts.append(float(value))
+        if len(self.parts) > _COMPRESS_AT:
+            self._store(self.parts, replace=True)
+
+    def _store(self, items: list[float], replace: bool = False) -> None:
+        try:
+            total = math.fsum(items)
+        except (OverflowError, ValueError):  # inf − inf, or an intermediate overflow: give IEEE semantics
+            total = float(np.sum(np.asarray(items, dtype=np.float64)))
+        parts = [total]
+        if math.isfinite(total):
+            rest = math.fsum(chain(items, (-total,)))
+            if rest:
+                parts.append(rest)
+        if replace:
+            self.parts = parts
+            return
+        self.parts.extend(parts)
+        if len(self.parts) > _COMPRESS_AT:
+            self._store(self.parts, replace=True)
+
+    def merge(self, other: ExactSum) -> None:
+        self.parts.extend(other.parts)
+        if len(self.parts) > _COMPRESS_AT:
+            self._store(self.parts, replace=True)
+
+    def value(self) -> float:
+        if not self.parts:
+            return 0.0
+        try:
+            return math.fsum(self.parts)
+        except (OverflowError, ValueError):
+            return float(np.sum(np.asarray(self.parts, dtype=np.float64)))
+
+
+class Extremum:
+    """Running min and max of float64 values (NaN-free input); empty → min=+inf, max=−inf."""
+
+    __slots__ = ("lo", "hi")
+
+    def __init__(self) -> None:
+        self.lo = math.inf
+        self.hi = -math.inf
+
+    def add(self, values: np.ndarray) -> None:
+        if values.size:
+            self.lo = min(self.lo, float(values.min()))
+            self.hi = max(self.hi, float(values.max()))
+
+    def add_scalar(self, value: float) -> None:
+        self.lo = min(self.lo, value)
+        self.hi = max(self.hi, value)
+
+    def merge(self, other: Extremum) -> None:
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+
+    @property
+    def empty(self) -> bool:
+        return self.lo > self.hi
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN when the denominator is 0 ("no data" never reads as 0)."""
+    return numerator / denominator if denominator else math.nan

@@ -1,0 +1,300 @@
+"""Token rows (Run, DataFrame or Arrow) as validated float64 chunks of whole sequences, plus the sequence universe.
+
+Every metric and IS simulation reads its input through `iter_chunks`: it streams record batches, checks them
+(columns, dtypes, sorted unique (seq_id, pos), finite log-probs on valid positions), converts to float64 and
+carries the rows of a sequence cut by a batch boundary into the next chunk, so every chunk holds whole sequences
+and per-sequence reductions are identical however the input was batched.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rcdiag.errors import InputError
+from rcdiag.schema import as_table, check_finite, check_keys, column_as_float64, mask_as_bool
+
+REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
+DEFAULT_BATCH_ROWS = 1 << 20
+_INTEGER_COLUMNS = ("seq_id", "pos")
+_FLOAT_COLUMNS = ("rollout_logprob", "train_logprob")
+_HINTS = {
+    "rollout_logprob": "the rollout engine must report processed log-probs for every sampled token",
+    "train_logprob": "re-run the rescoring stage; a missing train log-prob is not a zero mismatch",
+}
+
+
+@dataclass
+class TokenChunk:
+    """Whole sequences of token rows, float64, sorted by (seq_id, pos).
+
+    Arrays of length n (rows): `pos` int64, `a` (train) and `b` (rollout) float64 set to 0.0 on masked rows,
+    `mask` bool. Arrays of length S (sequences with ≥ 1 row): `seq_ids` int64, `starts` (first row), `lengths`.
+    """
+
+    seq_ids: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    pos: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    mask: np.ndarray
+    all_valid: bool
+    cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return int(self.a.size)
+
+    @cached_property
+    def ell(self) -> np.ndarray:
+        """ℓ = a − b per row (0 on masked rows)."""
+        return self.a - self.b
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """T_i: valid tokens per sequence (int64)."""
+        if self.all_valid:
+            return self.lengths
+        return np.add.reduceat(self.mask.astype(np.int64), self.starts)
+
+    def seq_sum(self, values: np.ndarray) -> np.ndarray:
+        """Per-sequence sum of a row array (rows must already be 0 where masked)."""
+        return np.add.reduceat(values, self.starts)
+
+    def seq_max(self, values: np.ndarray, fill: float = -np.inf) -> np.ndarray:
+        """Per-sequence max over valid rows (`fill` for a sequence without valid rows)."""
+        return np.maximum.reduceat(self.valid_or(values, fill), self.starts)
+
+    def seq_min(self, values: np.ndarray, fill: float = np.inf) -> np.ndarray:
+        return np.minimum.reduceat(self.valid_or(values, fill), self.starts)
+
+    def valid_or(self, values: np.ndarray, fill: float) -> np.ndarray:
+        return values if self.all_valid else np.where(self.mask, values, fill)
+
+    def valid_values(self, values: np.ndarray) -> np.ndarray:
+        return values if self.all_valid else values[self.mask]
+
+    def per_row(self, per_sequence: np.ndarray) -> np.ndarray:
+        """Broadcast a per-sequence array to rows."""
+        return np.repeat(per_sequence, self.lengths)
+
+    def log_ratio(self, clamp: float | None) -> np.ndarray:
+        """ℓ̂ = clamp(ℓ, ±clamp) per row (ℓ itself when clamp is None); cached per chunk."""
+        key = ("log_ratio", clamp)
+        if key not in self.cache:
+            self.cache[key] = self.ell if clamp is None else np.clip(self.ell, -clamp, clamp)
+        return self.cache[key]
+
+    def ratio_m1(self, clamp: float | None) -> np.ndarray:
+        """ρ − 1 = expm1(ℓ̂) per row (0 on masked rows; accurate for tiny ℓ); cached per chunk."""
+        key = ("ratio_m1", clamp)
+        if key not in self.cache:
+            with np.errstate(over="ignore"):
+                self.cache[key] = np.expm1(self.log_ratio(clamp))
+        return self.cache[key]
+
+
+# --------------------------------------------------------------------------------------------------- sources
+def iter_sources(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """(source name, record batch) pairs of the token rows of a Run, DataFrame, Arrow table or record batch."""
+    from rcdiag.runstore import Run
+
+    if isinstance(data, Run):
+        yield from _run_batches(data, batch_rows)
+        return
+    table = as_table(data, source="tokens")
+    _check_columns(table.schema, "tokens")
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        yield "tokens", batch
+
+
+def _run_batches(run: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+    for file in run.token_files:
+        name = f"tokens/{file.name}"
+        schema = pq.ParquetFile(file).schema_arrow
+        _check_columns(schema, name)
+        columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in schema.names else [])
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=columns):
+            yield name, batch
+
+
+def _check_columns(schema: pa.Schema, source: str) -> None:
+    for name in REQUIRED_COLUMNS:
+        if name not in schema.names:
+            raise InputError(f"missing required column '{name}' (have: {', '.join(schema.names) or 'none'})",
+                             file=source, field=name)
+        kind = schema.field(name).type
+        ok = pa.types.is_integer(kind) if name in _INTEGER_COLUMNS else (
+            pa.types.is_floating(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind))
+        if not ok:
+            want = "an integer" if name in _INTEGER_COLUMNS else "a floating-point"
+            raise InputError(f"wrong dtype {kind}: must be {want} column", file=source, field=name)
+    if "mask" in schema.names:
+        kind = schema.field("mask").type
+        if not (pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_null(kind)):
+            raise InputError(f"wrong dtype {kind}: must be a boolean (or 0/1) column", file=source, field="mask")
+
+
+# --------------------------------------------------------------------------------------------------- validation
+@dataclass
+class _Validator:
+    """Checks one stream of batches; keeps the last key (order across batches and files) and row offsets."""
+
+    previous: tuple[int, int] | None = None
+    source: str | None = None
+    offset: int = 0
+
+    def __call__(self, source: str, batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+        if source != self.source:
+            self.source, self.offset = source, 0
+        offset = self.offset
+        self.offset += batch.num_rows
+        for name in _INTEGER_COLUMNS:
+            column = batch.column(name)
+            if column.null_count:
+                row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
+                raise InputError("null key", file=source, row=offset + row, field=name)
+        seq = np.asarray(batch.column("seq_id")).astype(np.int64, copy=False)
+        pos = np.asarray(batch.column("pos")).astype(np.int64, copy=False)
+        self.previous = check_keys(seq, pos, source=source, row_offset=offset, previous=self.previous)
+        mask = mask_as_bool(batch)
+        values = []
+        for name in ("train_logprob", "rollout_logprob"):
+            x = column_as_float64(batch, name)
+            if not np.isfinite(x).all():
+                check_finite(x, mask, column=name, seq_id=seq, pos=pos, source=source, row_offset=offset,
+                             hint=_HINTS[name])
+            values.append(x)
+        return seq, pos, values[0], values[1], mask
+
+
+# --------------------------------------------------------------------------------------------------- chunks
+def iter_chunks(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[TokenChunk]:
+    """Validated chunks of whole sequences from `data` (Run, DataFrame, Arrow table/batch, or an iterable of
+    (source, RecordBatch) pairs). Raises InputError (file, row, column) on the first bad row."""
+    sources: Iterable[tuple[str, pa.RecordBatch]]
+    if isinstance(data, Iterator):
+        sources = data
+    else:
+        sources = iter_sources(data, batch_rows)
+    chunker = Chunker()
+    for source, batch in sources:
+        chunk = chunker.push(source, batch)
+        if chunk is not None:
+            yield chunk
+    tail = chunker.flush()
+    if tail is not None:
+        yield tail
+
+
+class Chunker:
+    """Validates raw batches and re-cuts them at sequence boundaries (the last, possibly open, sequence of a batch
+    is carried into the next). `push` returns a chunk or None; `flush` returns what is carried."""
+
+    def __init__(self) -> None:
+        self.validate = _Validator()
+        self.carry: list[tuple[np.ndarray, ...]] = []
+
+    def push(self, source: str, batch: pa.RecordBatch | pa.Table) -> TokenChunk | None:
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
+                [], schema=batch.schema)
+        if batch.num_rows == 0:
+            return None
+        arrays = self.validate(source, batch)
+        if self.carry:
+            arrays = tuple(np.concatenate([c[k] for c in self.carry] + [arrays[k]]) for k in range(5))
+            self.carry = []
+        seq = arrays[0]
+        cut = int(np.searchsorted(seq, seq[-1], side="left"))
+        self.carry = [tuple(x[cut:] for x in arrays)]
+        return _make_chunk(*(x[:cut] for x in arrays)) if cut else None
+
+    def flush(self) -> TokenChunk | None:
+        if not self.carry:
+            return None
+        arrays = self.carry[0]
+        self.carry = []
+        return _make_chunk(*arrays)
+
+
+def _make_chunk(seq: np.ndarray, pos: np.ndarray, a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> TokenChunk:
+    starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+    lengths = np.diff(np.append(starts, seq.size))
+    all_valid = bool(mask.all())
+    if not all_valid:
+        a = np.where(mask, a, 0.0)
+        b = np.where(mask, b, 0.0)
+    return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, a=a, b=b, mask=mask,
+                      all_valid=all_valid)
+
+
+# --------------------------------------------------------------------------------------------------- universe
+def sequence_universe(data: object, sequences: object | None = None) -> np.ndarray | None:
+    """Sorted seq_ids of every row B: a Run's sequences table, or the given `sequences` frame/table; None when only
+    token rows are known (then B = the distinct seq_ids seen in the tokens)."""
+    from rcdiag.runstore import Run
+
+    if sequences is None and isinstance(data, Run):
+        table = data.sequence_table(["seq_id"])
+    elif sequences is not None:
+        table = as_table(sequences, source="sequences")
+        if "seq_id" not in table.column_names:
+            raise InputError("missing required column 'seq_id'", file="sequences", field="seq_id")
+    else:
+        return None
+    column = table.column("seq_id")
+    if not pa.types.is_integer(column.type):
+        raise InputError(f"wrong dtype {column.type}: must be an integer column", file="sequences", field="seq_id")
+    ids = np.sort(np.asarray(column.fill_null(-1)).astype(np.int64))
+    if ids.size > 1 and (np.diff(ids) == 0).any():
+        dup = int(ids[np.flatnonzero(np.diff(ids) == 0)[0]])
+        raise InputError(f"seq_id {dup} appears more than once", file="sequences", field="seq_id")
+    return ids
+
+
+def check_in_universe(chunk: TokenChunk, universe: np.ndarray | None) -> None:
+    """InputError when a token row's seq_id is not a row of the sequences table."""
+    if universe is None or chunk.seq_ids.size == 0:
+        return
+    where = np.searchsorted(universe, chunk.seq_ids)
+    where = np.minimum(where, max(universe.size - 1, 0))
+    missing = universe.size == 0 or (universe[where] != chunk.seq_ids)
+    missing = np.atleast_1d(missing)
+    if missing.any():
+        seq = int(chunk.seq_ids[np.flatnonzero(missing)[0]])
+        raise InputError(f"token rows reference seq_id {seq}, which is not in the sequences table",
+                         file="sequences", field="seq_id")
+
+
+# --------------------------------------------------------------------------------------------------- driver
+def stream(data: object, consumers: list, *, sequences: object | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+           silent: bool = True, desc: str = "tokens") -> int:
+    """Feed every chunk of `data` to each consumer's `update_chunk` in one pass; return B, the number of rows
+    (the sequences table's when known, else the distinct seq_ids seen)."""
+    from rcdiag.progress import progress
+
+    universe = sequence_universe(data, sequences)
+    seen = 0
+    with progress(total=_total_rows(data), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
+        for chunk in iter_chunks(data, batch_rows):
+            check_in_universe(chunk, universe)
+            seen += chunk.seq_ids.size
+            for consumer in consumers:
+                consumer.update_chunk(chunk)
+            bar.update(chunk.n)
+    return seen if universe is None else int(universe.size)
+
+
+def _total_rows(data: object) -> int | None:
+    from rcdiag.runstore import Run
+
+    if isinstance(data, Run):
+        return data.num_tokens
+    return getattr(data, "num_rows", None) or (len(data) if hasattr(data, "__len__") else None)

@@ -1,0 +1,1 @@
+"""The rcdiag Streamlit dashboard (entry: app/dashboard.py; started by `rcdiag dashboard RUN`)."""

@@ -1,0 +1,85 @@
+"""Distribution aggregates for the dashboard: rcdiag's one-pass scan (tails + strata) over the chosen sequences.
+
+Cached on (run path, manifest mtime, kept seq_ids); the results are small (fixed-size histograms, per-bucket rows),
+never the token table. Only valid tokens (mask true, both log-probs finite) count, as in `rcdiag report`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import streamlit as st
+
+from rcdiag.runstore import open_run
+from rcdiag.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
+from rcdiag.strata import SequenceInfo, titles
+from rcdiag.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+
+SHOWN_STRATA = ("position", "rollout_prob", "entropy")
+"""The rcdiag.strata stratifications the Distributions page draws (the others are in the report)."""
+DENSITY_CELLS = 60
+"""The b-vs-a density is drawn as at most DENSITY_CELLS² cells (rebinned from the accumulator's fine grid)."""
+
+
+@st.cache_data(show_spinner="Scanning the run…", max_entries=64)
+def distributions(path: str, mtime: float, keep: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """One scan over the sequences in `keep` (None: all): {"tails": TailAccumulator, "tail_stats": dict
+    (rcdiag.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.strata rows}}. Zero tokens → empty frames."""
+    run = open_run(path)
+    info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
+    scan = new_scan(info, 2.0, None)
+    keep_ids = None if keep is None else np.asarray(keep, dtype=np.int64)
+    offsets: dict[str, int] = {}
+    for file, batch in run.iter_batches(list(SCAN_COLUMNS)):
+        row0 = offsets.get(file, 0)
+        offsets[file] = row0 + batch.num_rows
+        if keep_ids is not None:
+            batch = batch.filter(is_member(batch.column("seq_id"), keep_ids))
+        if batch.num_rows:
+            update(scan, batch, file, row0)
+    strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
+    return {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
+
+
+def strata_title(name: str) -> str:
+    return titles().get(name, name)
+
+
+def histogram(tails: TailAccumulator, limit: float | None = None, bins: int = 121) -> pd.DataFrame:
+    """Nonzero bins of the ℓ histogram: (lo, hi, count); empty frame when no token."""
+    if tails.n == 0:
+        return pd.DataFrame({"lo": [], "hi": [], "count": []})
+    edges, counts = tails.signed_histogram(bins, limit)
+    frame = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
+    return frame[frame["count"] > 0].reset_index(drop=True)
+
+
+def density(tails: TailAccumulator) -> pd.DataFrame:
+    """Nonzero cells of the b-vs-a density over the occupied range, rebinned to ≤ DENSITY_CELLS² cells:
+    (a_lo, a_hi, b_lo, b_hi, count)."""
+    grid = tails.density
+    if not grid.any():
+        return pd.DataFrame({"a_lo": [], "a_hi": [], "b_lo": [], "b_hi": [], "count": []})
+    lo, hi = DENSITY_RANGE
+    width = (hi - lo) / DENSITY_BINS
+    rows, cols = np.nonzero(grid)
+    first = int(min(rows.min(), cols.min()))
+    factor = max(1, -(-(DENSITY_BINS - first) // DENSITY_CELLS))
+    sub = grid[first:, first:]
+    pad = (-sub.shape[0]) % factor
+    sub = np.pad(sub, ((0, pad), (0, pad)))
+    n = sub.shape[0] // factor
+    coarse = sub.reshape(n, factor, n, factor).sum(axis=(1, 3))
+    ia, ib = np.nonzero(coarse)
+    start = lo + first * width
+    step = factor * width
+    return pd.DataFrame({"a_lo": start + ia * step, "a_hi": start + (ia + 1) * step,
+                         "b_lo": start + ib * step, "b_hi": start + (ib + 1) * step, "count": coarse[ia, ib]})
+
+
+def is_member(seq_ids: pa.Array, keep: np.ndarray) -> pa.Array:
+    """Boolean Arrow mask of the rows whose seq_id is in `keep`."""
+    return pc.is_in(seq_ids, value_set=pa.array(keep, pa.int64()))

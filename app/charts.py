@@ -1,0 +1,40 @@
+"""Altair charts of the dashboard, fed with the small aggregated frames of app.aggregates."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+
+def histogram(frame: pd.DataFrame, colour: str | None = None) -> alt.Chart:
+    """ℓ histogram with log counts: frame (lo, hi, count[, run])."""
+    enc = {"color": alt.Color(f"{colour}:N")} if colour else {}
+    mark = alt.Chart(frame).mark_bar(opacity=0.55 if colour else 0.9, binSpacing=0)
+    return mark.encode(
+        x=alt.X("lo:Q", title="ℓ = a − b (nats)"), x2="hi:Q",
+        y=alt.Y("count:Q", scale=alt.Scale(type="log"), title="tokens (log scale)"),
+        tooltip=["lo", "hi", "count"] + ([colour] if colour else []), **enc)
+
+
+def density(frame: pd.DataFrame) -> alt.Chart:
+    """b-vs-a density heat map with log colour: frame (a_lo, a_hi, b_lo, b_hi, count)."""
+    diagonal = pd.DataFrame({"v": [float(min(frame["a_lo"].min(), frame["b_lo"].min())), 0.0]})
+    cells = alt.Chart(frame).mark_rect().encode(
+        x=alt.X("a_lo:Q", title="training log-prob a"), x2="a_hi:Q",
+        y=alt.Y("b_lo:Q", title="rollout log-prob b"), y2="b_hi:Q",
+        color=alt.Color("count:Q", scale=alt.Scale(type="log", scheme="viridis"), title="tokens"),
+        tooltip=["a_lo", "b_lo", "count"])
+    line = alt.Chart(diagonal).mark_line(color="red", strokeDash=[4, 3]).encode(x="v:Q", y="v:Q")
+    return cells + line
+
+
+def strata(frame: pd.DataFrame, title: str, colour: str | None = None) -> alt.Chart:
+    """Mean ℓ and mean |ℓ| per bucket, buckets in row order: frame (bucket, tokens, mean_log_ratio, mean_abs[, run])
+    as rcdiag.strata rows."""
+    long = frame.melt(id_vars=[c for c in ("bucket", "tokens", colour) if c],
+                      value_vars=["mean_log_ratio", "mean_abs"], var_name="statistic", value_name="value")
+    order = list(dict.fromkeys(frame["bucket"]))
+    enc = {"strokeDash": alt.StrokeDash(f"{colour}:N")} if colour else {}
+    return alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("bucket:N", sort=order, title=title), y=alt.Y("value:Q", title="nats"),
+        color="statistic:N", tooltip=["bucket", "statistic", "value", "tokens"] + ([colour] if colour else []),
+        **enc)

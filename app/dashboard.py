@@ -1,0 +1,39 @@
+"""Streamlit entry of the rcdiag dashboard: sidebar run chooser and page navigation (pages in app/pages/).
+
+Started by `rcdiag dashboard RUN [RUN ...]`, i.e. `streamlit run app/dashboard.py -- RUN [RUN ...]`.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:  # streamlit puts only app/ on the path; `app` is a package of the checkout
+    sys.path.insert(0, str(_ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import ui  # noqa: E402
+
+# (file under app/pages/, title, url path, icon), in navigation order.
+PAGES = (
+    ("overview.py", "Overview", "overview", ":material/dashboard:"),
+    ("distributions.py", "Distributions", "distributions", ":material/bar_chart:"),
+    ("simulator.py", "IS simulator", "simulator", ":material/tune:"),
+    ("sequences.py", "Sequences", "sequences", ":material/segment:"),
+    ("compare.py", "Compare", "compare", ":material/compare_arrows:"),
+)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Render the app: `argv` are the run paths given on the command line (default: sys.argv[1:])."""
+    given = [str(Path(a).resolve()) for a in (sys.argv[1:] if argv is None else argv) if a]
+    st.set_page_config(page_title="rcdiag dashboard", page_icon=":material/troubleshoot:", layout="wide")
+    ui.sidebar(given)
+    pages = [st.Page(Path(__file__).parent / "pages" / file, title=title, url_path=url, icon=icon,
+                     default=(i == 0)) for i, (file, title, url, icon) in enumerate(PAGES)]
+    st.navigation(pages).run()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,258 @@
+"""Cached loaders of the dashboard: every number comes from the rcdiag library, cached on (run path, manifest mtime).
+
+Each loader takes `(path, mtime)` first: `path` is the resolved run directory, `mtime` its manifest's modification
+time, so re-writing a run (which rewrites the manifest last) invalidates every cached value of that run.
+Loaders return plain dicts and DataFrames (picklable, as `st.cache_data` requires) and raise rcdiag errors, which
+the pages show as messages.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import streamlit as st
+
+from rcdiag.errors import RunDirError
+from rcdiag.runstore import MANIFEST_NAME, open_run
+
+REQUIRED_TOKEN_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
+INDEX_COLUMNS = ("seq_id", "prompt_id", "sample_index", "response_len", "finish_reason", "reward", "step")
+"""Sequence metadata kept in the (cached, paged) sequence index; the texts are read per selected sequence."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A validated run: resolved path, manifest mtime (the cache key) and the manifest."""
+
+    path: str
+    mtime: float
+    manifest: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[str, float]:
+        return self.path, self.mtime
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+def open_ref(path: str | Path) -> RunRef:
+    """Resolve and validate a run directory; raises RunDirError with the fix when it is not a usable run."""
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_dir():
+        raise RunDirError(f"{path}: no such directory")
+    manifest_file = resolved / MANIFEST_NAME
+    if not manifest_file.is_file():
+        raise RunDirError(f"{path}: not a run directory (no {MANIFEST_NAME}); choose a directory written by "
+                          "`rcdiag score` or `rcdiag import` (an interrupted score resumes when re-run)")
+    mtime = manifest_file.stat().st_mtime
+    return RunRef(str(resolved), mtime, validate(str(resolved), mtime))
+
+
+@st.cache_data(show_spinner="Checking the run…", max_entries=32)
+def validate(path: str, mtime: float) -> dict[str, Any]:
+    """The manifest, after checking every token file opens and holds training log-probs (O(#files) footers)."""
+    run = open_run(path)
+    files = run.token_files
+    if not files:
+        raise RunDirError(f"{path}: the run has no token files (tokens/part-*.parquet)")
+    for file in files:
+        _check_token_file(file)
+    for file in run.sequence_files:
+        _footer(file)
+    return json.loads(json.dumps(run.manifest, default=str))
+
+
+def _footer(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowException, OSError) as exc:
+        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+
+
+def _check_token_file(file: Path) -> None:
+    parquet = _footer(file)
+    names = parquet.schema_arrow.names
+    missing = [c for c in REQUIRED_TOKEN_COLUMNS if c not in names]
+    if missing:
+        raise RunDirError(f"{file}: missing column(s) {missing}; a run needs both sides' log-probs — rescore "
+                          "the rollouts with `rcdiag score` (or import a dump that has train log-probs)")
+    rows = parquet.metadata.num_rows
+    if rows and _null_count(parquet, file) == rows:
+        raise RunDirError(f"{file}: train_logprob is empty (rollout log-probs only); rescore the run with "
+                          "`rcdiag score` before diagnosing it")
+
+
+def _null_count(parquet: pq.ParquetFile, file: Path) -> int:
+    """Nulls in train_logprob, from row-group statistics when present, else by reading the column."""
+    column = parquet.schema_arrow.get_field_index("train_logprob")
+    total = 0
+    for index in range(parquet.metadata.num_row_groups):
+        stats = parquet.metadata.row_group(index).column(column).statistics
+        if stats is None or not stats.has_null_count:
+            try:
+                return pq.read_table(file, columns=["train_logprob"]).column(0).null_count
+            except (pa.ArrowException, OSError) as exc:
+                raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt") from None
+        total += stats.null_count
+    return total
+
+
+# --------------------------------------------------------------------------------------------------- metrics
+@st.cache_data(show_spinner="Computing metrics…", max_entries=64)
+def metrics(path: str, mtime: float, convention: str = "canonical") -> dict[str, float]:
+    """`rcdiag.compute_metrics` of the run (METRICS.md names plus tokens/sequences/empty_sequences)."""
+    from rcdiag.metrics import compute_metrics
+
+    return {k: float(v) for k, v in compute_metrics(open_run(path), convention=convention).items()}
+
+
+@st.cache_data(show_spinner="Simulating the correction…", max_entries=256)
+def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float | None,
+             convention: str = "canonical") -> dict[str, float]:
+    """`rcdiag.simulate` for one (mode, threshold, lower bound, convention)."""
+    from rcdiag.correction import simulate as simulate_
+
+    result = simulate_(open_run(path), mode, threshold=threshold, lower=lower, convention=convention)
+    return {k: float(v) for k, v in result.items() if _is_number(v)}
+
+
+@st.cache_data(show_spinner="Sweeping thresholds…", max_entries=32)
+def sweep(path: str, mtime: float, convention: str = "canonical") -> pd.DataFrame:
+    """`rcdiag.sweep` over the default modes and thresholds: one row per mode × threshold."""
+    from rcdiag.correction import sweep as sweep_
+
+    return sweep_(open_run(path), convention=convention)
+
+
+@st.cache_data(show_spinner="Running checks…", max_entries=32)
+def findings(path: str, mtime: float) -> list[dict[str, Any]]:
+    """The checks of `rcdiag report` (rcdiag.checks), worst first, as dicts (name, severity, message, evidence, fix)."""
+    from rcdiag.checks import run_checks, worst_first
+
+    return [json.loads(json.dumps(f.to_dict(), default=str)) for f in worst_first(run_checks(open_run(path)))]
+
+
+def headline(path: str, mtime: float) -> dict[str, float]:
+    """Canonical metrics, tail statistics of ℓ (rcdiag.tails) and the Overview's IS point (bands.OVERVIEW_*)."""
+    from app import aggregates, bands
+
+    values = dict(metrics(path, mtime))
+    values.update(aggregates.distributions(path, mtime)["tail_stats"])
+    values.update(simulate(path, mtime, bands.OVERVIEW_MODE, bands.OVERVIEW_THRESHOLD, None))
+    return values
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------------- sequences
+@st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
+def sequence_index(path: str, mtime: float) -> pd.DataFrame:
+    """One row per sequence: `rcdiag.metrics.sequence_stats` joined with the sequence metadata (no texts)."""
+    from rcdiag.metrics import sequence_stats
+
+    run = open_run(path)
+    meta = run.sequences([c for c in INDEX_COLUMNS])
+    stats = sequence_stats(run)
+    extra = [c for c in stats.columns if c == "seq_id" or c not in meta.columns]
+    return meta.merge(stats[extra], on="seq_id", how="left")
+
+
+@st.cache_data(max_entries=256)
+def sequence_detail(path: str, mtime: float, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
+    """(sequence row with texts, its token rows sorted by pos) read with a seq_id filter (row-group pruning)."""
+    run = open_run(path)
+    meta = _filtered(run.sequence_files, seq_id, None)
+    if meta.num_rows == 0:
+        raise RunDirError(f"{path}: no sequence with seq_id {seq_id}")
+    row = meta.slice(0, 1).to_pylist()[0]
+    tokens = _filtered(run.token_files, seq_id, ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob",
+                                                   "train_entropy", "mask"])
+    return row, tokens.to_pandas().sort_values("pos", ignore_index=True)
+
+
+def _filtered(files: list[Path], seq_id: int, columns: list[str] | None) -> pa.Table:
+    tables = []
+    for file in files:
+        try:
+            table = pq.read_table(file, columns=columns, filters=[("seq_id", "=", int(seq_id))])
+        except (pa.ArrowException, OSError) as exc:
+            raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+        if table.num_rows:
+            tables.append(table)
+    if not tables:
+        return pa.table({"seq_id": pa.array([], pa.int64())}) if columns is None else _empty(files, columns)
+    return pa.concat_tables(tables)
+
+
+def _empty(files: list[Path], columns: list[str]) -> pa.Table:
+    schema = _footer(files[0]).schema_arrow if files else pa.schema([])
+    return pa.Table.from_pylist([], schema=pa.schema([schema.field(c) for c in columns]))
+
+
+def decode_tokens(manifest: dict[str, Any], token_ids: tuple[int, ...]) -> list[str] | None:
+    """Each token's text with the run's tokenizer (tokenizer.json of a local model path in the manifest), or None."""
+    tokenizer = _tokenizer(tokenizer_file(manifest))
+    if tokenizer is None:
+        return None
+    return [tokenizer.decode([int(t)], skip_special_tokens=False) for t in token_ids]
+
+
+def tokenizer_file(manifest: dict[str, Any]) -> str | None:
+    """The first `tokenizer.json` found under a local directory named by a path-like manifest value."""
+    for value in _strings(manifest):
+        candidate = Path(value).expanduser()
+        if len(value) < 4096 and ("/" in value or candidate.is_absolute()):
+            file = candidate / "tokenizer.json"
+            try:
+                if file.is_file():
+                    return str(file)
+            except OSError:
+                continue
+    return None
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _strings(v)]
+    return []
+
+
+@st.cache_resource(max_entries=4)
+def _tokenizer(file: str | None) -> Any:
+    if file is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(file)
+    except Exception:  # a broken or foreign tokenizer file: show ids instead
+        return None
+
+
+def seq_ids_where(index: pd.DataFrame, finish: tuple[str, ...] | None, reward: tuple[float, float] | None,
+                  length: tuple[int, int] | None) -> np.ndarray:
+    """seq_ids of the index rows passing the filters (None = no filter on that field); int64, sorted."""
+    keep = np.ones(len(index), dtype=bool)
+    if finish is not None:
+        keep &= index["finish_reason"].fillna("(none)").isin(finish).to_numpy()
+    if reward is not None:
+        values = index["reward"].to_numpy(dtype=float, na_value=np.nan)
+        keep &= (values >= reward[0]) & (values <= reward[1])
+    if length is not None:
+        values = index["response_len"].to_numpy(dtype=float, na_value=np.nan)
+        keep &= (values >= length[0]) & (values <= length[1])
+    return np.sort(index["seq_id"].to_numpy(dtype=np.int64)[keep])

@@ -1,0 +1,71 @@
+"""Distributions page: ℓ histogram, b-vs-a density and ℓ by position / rollout probability / entropy, filtered."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app import aggregates, charts, data, ui
+
+
+def render() -> None:
+    ref = ui.current_run()
+    if ref is None:
+        return
+    st.header(f"Distributions · {ref.name}")
+    index = data.sequence_index(*ref.key)
+    keep = _filters(index)
+    if keep is not None and keep.size == 0:
+        st.warning("No sequence passes these filters.")
+        return
+    result = aggregates.distributions(*ref.key, None if keep is None else tuple(int(i) for i in keep))
+    tails = result["tails"]
+    if tails.n == 0:
+        st.warning("No valid token (mask true, both log-probs finite) in the selected sequences.")
+        return
+    stats = result["tail_stats"]
+    st.caption(f"{tails.n:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
+               f"mean |ℓ| {ui.fmt(stats['abs_log_ratio_mean'])} · p99 |ℓ| {ui.fmt(stats['abs_log_ratio_p99'])} · "
+               f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
+    left, right = st.columns(2)
+    left.markdown("**ℓ histogram** (log counts)")
+    left.altair_chart(charts.histogram(aggregates.histogram(tails)), width="stretch", key="dist_hist")
+    right.markdown("**Rollout b vs training a** (token density, log colour; dashed: a = b)")
+    right.altair_chart(charts.density(aggregates.density(tails)), width="stretch", key="dist_density")
+    cols = st.columns(len(aggregates.SHOWN_STRATA))
+    for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
+        title = aggregates.strata_title(name)
+        col.markdown(f"**ℓ by {title}**")
+        col.altair_chart(charts.strata(result["strata"][name], title), width="stretch",
+                         key=f"dist_by_{name}")
+    with st.expander("Strata tables"):
+        for name, frame in result["strata"].items():
+            st.markdown(f"*{aggregates.strata_title(name)}*")
+            st.dataframe(frame, hide_index=True, key=f"dist_table_{name}")
+
+
+def _filters(index: pd.DataFrame) -> np.ndarray | None:
+    """Filter widgets; the passing seq_ids (sorted int64), or None when nothing is filtered out."""
+    cols = st.columns(3)
+    reasons = sorted(index["finish_reason"].fillna("(none)").unique())
+    finish = cols[0].multiselect("Finish reason", reasons, default=reasons, key="dist_finish")
+    reward = _range(cols[1], "Reward", index["reward"], "dist_reward", float)
+    length = _range(cols[2], "Response length", index["response_len"], "dist_length", int)
+    keep = data.seq_ids_where(index, tuple(finish), reward, length)
+    return None if keep.size == len(index) else keep
+
+
+def _range(col, label: str, values: pd.Series, key: str, kind: type) -> tuple[float, float] | None:
+    """A range slider over the column's finite values; None when it has fewer than two distinct values or the
+    whole range is chosen (then sequences without a value are kept too)."""
+    finite = values.to_numpy(dtype=float, na_value=np.nan)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0 or finite.min() == finite.max():
+        col.caption(f"{label}: {'not recorded' if finite.size == 0 else f'all {kind(finite[0])}'}")
+        return None
+    lo, hi = kind(finite.min()), kind(finite.max())
+    chosen = col.slider(label, min_value=lo, max_value=hi, value=(lo, hi), key=key)
+    return None if tuple(chosen) == (lo, hi) else (float(chosen[0]), float(chosen[1]))
+
+
+ui.guarded(render)

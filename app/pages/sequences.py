@@ -1,0 +1,73 @@
+"""Sequences page: a paged, sortable table of sequences; the selected one's prompt and its token strip."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app import data, tokenstrip, ui
+
+PAGE_SIZE = 25
+# sort label → sequence_stats column (absent columns are not offered)
+SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio", "sequence ratio": "seq_ratio",
+             "log-PPL diff": "log_ppl_diff", "seq_id": "seq_id"}
+
+
+def render() -> None:
+    ref = ui.current_run()
+    if ref is None:
+        return
+    st.header(f"Sequences · {ref.name}")
+    index = data.sequence_index(*ref.key)
+    page = _page(index)
+    if page.empty:
+        st.info("The run has no sequences.")
+        return
+    labels = {int(r.seq_id): f"seq {int(r.seq_id)}" for r in page.itertuples()}
+    chosen = st.selectbox("Sequence", list(labels), format_func=labels.get, key="seq_select")
+    _detail(ref, int(chosen))
+
+
+def _page(index: pd.DataFrame) -> pd.DataFrame:
+    """Sort controls and one page of the index, shown as a table (never more than PAGE_SIZE rows)."""
+    options = {label: col for label, col in SORT_KEYS.items() if col in index.columns}
+    left, mid, right = st.columns([2, 1, 1])
+    label = left.selectbox("Sort by", list(options), key="seq_sort")
+    descending = mid.toggle("Descending", value=True, key="seq_desc")
+    pages = max(1, math.ceil(len(index) / PAGE_SIZE))
+    number = right.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, key="seq_page")
+    order = index.sort_values([options[label], "seq_id"], ascending=[not descending, True], na_position="last",
+                              kind="stable")
+    page = order.iloc[(number - 1) * PAGE_SIZE: number * PAGE_SIZE]
+    st.dataframe(page, hide_index=True, key="seq_table", width="stretch")
+    st.caption(f"{len(index):,} sequences · rows {(number - 1) * PAGE_SIZE + 1}–"
+               f"{(number - 1) * PAGE_SIZE + len(page)}")
+    return page
+
+
+def _detail(ref: data.RunRef, seq_id: int) -> None:
+    row, tokens = data.sequence_detail(*ref.key, seq_id)
+    st.subheader(f"Sequence {seq_id}")
+    facts = {k: row.get(k) for k in ("prompt_id", "sample_index", "finish_reason", "reward", "response_len")}
+    st.caption(" · ".join(f"{k}: {v}" for k, v in facts.items() if v is not None))
+    st.markdown("**Prompt**")
+    st.text(row.get("prompt_text") or "(no prompt text in the run)")
+    ids = tuple(int(t) if t == t else -1 for t in tokens["token_id"].to_numpy(dtype=float, na_value=np.nan))
+    texts = data.decode_tokens(ref.manifest, ids)
+    if texts is None:
+        st.caption("No tokenizer found through the manifest's model path: tokens show as [id]. "
+                   "Response text:")
+        st.text(row.get("response_text") or "")
+    lr = (tokens["train_logprob"] - tokens["rollout_logprob"]).to_numpy(dtype=float)
+    finite = np.abs(lr[np.isfinite(lr)])
+    default = float(max(finite.max(), 1e-3)) if finite.size else 1.0
+    scale = st.number_input("Colour scale: |ℓ| at full colour", min_value=1e-4, value=float(f"{default:.3g}"),
+                            format="%.4g", key=f"seq_scale_{seq_id}")
+    st.markdown("**Response** (hover a token for its log-probs)")
+    st.html(tokenstrip.legend_html(scale))
+    st.html(tokenstrip.strip_html(tokens, texts, scale))
+
+
+ui.guarded(render)

@@ -1,0 +1,102 @@
+"""Shared dashboard pieces: the sidebar run chooser (with its path policy), the page guard, metric cards."""
+from __future__ import annotations
+
+import html
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import streamlit as st
+
+from app import bands, data
+from rcdiag.errors import RcdiagError
+
+GIVEN = "rcdiag_given_runs"
+CURRENT = "rcdiag_current_run"
+OPENED = "rcdiag_opened_runs"
+OTHER = "other directory…"
+log = logging.getLogger("rcdiag.dashboard")
+
+
+def allowed(path: str | Path, given: list[str], cwd: str | Path | None = None) -> bool:
+    """True when `path` resolves inside the working directory or inside a run given on the command line."""
+    resolved = Path(path).expanduser().resolve()
+    roots = [Path(cwd or os.getcwd()).resolve(), *(Path(g).resolve() for g in given)]
+    return any(resolved == root or root in resolved.parents for root in roots)
+
+
+def sidebar(given: list[str]) -> None:
+    """The run chooser: the runs given on the command line, or a typed directory (checked against `allowed`)."""
+    st.session_state[GIVEN] = given
+    st.sidebar.title("rcdiag")
+    options = [*given, OTHER]
+    choice = st.sidebar.selectbox("Run", options, key="run_choice", format_func=_short) if given else OTHER
+    if choice == OTHER:
+        typed = st.sidebar.text_input("Run directory", key="run_input", placeholder="runs/sample",
+                                      help="A run directory under the working directory or given on the command line.")
+        choice = typed.strip()
+    st.session_state[CURRENT] = choice or None
+    if choice:
+        st.sidebar.caption(f"`{choice}`")
+
+
+def _short(path: str) -> str:
+    return path if path == OTHER else Path(path).name
+
+
+def current_run() -> data.RunRef | None:
+    """The run chosen in the sidebar, validated; shows why and returns None when there is none to show."""
+    choice = st.session_state.get(CURRENT)
+    if not choice:
+        st.info("Choose a run directory in the sidebar (a directory written by `rcdiag score` or `rcdiag import`).")
+        return None
+    return open_allowed(choice)
+
+
+def open_allowed(path: str) -> data.RunRef | None:
+    """Open `path` if the path policy allows it (else an error message and None); remembers it for Compare."""
+    given = st.session_state.get(GIVEN, [])
+    if not allowed(path, given):
+        st.error(f"Refused: `{path}` is outside the working directory ({os.getcwd()}) and is not one of the runs "
+                 f"given on the command line. Start `rcdiag dashboard {path}` to open it.")
+        return None
+    ref = data.open_ref(path)
+    opened = st.session_state.setdefault(OPENED, [])
+    if ref.path not in opened:
+        opened.append(ref.path)
+    return ref
+
+
+def guarded(render: Callable[[], None]) -> None:
+    """Run a page; rcdiag and Parquet errors become a readable message on the page, never a stack trace."""
+    try:
+        render()
+    except RcdiagError as exc:
+        st.error(str(exc))
+    except (pa.ArrowException, OSError) as exc:
+        st.error(f"Could not read the run's files: {exc}. The run may be corrupt — re-create it.")
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for the server log
+        log.exception("dashboard page failed")
+        st.error(f"Internal error ({type(exc).__name__}: {exc}). Please report it with the run's manifest.")
+
+
+def card(label: str, value: float | None, status: str, help_text: str = "") -> str:
+    """HTML of one metric card coloured by its band status (bands.COLOURS)."""
+    colour = bands.COLOURS[status]
+    shown = "–" if value is None else fmt(value)
+    return (f'<div class="rcdiag-card" title="{html.escape(help_text)}" style="border-left:6px solid {colour};'
+            f'padding:6px 10px;margin:4px 0;background:#fafafa;border-radius:4px">'
+            f'<div style="font-size:0.8em;color:#555">{html.escape(label)}</div>'
+            f'<div style="font-size:1.4em;font-weight:600">{shown}</div>'
+            f'<div style="font-size:0.75em;color:{colour};font-weight:600">{status}</div></div>')
+
+
+def fmt(value: float) -> str:
+    """Metric display format: 4 significant digits, scientific below 1e-3 (the format tests look for)."""
+    if value != value:  # NaN
+        return "NaN"
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4g}"
+    return f"{value:.3e}"

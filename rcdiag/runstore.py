@@ -355,6 +355,42 @@ class Run:
             yield index, _read_tables([tok_file], token_columns, TOKEN_SCHEMA), pq.read_table(seq_file)
 
 
+    # Notebook conveniences: thin delegations into rcdiag.notebook, imported on first use (runstore stays light).
+    def metrics(self, convention: str | None = None, **kwargs: Any) -> Any:
+        """Every METRICS.md diagnostic (rcdiag.metrics.compute_metrics) as a dict that renders in Jupyter."""
+        return _notebook().metrics(self, convention, **kwargs)
+
+    def simulate(self, mode: str, threshold: float | None = None, **kwargs: Any) -> Any:
+        """One IS correction (rcdiag.correction.simulate) as a dict that renders in Jupyter."""
+        return _notebook().simulate(self, mode, threshold, **kwargs)
+
+    def sweep(self, **kwargs: Any) -> Any:
+        """IS metrics per mode × threshold (rcdiag.correction.sweep): a DataFrame."""
+        return _notebook().sweep(self, **kwargs)
+
+    def worst_sequences(self, k: int = 10, by: str = "mean", tokenizer: Any = None) -> Any:
+        """The k sequences with the largest |mean ℓ| ("mean"), |Σℓ| ("sum") or max |ℓ| ("max"), with text."""
+        return _notebook().worst_sequences(self, k, by, tokenizer)
+
+    def sequence(self, seq_id: int, tokenizer: Any = None) -> Any:
+        """One sequence token by token (`.frame`; renders coloured by ℓ in Jupyter)."""
+        return _notebook().SequenceView(self, seq_id, tokenizer)
+
+    @property
+    def plot(self) -> Any:
+        """Figures: run.plot.histogram(), .density(), .strata(name), .sweep(), .sequence(seq_id)."""
+        return _notebook().PlotAccessor(self)
+
+    def _repr_html_(self) -> str:
+        return _notebook().run_html(self)
+
+
+def _notebook() -> Any:
+    import rcdiag.notebook
+
+    return rcdiag.notebook
+
+
 def _parquet(file: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(file)

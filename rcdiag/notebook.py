@@ -1,0 +1,329 @@
+"""The Jupyter layer: what `Run`'s notebook methods delegate to, rich HTML for runs and results, a plot accessor.
+
+    run = rcdiag.open_run("runs/sample")
+    run                                   # HTML card: source, settings, counts, headline metrics
+    run.metrics(convention="verl")        # Result: a dict that renders as a table
+    run.simulate("token_truncate", threshold=2.0)
+    run.sweep()                           # DataFrame (mode × threshold)
+    run.worst_sequences(5)                # DataFrame with prompt/response text
+    run.sequence(17)                      # token-by-token view coloured by ℓ = a − b
+    run.plot.histogram(other_run)         # matplotlib Figures (rcdiag.plots)
+    rcdiag.notebook.compare({"bf16": run, "fp32": other_run})
+
+Everything heavy is imported on first use, so `import rcdiag` stays cheap.
+"""
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from rcdiag.errors import RcdiagError
+
+HTML_METRICS_MAX_TOKENS = 2_000_000
+"""A Run's HTML card computes headline metrics only up to this many token rows (one streaming pass)."""
+HEADLINE = ("kl", "k3_kl", "log_ppl_abs_diff", "chi2_token", "tokens", "sequences", "empty_sequences")
+WORST_BY = {"mean": "mean_log_ratio", "sum": "sum_log_ratio", "max": "max_abs_log_ratio"}
+"""worst_sequences(by=…): rank by |mean ℓ| (default), |Σℓ| or max |ℓ| of the sequence."""
+_CSS = ("<style>.rcdiag td,.rcdiag th{padding:2px 8px;text-align:left}.rcdiag .num{text-align:right;"
+        "font-family:monospace}.rcdiag .badge{background:#dc2626;color:#fff;padding:1px 6px;border-radius:4px}"
+        ".rcdiag .tok{font-family:monospace;white-space:pre;border-radius:2px;padding:0 1px}"
+        ".rcdiag .masked{color:#999;text-decoration:line-through}</style>")
+
+
+def fmt(value: Any) -> str:
+    """A number for display: ints as is, floats with 4 significant digits (scientific when tiny/huge)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value) or value == 0:
+            return str(value)
+        return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+    return html.escape(str(value))
+
+
+def _table(rows: list[tuple[str, Any]], header: tuple[str, str] | None = None) -> str:
+    head = f"<tr><th>{header[0]}</th><th>{header[1]}</th></tr>" if header else ""
+    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='num'>{fmt(v)}</td></tr>" for k, v in rows)
+    return f"<table>{head}{body}</table>"
+
+
+class Result(dict):
+    """A dict of results (metric name → value) that renders as a table in Jupyter; `title` says what it is."""
+
+    def __init__(self, values: Mapping[str, Any], title: str = "") -> None:
+        super().__init__(values)
+        self.title = title
+
+    def _repr_html_(self) -> str:
+        scalars = [(k, v) for k, v in self.items() if not hasattr(v, "_repr_html_")]
+        caption = f"<b>{html.escape(self.title)}</b>" if self.title else ""
+        return f"<div class='rcdiag'>{_CSS}{caption}{_table(scalars, ('name', 'value'))}</div>"
+
+
+# ------------------------------------------------------------------------------------------- run methods
+def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
+    """compute_metrics(run, convention) as a Result (METRICS.md names plus tokens/sequences/empty_sequences)."""
+    from rcdiag.conventions import DEFAULT_CONVENTION
+    from rcdiag.metrics import compute_metrics
+
+    convention = convention or DEFAULT_CONVENTION
+    return Result(compute_metrics(run, convention, **kwargs), f"{run.name}: metrics ({convention})")
+
+
+def simulate(run: Any, mode: str, threshold: float | None = None, **kwargs: Any) -> Result:
+    """correction.simulate(run, mode, threshold, …) as a Result (IS metrics; `weights` DataFrame if asked)."""
+    from rcdiag.correction import DEFAULT_THRESHOLD
+    from rcdiag.correction import simulate as _simulate
+
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    return Result(_simulate(run, mode, threshold, **kwargs), f"{run.name}: {mode} at C = {fmt(float(threshold))}")
+
+
+def sweep(run: Any, **kwargs: Any) -> Any:
+    """correction.sweep(run, …): a DataFrame, one row per mode × threshold."""
+    from rcdiag.correction import sweep as _sweep
+
+    return _sweep(run, **kwargs)
+
+
+def worst_sequences(run: Any, k: int = 10, by: str = "mean", tokenizer: Any = None) -> Any:
+    """The k sequences with the largest |mean ℓ| (by="mean"), |Σℓ| ("sum") or max |ℓ| ("max").
+
+    Returns a DataFrame (k rows or fewer; sequences without valid tokens are never ranked) with the
+    metrics.sequence_stats columns plus prompt_id, finish_reason, reward, prompt_text and response_text — the
+    response decoded from its token ids with `tokenizer` (or the run's local tokenizer) when the run lacks text.
+    """
+    from rcdiag.metrics import sequence_stats
+
+    if by not in WORST_BY:
+        from rcdiag.errors import ConfigError
+
+        raise ConfigError(f"by={by!r}: choose from {', '.join(WORST_BY)}")
+    stats = sequence_stats(run)
+    stats = stats[stats["n_valid"] > 0]
+    order = stats[WORST_BY[by]].abs().sort_values(ascending=False, kind="stable").index[:max(k, 0)]
+    worst = stats.loc[order].reset_index(drop=True)
+    columns = ["seq_id", "prompt_id", "finish_reason", "reward", "prompt_text", "response_text"]
+    seqs = run.sequences(columns)
+    out = worst.merge(seqs, on="seq_id", how="left")
+    missing = out["response_text"].isna()
+    if missing.any():
+        decoder = tokenizer or local_tokenizer(run)
+        if decoder is not None:
+            tokens = sequence_tokens(run, out.loc[missing, "seq_id"].tolist())
+            for i in out.index[missing]:
+                ids = tokens.loc[tokens["seq_id"] == out.at[i, "seq_id"], "token_id"].dropna().astype(int)
+                out.at[i, "response_text"] = decoder.decode(ids.tolist())
+    return out
+
+
+def sequence_tokens(run: Any, seq_ids: list[int]) -> Any:
+    """Token rows (DataFrame, sorted by seq_id, pos) of the given sequences, read with Parquet filters."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rcdiag.schema import TOKEN_SCHEMA
+
+    wanted = [int(s) for s in seq_ids]
+    tables = [pq.read_table(f, filters=[("seq_id", "in", wanted)]) for f in run.token_files] if wanted else []
+    if not tables:
+        return TOKEN_SCHEMA.empty_table().to_pandas()
+    return pa.concat_tables(tables).sort_by([("seq_id", "ascending"), ("pos", "ascending")]).to_pandas()
+
+
+def local_tokenizer(run: Any) -> Any | None:
+    """The run's tokenizer when its manifest names a local directory that loads offline, else None."""
+    from rcdiag.report import _local_tokenizer
+
+    return _local_tokenizer(run.manifest)
+
+
+def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) -> Any:
+    """Headline metrics of several runs side by side: a DataFrame (rows: metrics; columns: runs).
+
+    With exactly two runs a third column `difference` (second − first) is added.
+    """
+    import pandas as pd
+
+    named = dict(runs) if isinstance(runs, Mapping) else {r.name: r for r in runs}
+    frame = pd.DataFrame({name: pd.Series(dict(metrics(run, convention))) for name, run in named.items()})
+    if len(named) == 2:
+        first, second = frame.columns
+        frame["difference"] = frame[second] - frame[first]
+    return frame
+
+
+# ------------------------------------------------------------------------------------------- HTML for a Run
+def _settings(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    engine = manifest.get("engine") or {}
+    sampling = engine.get("sampling") or {}
+    trainer = manifest.get("trainer") or {}
+    models = manifest.get("models") or {}
+    rows = [("engine", engine.get("name")), ("logprobs_mode", engine.get("logprobs_mode")),
+            ("engine dtype", engine.get("dtype")), ("trainer dtype", trainer.get("dtype")),
+            ("temperature (sample / train)", f"{sampling.get('temperature')} / {trainer.get('temperature')}"
+             if sampling or trainer else None),
+            ("top_p / top_k", f"{sampling.get('top_p')} / {sampling.get('top_k')}" if sampling else None)]
+    for role, model in models.items():
+        rows.append((f"model ({role})", model.get("path") if isinstance(model, Mapping) else model))
+    return [(k, v) for k, v in rows if v not in (None, "None / None")]
+
+
+def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
+    """The HTML card of a Run: source (retokenized flagged), settings, counts, what the source lacks, and the
+    headline canonical metrics when the run has at most `max_tokens` token rows."""
+    manifest = run.manifest
+    source = manifest.get("source") or {}
+    counts = manifest.get("counts") or {}
+    badge = " <span class='badge'>RETOKENIZED</span>" if source.get("retokenized") else ""
+    parts = [f"<b>Run {html.escape(run.name)}</b>{badge} <code>{html.escape(str(run.path))}</code>",
+             _table([("source", source.get("kind")), ("created", manifest.get("created")),
+                     ("sequences", counts.get("sequences")), ("tokens", counts.get("tokens"))]
+                    + _settings(manifest))]
+    for key, label in (("lacks", "The source lacks"), ("warnings", "Warnings")):
+        if source.get(key):
+            items = "".join(f"<li>{html.escape(str(x))}</li>" for x in source[key])
+            parts.append(f"<div>{label}:<ul>{items}</ul></div>")
+    parts.append(_headline_html(run, max_tokens))
+    return f"<div class='rcdiag'>{_CSS}{''.join(parts)}</div>"
+
+
+def _headline_html(run: Any, max_tokens: int) -> str:
+    if run.num_tokens > max_tokens:
+        return f"<p>{run.num_tokens:,} tokens: call <code>run.metrics()</code> for the headline metrics.</p>"
+    try:
+        values = metrics(run)
+    except RcdiagError as exc:
+        return f"<p>Metrics unavailable: {html.escape(str(exc))}</p>"
+    return "<b>Headline metrics (canonical)</b>" + _table([(k, values.get(k)) for k in HEADLINE])
+
+
+# ------------------------------------------------------------------------------------------- one sequence
+class SequenceView:
+    """One sequence token by token: `.frame` (DataFrame: pos, token_id, text, train/rollout logprob, log_ratio,
+    mask) renders in Jupyter as tokens coloured by ℓ = a − b (red: trainer higher, blue: rollout higher, scale
+    ±max |ℓ| over valid tokens); masked tokens are grey and struck through."""
+
+    def __init__(self, run: Any, seq_id: int, tokenizer: Any = None) -> None:
+        frame = sequence_tokens(run, [seq_id])
+        if frame.empty and seq_id not in set(run.sequences(["seq_id"])["seq_id"]):
+            from rcdiag.errors import ConfigError
+
+            raise ConfigError(f"{run.name} has no sequence {seq_id}")
+        frame["log_ratio"] = frame["train_logprob"].astype(float) - frame["rollout_logprob"].astype(float)
+        decoder = tokenizer or local_tokenizer(run)
+        frame["text"] = ([decoder.decode([int(t)]) for t in frame["token_id"]] if decoder is not None
+                         else [f"⟨{t}⟩" for t in frame["token_id"]])
+        self.seq_id = seq_id
+        self.frame = frame[["pos", "token_id", "text", "train_logprob", "rollout_logprob", "log_ratio", "mask"]]
+
+    def _repr_html_(self) -> str:
+        valid = self.frame[self.frame["mask"]]["log_ratio"].abs()
+        scale = float(valid.max()) if len(valid) and valid.notna().any() and valid.max() > 0 else 1.0
+        spans = []
+        for row in self.frame.itertuples():
+            title = (f"pos {row.pos} id {row.token_id}: a={row.train_logprob:.4g} b={row.rollout_logprob:.4g} "
+                     f"ℓ={row.log_ratio:.4g}")
+            if not row.mask:
+                spans.append(f"<span class='tok masked' title='masked; {title}'>{html.escape(row.text)}</span>")
+                continue
+            spans.append(f"<span class='tok' style='background:{_color(row.log_ratio / scale)}' "
+                         f"title='{html.escape(title)}'>{html.escape(row.text)}</span>")
+        return (f"<div class='rcdiag'>{_CSS}<b>sequence {self.seq_id}</b> (colour scale ±{fmt(scale)} nats)"
+                f"<div>{''.join(spans)}</div></div>")
+
+
+def _color(x: float) -> str:
+    """Diverging colour for x in [−1, 1]: blue (negative) – white – red (positive); NaN → yellow."""
+    if x != x:
+        return "#fde047"
+    x = max(-1.0, min(1.0, x))
+    fade = int(255 * (1 - abs(x)))
+    return f"rgb(255,{fade},{fade})" if x > 0 else f"rgb({fade},{fade},255)"
+
+
+# ------------------------------------------------------------------------------------------- plots
+class PlotAccessor:
+    """`run.plot.<name>(*other_runs)` → matplotlib Figure (rcdiag.plots); other runs are overlaid by name.
+
+    The streaming scan behind histogram/density/strata runs once per run and is cached on the accessor's run.
+    """
+
+    def __init__(self, run: Any) -> None:
+        self._run = run
+
+    def _scans(self, others: tuple[Any, ...]) -> dict[str, Any]:
+        runs = (self._run, *others)
+        return {r.name: _cached_scan(r) for r in runs}
+
+    def histogram(self, *others: Any) -> Any:
+        """Histogram of ℓ (log count axis); several runs overlaid."""
+        from rcdiag.plots import log_ratio_histogram
+
+        scans = self._scans(others)
+        tails = {name: s.tails for name, s in scans.items()}
+        return log_ratio_histogram(tails if others else next(iter(tails.values())))
+
+    def density(self) -> Any:
+        """2-D density of rollout vs training log-probs, with the diagonal."""
+        from rcdiag.plots import density_scatter
+
+        return density_scatter(_cached_scan(self._run).tails)
+
+    def strata(self, name: str = "position", *others: Any) -> Any:
+        """Mean |ℓ| and mean ℓ per bucket of a stratum (position, response_length, rollout_prob, entropy,
+        token_kind, finish_reason, reward)."""
+        from rcdiag.plots import by_stratum
+        from rcdiag.strata import titles
+
+        if name not in titles():
+            from rcdiag.errors import ConfigError
+
+            raise ConfigError(f"unknown stratum {name!r}: choose from {', '.join(titles())}")
+        rows = {n: s.strata.finish()[name] for n, s in self._scans(others).items()}
+        return by_stratum(rows if others else next(iter(rows.values())), f"ℓ by {titles()[name]}", titles()[name])
+
+    def sweep(self, *others: Any, **kwargs: Any) -> Any:
+        """ESS and clipped fraction against the threshold, per mode (kwargs go to correction.sweep)."""
+        from rcdiag.plots import sweep_curves
+
+        frames = {r.name: sweep(r, **kwargs) for r in (self._run, *others)}
+        return sweep_curves(frames if others else next(iter(frames.values())))
+
+    def sequence(self, seq_id: int) -> Any:
+        """ℓ per position of one sequence (bars; masked positions shaded grey)."""
+        return sequence_figure(SequenceView(self._run, seq_id).frame, seq_id)
+
+
+def sequence_figure(frame: Any, seq_id: int) -> Any:
+    """Bars of ℓ = a − b per position of one sequence; masked positions shaded. `frame` as SequenceView.frame."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 2.8), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    valid = frame["mask"].to_numpy()
+    ell = frame["log_ratio"].to_numpy()
+    pos = frame["pos"].to_numpy()
+    ax.bar(pos[valid], ell[valid], color=["#dc2626" if v > 0 else "#2563eb" for v in ell[valid]], width=0.9)
+    for p in pos[~valid]:
+        ax.axvspan(p - 0.5, p + 0.5, color="#ddd", lw=0)
+    ax.axhline(0, color="#555", lw=0.8)
+    ax.set_xlabel("response position")
+    ax.set_ylabel("ℓ = a − b (nats)")
+    ax.set_title(f"Sequence {seq_id}: per-token log-ratio (grey: masked)")
+    return fig
+
+
+def _cached_scan(run: Any) -> Any:
+    """The report's one-pass scan of `run`, cached on the Run object (runs are immutable once complete)."""
+    cached = run.__dict__.get("_notebook_scan")
+    if cached is None:
+        from rcdiag.scan import scan_run
+
+        cached = scan_run(run)
+        run.__dict__["_notebook_scan"] = cached
+    return cached

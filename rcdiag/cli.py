@@ -26,6 +26,8 @@ app = typer.Typer(
 COMMANDS: list[tuple[str, str]] = [
     ("dashboard", "dashboard"),
     ("import", "import_"),
+    ("score", "score"),
+    ("report", "report"),
 ]
 
 

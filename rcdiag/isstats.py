@@ -1,6 +1,7 @@
 """IS-weight statistics of one correction mode at one threshold, as a mergeable reduction over token chunks.
 
-Weights are carried shifted (d = w − 1) so that means and variances of weights near 1 keep full precision.
+Sums of weights are exact (ExactSum, so the batching cannot change them) and variances are two-pass per chunk
+merged with Chan's formula (no E[w²] − E[w]² cancellation when the weights are nearly equal).
 Threshold comparisons are made in log space (ℓ̂ > log C), exactly, so ties (ρ = C) follow the METRICS.md rule
 (a mask keeps w ≤ C; "high"/"low" use strict > and <) without exp() rounding.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rcdiag.accum import ExactSum, Extremum, ratio
+from rcdiag.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.conventions import LOG_RATIO_CLAMP, Convention
 from rcdiag.tokendata import TokenChunk
 
@@ -50,7 +51,7 @@ class ChunkView:
 
     chunk: TokenChunk
     lr: np.ndarray
-    rho_m1: np.ndarray
+    rho: np.ndarray
     stat: np.ndarray | None
     stat_counts: np.ndarray
     seq_lr: np.ndarray
@@ -62,7 +63,7 @@ class ChunkView:
         stat_counts = chunk.counts if stat is None else np.add.reduceat(stat.astype(np.int64), chunk.starts)
         s = chunk.seq_sum(chunk.ell)
         sh = chunk.seq_sum(chunk.log_ratio(LOG_RATIO_CLAMP)) if conv.is_seq_ratio == "swift" else s
-        return cls(chunk, chunk.log_ratio(conv.token_clamp), chunk.ratio_m1(conv.token_clamp), stat, stat_counts,
+        return cls(chunk, chunk.log_ratio(conv.token_clamp), chunk.ratio(conv.token_clamp), stat, stat_counts,
                    SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
 
 
@@ -90,8 +91,9 @@ class ModeStats:
 
     def __init__(self, level: str, action: str, bounds: Bounds, conv: Convention, keep_weights: bool = False):
         self.level, self.action, self.bounds, self.conv = level, action, bounds, conv
-        self.pop = {"d": ExactSum(), "d2": ExactSum()}  # population of mean/std: tokens, or sequences (trl)
-        self.ess = {"e": ExactSum(), "e2": ExactSum()}  # token-weighted ESS weights
+        self.pop_sum = ExactSum()  # Σw over the population of mean/std: tokens, or sequences (trl)
+        self.pop_moments = Moments()
+        self.ess = {"e": ExactSum(), "e2": ExactSum()}  # Σw̃, Σw̃² of the token ESS weights
         self.n_pop = 0
         self.n_tok = 0
         self.n_stat_seqs = 0
@@ -115,27 +117,27 @@ class ModeStats:
     def _count(self, name: str, flags: np.ndarray, where: np.ndarray | None) -> None:
         self.counts[name] += int(np.count_nonzero(flags if where is None else flags & where))
 
-    def _ess_shift(self, d: np.ndarray) -> np.ndarray:
-        """w̃ − 1: swift clamps to [1/C, C] (rejected zeros count as 1/C); canonical/verl clamp to [0, C]."""
+    def _ess_weight(self, w: np.ndarray) -> np.ndarray:
+        """w̃: swift clamps to [1/C, C] (rejected zeros count as 1/C); canonical/verl clamp to [0, C]."""
         if self.conv.ess == "swift":
-            return np.clip(d, 1.0 / self.bounds.upper - 1.0, self.bounds.upper - 1.0)
-        return np.clip(d, -1.0, self.bounds.upper - 1.0)
+            return np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper)
+        return np.clip(w, 0.0, self.bounds.upper)
 
-    def _weigh(self, m1: np.ndarray, high: np.ndarray, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(d = w − 1, flags of weights changed): truncate clamps to [L, C]; mask zeroes outside [L, C]."""
+    def _weigh(self, rho: np.ndarray, high: np.ndarray, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(w, flags of weights changed): truncate clamps to [L, C]; mask zeroes outside [L, C]."""
         out = high if below is None else high | below
         b = self.bounds
         if self.action == "truncate":
-            d = np.minimum(m1, b.upper - 1.0)
-            return (d if b.lower is None else np.maximum(d, b.lower - 1.0)), out
-        return np.where(out, -1.0, m1), out
+            w = np.minimum(rho, b.upper)
+            return (w if b.lower is None else np.maximum(w, b.lower)), out
+        return np.where(out, 0.0, rho), out
 
     def _update_tokens(self, view: ChunkView) -> None:
         chunk, stat, b = view.chunk, view.stat, self.bounds
         high = view.lr > b.log_upper
         below = view.lr < b.log_lower if b.lower is not None else None
-        d, out = self._weigh(view.rho_m1, high, below)
-        self._add_rows(view, d, self._ess_shift(d), population=True)
+        w, out = self._weigh(view.rho, high, below)
+        self._add_rows(view, w, self._ess_weight(w), population=True)
         self._count("high", high, stat)
         self._count("low", view.lr < b.log_lo, stat)
         if "fraction_high" in self.conv.float32_counts:
@@ -144,23 +146,23 @@ class ModeStats:
         kept = ~out if self.action == "mask" else np.ones(chunk.n, dtype=bool)
         self._count_kept(chunk, kept if stat is None else kept & stat)
 
-    def _add_rows(self, view: ChunkView, d: np.ndarray, e: np.ndarray, population: bool) -> None:
-        """Sum per-row shifted weights over scored rows (per sequence first, so the batching cannot matter)."""
+    def _add_rows(self, view: ChunkView, w: np.ndarray, e: np.ndarray, population: bool) -> None:
+        """Sum per-row weights over scored rows (per sequence first, so the batching cannot matter)."""
         chunk, stat = view.chunk, view.stat
         if stat is not None:
-            d, e = np.where(stat, d, 0.0), np.where(stat, e, 0.0)
+            w, e = np.where(stat, w, 0.0), np.where(stat, e, 0.0)
         n = int(view.stat_counts.sum())
         self.ess["e"].add(chunk.seq_sum(e))
         self.ess["e2"].add(chunk.seq_sum(e * e))
         self.n_tok += n
         if population:
-            self.pop["d"].add(chunk.seq_sum(d))
-            self.pop["d2"].add(chunk.seq_sum(d * d))
+            self.pop_sum.add(chunk.seq_sum(w))
+            scored = w if stat is None else w[stat]
+            self.pop_moments.add(scored)
             self.n_pop += n
-            self.ext.add(d if stat is None else d[stat])
+            self.ext.add(scored)
         if self.weights is not None:
-            self.weights.append(np.where(chunk.mask, 1.0 + d, np.nan) if stat is None or stat is chunk.mask
-                                else np.where(chunk.mask, np.where(stat, 1.0 + d, 0.0), np.nan))
+            self.weights.append(np.where(chunk.mask, w, np.nan))
 
     def _count_kept(self, chunk: TokenChunk, kept_rows: np.ndarray) -> None:
         self.counts["kept_tokens"] += int(np.count_nonzero(kept_rows))
@@ -174,20 +176,19 @@ class ModeStats:
         high = lam > b.log_upper
         below = lam < b.log_lower if b.lower is not None else None
         with np.errstate(over="ignore"):
-            m1 = np.expm1(lam)
-        d, out = self._weigh(m1, high, below)
+            rho = np.exp(lam)
+        w, out = self._weigh(rho, high, below)
         if conv.seq_mask_weight == "token" and self.action == "mask":
-            rows_out = chunk.per_row(out)
-            dt = np.where(rows_out, -1.0, view.rho_m1)
-            self._add_rows(view, dt, self._ess_shift(dt), population=True)
+            wt = np.where(chunk.per_row(out), 0.0, view.rho)
+            self._add_rows(view, wt, self._ess_weight(wt), population=True)
         else:
-            self._add_rows(view, chunk.per_row(d), chunk.per_row(self._ess_shift(d)),
+            self._add_rows(view, chunk.per_row(w), chunk.per_row(self._ess_weight(w)),
                            population=conv.seq_extrema != "per_sequence")
         if conv.seq_extrema == "per_sequence":
-            self.pop["d"].add(d[scored])
-            self.pop["d2"].add(d[scored] ** 2)
+            self.pop_sum.add(w[scored])
+            self.pop_moments.add(w[scored])
             self.n_pop += int(np.count_nonzero(scored))
-            self.ext.add(d[scored])
+            self.ext.add(w[scored])
         if conv.seq_extrema == "raw":
             self.raw.add(view.seq_sum[chunk.counts > 0])
         self.n_stat_seqs += int(np.count_nonzero(scored))
@@ -203,9 +204,10 @@ class ModeStats:
 
     # ------------------------------------------------------------------ merge / finish
     def merge(self, other: ModeStats) -> None:
-        for mine, theirs in ((self.pop, other.pop), (self.ess, other.ess)):
-            for key in mine:
-                mine[key].merge(theirs[key])
+        self.pop_sum.merge(other.pop_sum)
+        self.pop_moments.merge(other.pop_moments)
+        for key in self.ess:
+            self.ess[key].merge(other.ess[key])
         for name in ("n_pop", "n_tok", "n_stat_seqs", "n_valid_tokens", "n_valid_seqs"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for key in self.counts:
@@ -215,22 +217,24 @@ class ModeStats:
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> dict[str, float]:
         """IS metrics dict (IS_METRIC_NAMES); NaN where there is nothing to score."""
-        conv, b = self.conv, self.bounds
+        conv = self.conv
         n_pop, ext_lo, ext_hi = self.n_pop, self.ext.lo, self.ext.hi
+        moments = Moments(self.pop_moments.n, self.pop_moments.mean, self.pop_moments.m2)
+        total = self.pop_sum.value()
         if conv.seq_extrema == "per_sequence" and self.level == "sequence" and self.n_valid_tokens:
-            empty = num_sequences - self.n_pop  # empty rows: ratio exp(0) = 1 → d = 0
+            empty = num_sequences - self.n_pop  # empty rows: ratio exp(0) = 1, a weight of 1
             if empty > 0:
-                n_pop, ext_lo, ext_hi = num_sequences, min(ext_lo, 0.0), max(ext_hi, 0.0)
-        mean_d = ratio(self.pop["d"].value(), n_pop)
-        var = max(ratio(self.pop["d2"].value(), n_pop) - mean_d * mean_d, 0.0) if n_pop > 1 else (
-            0.0 if n_pop == 1 else math.nan)
-        w_min, w_max = (1.0 + ext_lo, 1.0 + ext_hi) if n_pop else (math.nan, math.nan)
+                n_pop, ext_lo, ext_hi = num_sequences, min(ext_lo, 1.0), max(ext_hi, 1.0)
+                moments.merge(Moments(empty, 1.0, 0.0))
+                total += empty
+        var = moments.var if n_pop > 1 else (0.0 if n_pop == 1 else math.nan)
+        w_min, w_max = (ext_lo, ext_hi) if n_pop else (math.nan, math.nan)
         if conv.seq_extrema == "raw" and self.level == "sequence" and self.n_valid_tokens:
             lo, hi = self.raw.lo, self.raw.hi
             if num_sequences > self.n_valid_seqs:
                 lo, hi = min(lo, 0.0), max(hi, 0.0)
             w_min, w_max = math.exp(lo), math.exp(min(hi, LOG_RATIO_CLAMP))
-        out = {"is_weight_mean": 1.0 + mean_d, "is_weight_std": math.sqrt(var), "is_weight_min": w_min,
+        out = {"is_weight_mean": ratio(total, n_pop), "is_weight_std": math.sqrt(var), "is_weight_min": w_min,
                "is_weight_max": w_max, "ess": self._ess()}
         out.update(self._fractions(num_sequences))
         if batch_normalize:
@@ -243,8 +247,8 @@ class ModeStats:
         n = self.n_tok
         if n == 0:
             return math.nan
-        mean = 1.0 + self.ess["e"].value() / n
-        second = 1.0 + 2.0 * self.ess["e"].value() / n + self.ess["e2"].value() / n
+        mean = self.ess["e"].value() / n
+        second = self.ess["e2"].value() / n
         if mean <= 0.0:
             warnings.warn("every IS weight is 0 (all tokens masked or rejected): ESS is undefined (NaN)",
                           RuntimeWarning, stacklevel=4)

@@ -91,6 +91,14 @@ class TokenChunk:
             self.cache[key] = self.ell if clamp is None else np.clip(self.ell, -clamp, clamp)
         return self.cache[key]
 
+    def ratio(self, clamp: float | None) -> np.ndarray:
+        """ρ = exp(ℓ̂) per row (1 on masked rows; full relative precision for tiny ρ); cached per chunk."""
+        key = ("ratio", clamp)
+        if key not in self.cache:
+            with np.errstate(over="ignore"):
+                self.cache[key] = np.exp(self.log_ratio(clamp))
+        return self.cache[key]
+
     def ratio_m1(self, clamp: float | None) -> np.ndarray:
         """ρ − 1 = expm1(ℓ̂) per row (0 on masked rows; accurate for tiny ℓ); cached per chunk."""
         key = ("ratio_m1", clamp)

@@ -1,6 +1,8 @@
-"""Streamlit entry of the rcdiag dashboard: sidebar run chooser and page navigation (pages in app/pages/).
+"""Streamlit entry of the rcdiag dashboard: sidebar run chooser and page navigation (pages in app/views/).
 
-Started by `rcdiag dashboard RUN [RUN ...]`, i.e. `streamlit run app/dashboard.py -- RUN [RUN ...]`.
+Started by `rcdiag dashboard RUN [RUN ...]`, i.e. `streamlit run app/dashboard.py -- RUN [RUN ...]`. The page
+scripts live in app/views/, not app/pages/: a `pages/` folder next to the entry switches Streamlit to its older
+folder-based multipage mode, in which a rerun executes the page alone and the sidebar (run chooser) vanishes.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import streamlit as st  # noqa: E402
 
 from app import ui  # noqa: E402
 
-# (file under app/pages/, title, url path, icon), in navigation order.
+# (file under app/views/, title, url path, icon), in navigation order.
 PAGES = (
     ("overview.py", "Overview", "overview", ":material/dashboard:"),
     ("distributions.py", "Distributions", "distributions", ":material/bar_chart:"),
@@ -30,7 +32,7 @@ def run(argv: list[str] | None = None) -> None:
     given = [str(Path(a).resolve()) for a in (sys.argv[1:] if argv is None else argv) if a]
     st.set_page_config(page_title="rcdiag dashboard", page_icon=":material/troubleshoot:", layout="wide")
     ui.sidebar(given)
-    pages = [st.Page(Path(__file__).parent / "pages" / file, title=title, url_path=url, icon=icon,
+    pages = [st.Page(Path(__file__).parent / "views" / file, title=title, url_path=url, icon=icon,
                      default=(i == 0)) for i, (file, title, url, icon) in enumerate(PAGES)]
     st.navigation(pages).run()
 

@@ -1,0 +1,67 @@
+"""Runs and an AppTest factory for the dashboard tests (synthetic runs from tests/fixtures/runs.py)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from rcdiag.runstore import Run
+from tests.fixtures.runs import build_run
+
+APP = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
+VOCAB = 48
+
+
+def write_tokenizer(directory: Path) -> Path:
+    """A real `tokenizers` word-level tokenizer over the synthetic vocabulary (token i ↔ 'w{i}'), saved as
+    tokenizer.json; the run's manifest points at this directory as its model path."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    vocab["<unk>"] = VOCAB
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(directory / "tokenizer.json"))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def dash_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard_runs")
+
+
+@pytest.fixture(scope="session")
+def noisy_run(dash_root: Path) -> Run:
+    """A run with a clear mismatch (mean |ℓ| ≈ 0.33, ~4 % of tokens with ratio > 2), several shards, and a
+    manifest whose model path holds a tokenizer."""
+    model = write_tokenizer(dash_root / "model")
+    return build_run(dash_root / "noisy", "clean", noise=0.5, seed=3,
+                     manifest={"models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}})
+
+
+@pytest.fixture(scope="session")
+def clean_dash_run(dash_root: Path) -> Run:
+    """A clean dense-like run (no tokenizer in the manifest: tokens show as ids)."""
+    return build_run(dash_root / "clean", "clean", seed=5)
+
+
+@pytest.fixture
+def make_app(monkeypatch: pytest.MonkeyPatch) -> Callable[..., AppTest]:
+    """AppTest of app/dashboard.py started as `rcdiag dashboard RUN...` would (the runs in sys.argv), run once."""
+    def make(*runs: Run | Path, page: str | None = None) -> AppTest:
+        monkeypatch.setattr(sys, "argv", [str(APP), *(str(getattr(r, "path", r)) for r in runs)])
+        app = AppTest.from_file(str(APP), default_timeout=120)
+        app.run()
+        if page:
+            app.switch_page(f"views/{page}.py").run()
+        return app
+    return make
+
+
+def assert_clean(app: AppTest) -> None:
+    """No exception element and no error message on the page."""
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.error, [e.value for e in app.error]

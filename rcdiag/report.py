@@ -1,0 +1,293 @@
+"""Build a run's report: checks first, then metrics with bootstrap intervals, tails, strata, IS modes, a sweep
+and a recommendation in plain words. Writing the files is `rcdiag.render`; the CI gate is `rcdiag.gate`.
+
+    rep = rcdiag.report.build_report(rcdiag.open_run("runs/sample"))
+    rep.metrics["kl"], rep.intervals["kl"], rep.recommendation["text"]
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rcdiag.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, bootstrap
+from rcdiag.checks import Finding
+from rcdiag.checks_verdicts import findings as check_findings
+from rcdiag.errors import ConfigError, InputError
+from rcdiag.scan import Scan, scan_run
+from rcdiag.strata import titles
+
+DEFAULT_THRESHOLDS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+REJECTION_OPTIONS = ("token_k1", "token_k3", "seq_mean_k1", "seq_mean_k3", "seq_max_k3")
+"""verl's rejection options simulated at --threshold (on top of token_truncate), METRICS.md."""
+ESS_TARGET = 0.9
+WORST_SEQUENCES = 10
+CONVENTIONS = ("canonical", "swift", "verl", "trl")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Every report setting, with its default (the CLI reads them from here)."""
+
+    convention: str = "canonical"
+    threshold: float = 2.0
+    lower: float | None = None
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    replicates: int = DEFAULT_REPLICATES
+    level: float = DEFAULT_LEVEL
+    seed: int = 0
+    silent: bool = True
+
+
+@dataclass
+class RunReport:
+    """One run's report content; `scan` keeps the accumulators the plots are drawn from."""
+
+    name: str
+    path: str
+    manifest: dict[str, Any]
+    options: ReportOptions
+    checks: list[Finding]
+    scan: Scan
+    metrics: dict[str, float] = field(default_factory=dict)
+    metrics_error: str | None = None
+    intervals: dict[str, dict[str, float]] = field(default_factory=dict)
+    tails: dict[str, float] = field(default_factory=dict)
+    strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    worst_tokens: list[dict[str, Any]] = field(default_factory=list)
+    worst_sequences: list[dict[str, Any]] = field(default_factory=list)
+    is_modes: dict[str, dict[str, float]] = field(default_factory=dict)
+    rejection: dict[str, dict[str, float]] = field(default_factory=dict)
+    sweep: Any = None  # pandas DataFrame (correction.sweep) or None
+    recommendation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """tokens (valid, METRICS.md's count), token_rows (all), sequences (B), empty_sequences."""
+        keys = ("tokens", "sequences", "empty_sequences")
+        counts = {k: int(self.metrics[k]) for k in keys if k in self.metrics}
+        counts.setdefault("tokens", int(self.scan.checks.valid))
+        counts.setdefault("sequences", int(self.scan.info.seq_id.size))
+        counts["token_rows"] = int(self.scan.checks.tokens)
+        return counts
+
+    @property
+    def worst_severity(self) -> str:
+        return self.checks[0].severity if self.checks else "ok"
+
+
+def _validate(options: ReportOptions) -> None:
+    if options.convention not in CONVENTIONS:
+        raise ConfigError(f"unknown convention {options.convention!r}; choose one of {', '.join(CONVENTIONS)}")
+    bad = [c for c in (options.threshold, *options.thresholds) if not (np.isfinite(c) and c > 1)]
+    if bad:
+        raise ConfigError(f"thresholds must be finite numbers > 1, got {bad[0]!r}")
+    smallest = min((options.threshold, *options.thresholds))
+    if options.lower is not None and not (0 < options.lower < smallest):
+        raise ConfigError(f"--lower must lie in (0, {smallest:g}) (below every threshold), got {options.lower!r}")
+
+
+def build_report(run: Any, options: ReportOptions = ReportOptions()) -> RunReport:
+    """The full report of a Run: one streaming pass, then the library's metrics/IS simulation on the same data.
+
+    NaN/±inf log-probs on valid positions do not stop the report: the checks locate them and `metrics_error`
+    says why the metrics (which refuse such input) are missing.
+    """
+    _validate(options)
+    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=options.silent)
+    lengths = (scan.info.seq_id, scan.info.response_len)
+    thresholds = (*options.thresholds, options.threshold)
+    report = RunReport(run.name, str(run.path), run.manifest, options,
+                       check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
+    report.tails = scan.tails.finish()
+    report.strata = scan.strata.finish()
+    ids, sums = scan.sums.table(scan.info.seq_id)
+    report.intervals = bootstrap(sums, options.convention, replicates=options.replicates, level=options.level,
+                                 seed=options.seed)
+    report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
+    report.worst_sequences = _worst_sequences(run, ids, sums)
+    try:
+        _library_numbers(run, report)
+    except InputError as exc:
+        report.metrics_error = str(exc)
+    report.recommendation = recommend(report)
+    return report
+
+
+def rejection_bound(option: str, threshold: float) -> tuple[str, float]:
+    """verl rejection option at --threshold C: k1 options bound the ratio to [1/C, C]; k2/k3 options bound the
+    statistic by its value at ρ = C (k2 = ½ log²C, k3 = C − 1 − log C), so every option rejects "beyond C"."""
+    log_c = float(np.log(threshold))
+    bound = {"k1": threshold, "k2": 0.5 * log_c**2, "k3": threshold - 1 - log_c}[option.rsplit("_", 1)[1]]
+    return option, bound
+
+
+def _library_numbers(run: Any, report: RunReport) -> None:
+    """metrics, IS modes, rejection options and the sweep, by rcdiag.metrics / rcdiag.correction accumulators fed
+    in ONE pass (the same numbers as compute_metrics / simulate / sweep, which each make their own pass)."""
+    import pandas as pd
+
+    from rcdiag.correction import IS_METRIC_NAMES, ISAccumulator, get_mode
+    from rcdiag.metrics import MetricsAccumulator
+    from rcdiag.tokendata import stream
+
+    o = report.options
+    thresholds = tuple(dict.fromkeys((*o.thresholds, o.threshold)))
+    grid = [get_mode(m).with_bounds(c, o.lower) for m in MODES for c in thresholds]
+    metrics = MetricsAccumulator(o.convention)
+    sweep = ISAccumulator(grid, o.convention)
+    tis = [get_mode("token_truncate").with_bounds(o.threshold, o.lower)]
+    rejections = {opt: ISAccumulator(tis, o.convention, rejection=[rejection_bound(opt, o.threshold)])
+                  for opt in REJECTION_OPTIONS}
+    rows = stream(run, [metrics, sweep, *rejections.values()], silent=o.silent or run.num_tokens < 2_000_000,
+                  desc="metrics")
+    report.metrics = metrics.finish(rows)
+    results = sweep.finish(rows)
+    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
+    report.is_modes = {r["mode"]: {k: r[k] for k in IS_METRIC_NAMES} for r in records if r["threshold"] == o.threshold}
+    chosen = [r for r in records if r["threshold"] in o.thresholds]
+    report.sweep = pd.DataFrame.from_records(chosen, columns=["mode", "threshold", *IS_METRIC_NAMES])
+    report.rejection = {opt: acc.finish(rows)[0] for opt, acc in rejections.items()}
+
+
+# ----------------------------------------------------------------------------------------------- recommendation
+def recommend(report: RunReport) -> dict[str, Any]:
+    """The (mode, threshold) of the sweep that keeps ESS ≥ 0.9 with the least clipping, and why, in plain words.
+
+    Ties in clipped_frac go to the earlier mode in MODES (token_truncate, the usual TIS, first), then the higher
+    ESS, then the smaller threshold (the tightest guard that clips no more).
+    """
+    errors = [f.name for f in report.checks if f.severity == "error"]
+    prefix = (f"Fix the failed checks first ({', '.join(errors)}): until then these numbers measure that defect, "
+              "not numerical mismatch. " if errors else "")
+    frame = report.sweep
+    if frame is None or len(frame) == 0:
+        why = report.metrics_error or "no IS sweep was computed"
+        return {"mode": None, "threshold": None, "text": prefix + f"No recommendation: {why}."}
+    rows = frame.assign(order=frame["mode"].map({m: i for i, m in enumerate(MODES)}))
+    ok = rows[rows["ess"] >= ESS_TARGET]
+    if ok.empty:
+        best = rows.sort_values(["ess", "order"], ascending=[False, True]).iloc[0]
+        text = (f"No mode keeps ESS ≥ {ESS_TARGET} at any threshold: the mismatch is too large for reweighting to "
+                f"absorb. The best available is {best['mode']} at C={best['threshold']:g} (ESS "
+                f"{best['ess']:.3f}, clipped {best['clipped_frac']:.2%}); fix the source of the mismatch.")
+        return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": False,
+                "text": prefix + text}
+    best = ok.sort_values(["clipped_frac", "order", "ess", "threshold"], ascending=[True, True, False, True]).iloc[0]
+    unit = "tokens" if best["mode"].startswith("token") else "sequences"
+    text = (f"Use {best['mode']} with threshold C={best['threshold']:g}: it keeps the effective sample size at "
+            f"{best['ess']:.4f} (≥ {ESS_TARGET}) while clipping only {best['clipped_frac']:.2%} of {unit}, the "
+            f"least of all settings that meet the ESS target; the mean IS weight {best['is_weight_mean']:.4f} "
+            f"puts the correction's bias at {abs(1 - best['is_weight_mean']):.2%}, and "
+            f"{best['kept_token_frac']:.2%} of tokens keep a non-zero weight.")
+    return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": True,
+            "ess": float(best["ess"]), "clipped_frac": float(best["clipped_frac"]), "text": prefix + text}
+
+
+# ----------------------------------------------------------------------------------------------- worst items
+def _worst_sequences(run: Any, ids: np.ndarray, sums: np.ndarray) -> list[dict[str, Any]]:
+    """The WORST_SEQUENCES sequences by |mean ℓ| (then max |ℓ|), with their prompt and response text."""
+    T = sums[:, 0]
+    scored = np.flatnonzero(T > 0)
+    if not scored.size:
+        return []
+    mean = sums[scored, 3] / T[scored]
+    order = scored[np.lexsort((-sums[scored, 5], -np.abs(mean)))[:WORST_SEQUENCES]]
+    texts = _sequence_texts(run, ids[order])
+    return [{"seq_id": int(ids[i]), "tokens": int(T[i]), "mean_log_ratio": float(sums[i, 3] / T[i]),
+             "max_abs_log_ratio": float(sums[i, 5]), "sum_log_ratio": float(sums[i, 3]),
+             **texts.get(int(ids[i]), {})} for i in order]
+
+
+def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    columns = ["seq_id", "prompt_id", "prompt_text", "response_text", "finish_reason", "reward"]
+    for file in run.sequence_files:
+        table = pq.read_table(file, columns=columns, filters=[("seq_id", "in", wanted.tolist())])
+        for row in table.to_pylist():
+            out[int(row.pop("seq_id"))] = row
+    return out
+
+
+def _decode_worst(run: Any, worst: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add the token's text and ±6 tokens of context where the run's tokenizer loads from a local directory."""
+    tokenizer = _local_tokenizer(run.manifest)
+    if tokenizer is None or not worst:
+        return worst
+    wanted = sorted({w["seq_id"] for w in worst})
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for file in run.token_files:
+        table = pq.read_table(file, columns=["seq_id", "pos", "token_id"], filters=[("seq_id", "in", wanted)])
+        for seq in np.unique(np.asarray(table.column("seq_id"))):
+            part = table.filter(pc.equal(table.column("seq_id"), seq))
+            rows[int(seq)] = (np.asarray(part.column("pos")), np.asarray(part.column("token_id").fill_null(0)))
+    for item in worst:
+        pos, ids = rows.get(item["seq_id"], (np.zeros(0), np.zeros(0)))
+        at = int(np.searchsorted(pos, item["pos"]))
+        item["token_text"] = tokenizer.decode([int(item["token_id"])])
+        item["context"] = (tokenizer.decode(ids[max(at - 6, 0):at].tolist()) + "⟦" + item["token_text"] + "⟧"
+                           + tokenizer.decode(ids[at + 1:at + 7].tolist()))
+    return worst
+
+
+def _local_tokenizer(manifest: dict[str, Any]) -> Any | None:
+    path = (manifest.get("tokenizer") or {}).get("path") or ((manifest.get("models") or {}).get("engine") or {}).get(
+        "path")
+    if not path or not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception:  # noqa: BLE001 - decoding is a courtesy; the report stands without it
+        return None
+
+
+def stratum_titles() -> dict[str, str]:
+    return titles()
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+DEFAULT_COMPARISON_DIR = "rcdiag-report"
+"""Where a comparison of several runs goes without --out (relative to the working directory)."""
+
+
+@dataclass
+class ReportResult:
+    """What `make_report` did: the reports, the output directory, and the failing --fail-if lines."""
+
+    reports: list[RunReport]
+    out: Path
+    failures: list[str]
+
+
+def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
+                options: ReportOptions = ReportOptions(), fail_if: Sequence[str] = ()) -> ReportResult:
+    """Report one run (into `out`, default RUN/report/) or compare several (default ./rcdiag-report/, each run's
+    own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work."""
+    from rcdiag import gate
+    from rcdiag.render import check_out_dir, write_files
+    from rcdiag.runstore import Run, open_run
+    from rcdiag.sections import comparison_files, run_files
+
+    if not runs:
+        raise ConfigError("give at least one run directory")
+    conditions = [gate.parse(text) for text in fail_if]
+    gate.check_names(conditions)
+    _validate(options)
+    opened = [r if isinstance(r, Run) else open_run(r) for r in runs]
+    target = Path(out) if out is not None else (
+        opened[0].path / "report" if len(opened) == 1 else Path(DEFAULT_COMPARISON_DIR))
+    check_out_dir(target)
+    reports = [build_report(run, options) for run in opened]
+    files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)
+    written = write_files(target, files)
+    failures = [f"{r.name}: {line}" for r in reports for line in gate.evaluate(conditions, gate.gate_values(r))]
+    return ReportResult(reports, written, failures)

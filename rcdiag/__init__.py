@@ -24,6 +24,8 @@ _EXPORTS = {
     "CorrectionMode": "rcdiag.correction",
     "sequence_stats": "rcdiag.metrics",
     "analyze": "rcdiag.correction",
+    "compare": "rcdiag.notebook",
+    "import_run": "rcdiag.importers",
     "InputError": "rcdiag.errors",
     "RunDirError": "rcdiag.errors",
     "RcdiagError": "rcdiag.errors",

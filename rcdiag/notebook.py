@@ -255,6 +255,7 @@ class PlotAccessor:
 
     def __init__(self, run: Any) -> None:
         self._run = run
+        register_figure_display()
 
     def _scans(self, others: tuple[Any, ...]) -> dict[str, Any]:
         runs = (self._run, *others)
@@ -316,6 +317,23 @@ def sequence_figure(frame: Any, seq_id: int) -> Any:
     ax.set_ylabel("ℓ = a − b (nats)")
     ax.set_title(f"Sequence {seq_id}: per-token log-ratio (grey: masked)")
     return fig
+
+
+def register_figure_display() -> None:
+    """In IPython, show matplotlib Figures as PNG: the figures are built without pyplot, so IPython's inline
+    backend never registered them and would print `<Figure size …>` instead. No-op outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from matplotlib.figure import Figure
+
+    from rcdiag.plots import png_bytes
+
+    shell.display_formatter.formatters["image/png"].for_type(Figure, png_bytes)
 
 
 def _cached_scan(run: Any) -> Any:

@@ -189,3 +189,26 @@ def assert_run_matches(run, truth: list[Truth], *, train: bool = True, rollout: 
         if prompts:
             assert list(sequences.loc[seq_id, "prompt_token_ids"]) == t.prompt
             assert sequences.loc[seq_id, "prompt_len"] == len(t.prompt)
+
+
+CORPUS = ["the answer is 42", "what is six times seven", "compute the sum of two and three", "it is five",
+          "user assistant system", "hello world"] * 20
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def train_tokenizer(path: Path) -> Path:
+    """A small byte-level BPE tokenizer trained here and saved like a model's tokenizer directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = __import__("tokenizers").decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return path

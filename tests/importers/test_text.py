@@ -5,31 +5,16 @@ import json
 
 import pandas as pd
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.importers import ImportOptions, import_run
-
-CORPUS = ["the answer is 42", "what is six times seven", "compute the sum of two and three", "it is five",
-          "user assistant system", "hello world"] * 20
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+from tests.importers.dumps import train_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """A BPE tokenizer trained here, saved like a model's tokenizer directory (with a chat template)."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = TEMPLATE
-    path = tmp_path_factory.mktemp("tok")
-    fast.save_pretrained(path)
-    return path
+    return train_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def _ids(tokenizer_dir, text):

@@ -6,6 +6,7 @@ Never materialises the float32 `[tokens × vocab]` logits of a whole row: only `
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,29 @@ def compiled_epilogue() -> Epilogue:
     return torch.compile(_epilogue_functional, dynamic=True)
 
 
+COMPILE_MIN_ELEMENTS = 2_000_000_000
+"""Compile the epilogue only when tokens × vocab reaches this: the compile costs 4–17 s on 2 CPU cores and saves
+about 0.5 s per 1024 × 32k chunk (measured; research/padding-free-cpu.md and benchmarks/bench_rescore.py)."""
+
+
+def choose_epilogue(n_tokens: int, vocab_size: int, device: str) -> tuple[str, Epilogue]:
+    """("compiled" | "eager", epilogue) for scoring `n_tokens` positions over `vocab_size` logits.
+
+    Compiled on CPU for large workloads, after a warm-up call that proves the compiler works (a missing C
+    compiler falls back to eager with a warning); eager otherwise.
+    """
+    if torch.device(device).type != "cpu" or n_tokens * vocab_size < COMPILE_MIN_ELEMENTS:
+        return "eager", epilogue_inplace
+    fn = compiled_epilogue()
+    try:
+        fn(torch.zeros(2, vocab_size), torch.zeros(2, dtype=torch.int64))
+    except Exception as exc:  # noqa: BLE001 - any compiler failure means "use eager"
+        warnings.warn(f"torch.compile of the log-prob epilogue failed ({type(exc).__name__}: {exc}); using the "
+                      "eager epilogue (slower, same results)", stacklevel=2)
+        return "eager", epilogue_inplace
+    return "compiled", fn
+
+
 def logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """Extra logit processing some architectures do after the LM head (Cohere `logit_scale`, Gemma-2
     `final_logit_softcapping`), applied in float32 before the temperature; None for plain heads (Qwen, Llama)."""
@@ -55,6 +79,7 @@ def logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor] | Non
     return transform
 
 
+@torch.no_grad()
 def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
                      temperature: float = 1.0, chunk_tokens: int = 1024, epilogue: Epilogue = epilogue_inplace,
                      transform: Callable[[torch.Tensor], torch.Tensor] | None = None,

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.attention import ATTN_CHOICES
 from rcdiag.errors import ConfigError, InputError, RunDirError
+from rcdiag.logprobs import choose_epilogue
 from rcdiag.packing import cu_seqlens_from_lengths, unpack_positions
 from rcdiag.progress import progress
 from rcdiag.runstore import SEQUENCES_DIR, TOKENS_DIR, open_run, update_manifest, write_parquet_atomic
@@ -187,7 +188,8 @@ def _write_scored(tokens: pa.Table, logprobs: np.ndarray, entropies: np.ndarray,
 
 
 # --------------------------------------------------------------------------------------------------- the stage
-def trainer_settings(model_path: str, model: Any, config: RescoreConfig, temperature: float) -> dict[str, Any]:
+def trainer_settings(model_path: str, model: Any, config: RescoreConfig, temperature: float,
+                     epilogue: str) -> dict[str, Any]:
     """The manifest's `trainer` section (also each rescored shard's marker)."""
     import torch
     import transformers
@@ -195,7 +197,8 @@ def trainer_settings(model_path: str, model: Any, config: RescoreConfig, tempera
     return {"model": str(model_path), "model_hash": model_hash(model_path), "dtype": config.train_dtype,
             "attn_implementation": attention_used(model), "temperature": temperature,
             "token_budget": config.token_budget, "chunk_tokens": config.chunk_tokens, "device": config.device,
-            "transformers_version": transformers.__version__, "torch_version": torch.__version__}
+            "epilogue": epilogue, "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__}
 
 
 def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConfig(), *,
@@ -213,17 +216,19 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     check_vocabulary(run.manifest, engine_model_path(run.manifest), model_path, model_config)
     vocab_size, max_context = model_limits(model_config)
     files = _shard_files(run.path)
-    total = 0
+    total = response_total = 0
     for tok_file, seq_file in files:  # validate every shard before loading the model
         tokens, sequences = _read(tok_file, seq_file)
         pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}", vocab_size=vocab_size,
                             max_context=max_context)
         total += sum(max(p.size + r.size - 1, 0) for p, r in pairs if r.size)
+        response_total += sum(r.size for _, r in pairs)
     if silent:
         _quiet_transformers()
     model = load_model(model_path, dtype=config.train_dtype, device=config.device, attn=config.attn,
                        trust_remote_code=config.trust_remote_code)
-    settings = trainer_settings(model_path, model, config, temperature)
+    epilogue_name, epilogue = choose_epilogue(response_total, vocab_size, config.device)
+    settings = trainer_settings(model_path, model, config, temperature, epilogue_name)
     with progress(total=total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
         for tok_file, seq_file in files:
             tokens, sequences = _read(tok_file, seq_file)
@@ -233,7 +238,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
                 bar.update(sum(max(p.size + r.size - 1, 0) for p, r in pairs if r.size))
                 continue
             scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
-                                     chunk_tokens=config.chunk_tokens, on_row=bar.update,
+                                     chunk_tokens=config.chunk_tokens, epilogue=epilogue, on_row=bar.update,
                                      source=f"{SEQUENCES_DIR}/{seq_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
     return update_manifest(run.path, {"trainer": settings})

@@ -33,9 +33,10 @@ def parse_number(text: str) -> Decimal | None:
 
     Commas are accepted only as thousands separators (``1,234,567``); ``1,23`` is not a number.
     """
-    raw = text.strip().replace("−", "-").replace(" ", "").replace("\t", "")
-    if not re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?", raw):
+    match = re.fullmatch(r"([-+]?)[ \t]*((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)", text.strip().replace("−", "-"))
+    if match is None:
         return None
+    raw = match.group(1) + match.group(2)
     try:
         return Decimal(raw.replace(",", ""))
     except InvalidOperation:  # pragma: no cover - the pattern above admits only valid decimals

@@ -130,3 +130,21 @@ class Moments:
     def var(self) -> float:
         """Population variance (divide by n); NaN when empty."""
         return self.m2 / self.n if self.n else math.nan
+
+
+def add_range(ranges: list[list[int]], first: int, last: int) -> None:
+    """Extend the last [first, last] interval when the new one follows it (sorted streams), else append."""
+    if ranges and first > ranges[-1][1]:
+        ranges[-1][1] = last
+    else:
+        ranges.append([first, last])
+
+
+def merge_ranges(ranges: list[list[int]], other: list[list[int]]) -> None:
+    """Add `other`'s intervals; ValueError when one overlaps (a sequence split between accumulators)."""
+    for lo, hi in other:
+        for mine_lo, mine_hi in ranges:
+            if lo <= mine_hi and mine_lo <= hi:
+                raise ValueError(f"accumulators overlap in seq_id range [{max(lo, mine_lo)}, {min(hi, mine_hi)}]: "
+                                 "a sequence must not span two accumulators (merge per-file accumulators)")
+    ranges.extend([list(r) for r in other])

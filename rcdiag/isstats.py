@@ -260,6 +260,9 @@ class ModeStats:
 
     def _fractions(self, num_sequences: int) -> dict[str, float]:
         c, conv = self.counts, self.conv
+        if self.n_valid_tokens == 0:  # no data is not "nothing clipped"
+            return dict.fromkeys(("clipped_frac", "fraction_high", "fraction_low", "kept_token_frac",
+                                  "kept_seq_frac"), math.nan)
         token = self.level == "token"
         scored = self.n_tok if token else self.n_stat_seqs
         clipped = ratio(c["clipped"], scored)

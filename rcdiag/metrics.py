@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.accum import ExactSum, Extremum, ratio
+from rcdiag.accum import ExactSum, Extremum, add_range, merge_ranges, ratio
 from rcdiag.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.tokendata import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe, stream
 
@@ -68,7 +68,7 @@ class MetricsAccumulator:
         self.valid_sequences = 0
         self.sums = {name: ExactSum() for name in _TOKEN_SUMS + _SEQ_SUMS}
         self.diff = Extremum()
-        self.seq_range = Extremum()
+        self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
 
     # ------------------------------------------------------------------ updates
@@ -96,7 +96,7 @@ class MetricsAccumulator:
         counts = chunk.counts
         self.tokens += int(counts.sum())
         self.seen_sequences += int(chunk.seq_ids.size)
-        self.seq_range.add(chunk.seq_ids.astype(np.float64))
+        add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
         sum_ell = chunk.seq_sum(chunk.ell)
         self.sums["ell"].add(sum_ell)
         self.sums["k3"].add(chunk.seq_sum(_K3[conv.k3](chunk)))
@@ -108,9 +108,11 @@ class MetricsAccumulator:
         mean_a = chunk.seq_sum(chunk.a)[valid] / t
         mean_b = chunk.seq_sum(chunk.b)[valid] / t
         mean_ell = sum_ell[valid] / t
-        terms = {"train_log_ppl": -mean_a, "train_ppl": np.exp(-mean_a), "rollout_log_ppl": -mean_b,
-                 "rollout_ppl": np.exp(-mean_b), "diff": -mean_ell, "abs_diff": np.abs(mean_ell),
-                 "ppl_ratio": np.exp(-mean_ell), "chi2_seq": _CHI2_SEQ[conv.chi2_seq](mean_ell, sum_ell[valid])}
+        with np.errstate(over="ignore"):  # a PPL beyond 1e308 is reported as inf
+            terms = {"train_log_ppl": -mean_a, "train_ppl": np.exp(-mean_a), "rollout_log_ppl": -mean_b,
+                     "rollout_ppl": np.exp(-mean_b), "diff": -mean_ell, "abs_diff": np.abs(mean_ell),
+                     "ppl_ratio": np.exp(-mean_ell),
+                     "chi2_seq": _CHI2_SEQ[conv.chi2_seq](mean_ell, sum_ell[valid])}
         for name, values in terms.items():
             self.sums[name].add(values)
         self.diff.add(-mean_ell)
@@ -121,16 +123,13 @@ class MetricsAccumulator:
             raise ValueError(f"cannot merge {other.convention.name} into {self.convention.name} accumulator")
         self._flush()
         other._flush()
-        if not (self.seq_range.empty or other.seq_range.empty) and not (
-                other.seq_range.lo > self.seq_range.hi or other.seq_range.hi < self.seq_range.lo):
-            raise ValueError("accumulators overlap in seq_id range: a sequence must not span two accumulators")
+        merge_ranges(self.seq_ranges, other.seq_ranges)
         self.tokens += other.tokens
         self.seen_sequences += other.seen_sequences
         self.valid_sequences += other.valid_sequences
         for name, total in self.sums.items():
             total.merge(other.sums[name])
         self.diff.merge(other.diff)
-        self.seq_range.merge(other.seq_range)
         return self
 
     # ------------------------------------------------------------------ result

@@ -214,6 +214,8 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
         out["is_weight_min"] = math.exp(min(sums))
     out["ess"] = _ess(ess_w, convention)
     out.update(_fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo))
+    if n_valid == 0:
+        out.update(clipped_frac=NAN, fraction_high=NAN, fraction_low=NAN)
     out["kept_token_frac"] = sum(1 for _, k in kept if k) / n_valid if n_valid else NAN
     kept_seqs = {i for i, k in kept if k}
     out["kept_seq_frac"] = len(kept_seqs) / n_valid_seqs if n_valid_seqs else NAN

@@ -1,9 +1,10 @@
 """What every importer shares: per-sequence records, length checks with pattern diagnosis, atomic run writing."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,22 @@ class Imported:
     warnings: list[str] = field(default_factory=list)
     retokenized: bool = False
     sections: dict[str, Any] = field(default_factory=dict)
+    mask_counts: dict[str, int] = field(default_factory=dict)
+
+
+def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
+    with open(file) as handle:
+        for i, line in enumerate(handle):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file), row=i) from None
+            if not isinstance(row, dict):
+                raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
+            yield i, row
 
 
 # --------------------------------------------------------------------------------------------- length checks
@@ -174,6 +191,29 @@ def sequence_table(records: Sequence[Record]) -> pa.Table:
     })
 
 
+def mask_summary(records: Sequence[Record]) -> tuple[dict[str, int], list[str]]:
+    """Counts of masked tokens and of exact 0.0 rollout logprobs (the usual placeholder), plus warnings.
+
+    A 0.0 on a masked position is the framework's placeholder (kept as stored; the mask excludes it). A 0.0 on a
+    valid position claims probability 1 — legitimate for a certain token, but often a placeholder the mask misses.
+    """
+    masked = zero_masked = zero_valid = 0
+    for record in records:
+        valid = np.ones(len(record.response_ids), bool) if record.mask is None else np.asarray(record.mask) != 0
+        masked += int((~valid).sum())
+        if record.rollout_logprobs is not None:
+            zero = np.asarray(record.rollout_logprobs, dtype=np.float64) == 0.0
+            zero_masked += int((zero & ~valid).sum())
+            zero_valid += int((zero & valid).sum())
+    warnings = []
+    if zero_valid:
+        warnings.append(f"{zero_valid} valid token(s) have a rollout logprob of exactly 0.0 (probability 1): "
+                        "a placeholder the mask does not cover? (0.0 is what frameworks write for tool/padded "
+                        "positions)")
+    return {"masked_tokens": masked, "placeholder_zeros_masked": zero_masked,
+            "zero_rollout_logprobs_valid": zero_valid}, warnings
+
+
 def nonfinite_warning(records: Sequence[Record]) -> list[str]:
     """Warnings for NaN/±inf logprobs on valid (mask True) positions: kept as stored, surfaced, never masked."""
     out = []
@@ -197,7 +237,7 @@ def source_section(imported: Imported) -> dict[str, Any]:
     return {
         "kind": f"imported:{imported.fmt}", "format": imported.fmt, "path": str(imported.path),
         "retokenized": imported.retokenized, "conventions": imported.conventions,
-        "lacks": imported.lacks, "warnings": imported.warnings,
+        "lacks": imported.lacks, "warnings": imported.warnings, "mask_counts": imported.mask_counts,
     }
 
 
@@ -244,6 +284,10 @@ def summary_lines(imported: Imported, run: Any) -> list[str]:
     lines = [f"Imported {counts.get('sequences')} sequences, {counts.get('tokens')} tokens from "
              f"{imported.fmt} dump {imported.path} → {run.path}"]
     lines += [f"  convention  {k}: {v}" for k, v in imported.conventions.items()]
+    counts_ = imported.mask_counts
+    if counts_.get("masked_tokens"):
+        lines.append(f"  masked      {counts_['masked_tokens']} token(s) imported with mask False, "
+                     f"{counts_['placeholder_zeros_masked']} of them holding the 0.0 placeholder (kept as stored)")
     lines += [f"  lacks       {item}" for item in imported.lacks]
     lines += [f"  warning     {item}" for item in imported.warnings]
     if imported.retokenized:

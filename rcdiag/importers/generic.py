@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import InputError
-from rcdiag.importers.common import Imported, ImportOptions, Record, check_lengths, check_presence
+from rcdiag.importers.common import (
+    Imported,
+    ImportOptions,
+    Record,
+    check_lengths,
+    check_presence,
+    jsonl_objects,
+)
 
 CANDIDATES = {
     "response_ids": ("response_ids", "completion_ids", "output_ids", "output_token_ids", "token_ids", "responses"),
@@ -57,17 +64,8 @@ def _parquet_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _jsonl_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(file) as handle:
-        for i, line in enumerate(handle):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file), row=i) from None
-            if not isinstance(row, dict):
-                raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
-            yield i, row | {"__file__": str(file)}
+    for i, row in jsonl_objects(file):
+        yield i, row | {"__file__": str(file)}
 
 
 def _pick(row: dict[str, Any], names: tuple[str, ...]) -> str | None:

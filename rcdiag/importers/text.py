@@ -7,14 +7,13 @@ the text was decoded, and text → ids need not give back the sampled ids), and 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.importers.common import Imported, ImportOptions, Record
+from rcdiag.importers.common import Imported, ImportOptions, Record, jsonl_objects
 from rcdiag.progress import iterate
 
 NON_REWARD = {"step", "gen_step", "prompt", "completion", "advantage", "advantages", "entropy", "solution",
@@ -52,13 +51,7 @@ def _swift_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
     if not file.exists():
         raise InputError("no such file", file=str(file))
     out = []
-    for line_no, line in enumerate(file.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            table = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg})", file=str(file), row=line_no) from None
+    for line_no, table in jsonl_objects(file):
         lists = {k: v for k, v in table.items() if isinstance(v, list)}
         n = len(lists.get("completion", []))
         ragged = next((k for k, v in lists.items() if len(v) != n), None)

@@ -85,8 +85,8 @@ def _non_tensor(values: dict[str, Any], name: str, i: int) -> Any:
     return None if column is None or i >= len(column) else column[i]
 
 
-def _records(file: Path, step: int | None) -> tuple[list[Record], bool]:
-    batch, non_tensor, _meta = _unwrap(load_pickle_file(file), file)
+def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str, Any]]:
+    batch, non_tensor, meta = _unwrap(load_pickle_file(file), file)
     responses = _matrix(batch, "responses", file, None)
     if responses is None:
         raise InputError(f"no 'responses' tensor (have: {', '.join(sorted(map(str, batch)))})", file=str(file),
@@ -107,7 +107,8 @@ def _records(file: Path, step: int | None) -> tuple[list[Record], bool]:
             prompt_ids=None if prompt_valid is None else prompts[i][prompt_valid[i]].astype(np.int64),
             prompt_id=_str(_non_tensor(non_tensor, "uid", i)), sample_index=i, step=step,
             reward=_float(_non_tensor(non_tensor, "score", i))))
-    return records, train is not None
+    scalars = {str(k): v for k, v in meta.items() if isinstance(v, str | int | float | bool)}
+    return records, train is not None, scalars
 
 
 def _str(value: Any) -> str | None:
@@ -148,10 +149,12 @@ def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
     require_consent(path, fmt, opts.allow_pickle)
     records: list[Record] = []
     have_train = []
+    meta: dict[str, Any] = {}
     for file, step in iterate(_files(path), desc="verl batches", silent=opts.quiet):
-        batch_records, has_train = _records(file, step)
+        batch_records, has_train, scalars = _records(file, step)
         records += batch_records
         have_train.append(has_train)
+        meta = meta or scalars
     check_presence(records, {"rollout_logprobs": "rollout_log_probs", "mask": "response_mask"})
     lacks = ["sampling settings (temperature, top-p/top-k, logprobs mode): not in the cache", "train_entropy"]
     if not all(have_train):
@@ -160,6 +163,8 @@ def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
     if records and records[0].rollout_logprobs is None:
         lacks.insert(0, "rollout_log_probs (set actor_rollout_ref.rollout.calculate_log_probs=True)")
     conventions = {**CONVENTIONS, "train_logprobs": "old_log_probs" if any(have_train) else "none"}
+    if meta:
+        conventions["meta_info"] = meta  # e.g. temperature, when the trainer put it there
     if any(have_train) and not all(have_train):
         raise InputError("old_log_probs present in some batches but not others", file=str(path),
                          field="old_log_probs")

@@ -23,6 +23,8 @@ def test_import_slime_prints_summary(tmp_path, capsys):
     assert text.startswith(f"Imported 7 sequences, {sum(len(t.response) for t in truth)} tokens from slime dump")
     assert "convention  mask_field: loss_mask" in text
     assert "lacks       sampling settings" in text
+    masked = sum(int((t.mask == 0).sum()) for t in truth)
+    assert f"masked      {masked} token(s) imported with mask False, {masked} of them holding the 0.0" in text
     assert_run_matches(rcdiag.open_run(out), truth)
 
 

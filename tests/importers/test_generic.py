@@ -156,3 +156,14 @@ def test_bad_json_and_bad_parquet(tmp_path):
     (tmp_path / "e.jsonl").write_text("")
     with pytest.raises(InputError, match="holds no samples"):
         import_run("jsonl", tmp_path / "e.jsonl", tmp_path / "run", Q)
+
+
+def test_zero_on_valid_position_is_warned(tmp_path):
+    """A 0.0 rollout logprob on a valid token (OpenRLHF turns None into 0.0) is reported, not silently kept."""
+    truth = make_truth(seed=37, n=3)
+    frame = _frame(truth)
+    frame.at[0, "rollout_logprobs"] = [0.0] + frame.at[0, "rollout_logprobs"][1:]
+    frame.to_json(tmp_path / "r.jsonl", orient="records", lines=True)
+    run, imported = import_run("jsonl", tmp_path / "r.jsonl", tmp_path / "run", Q)
+    assert run.manifest["source"]["mask_counts"]["zero_rollout_logprobs_valid"] == 1
+    assert any(w.startswith("1 valid token(s) have a rollout logprob of exactly 0.0") for w in imported.warnings)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import rcdiag
 from rcdiag.errors import InputError
 from rcdiag.importers import ImportOptions, import_run
 from tests.importers.dumps import (
@@ -164,3 +165,18 @@ def test_bf16_train_logprobs_and_nan_warning(tmp_path):
     np.testing.assert_array_equal(tok[tok.seq_id == 0]["train_logprob"].to_numpy(np.float32), truth[0].train)
     assert any("rollout_logprobs is nan at response position 0" in w for w in imported.warnings)
     assert np.isnan(tok[tok.seq_id == 1]["rollout_logprob"].iloc[0])
+
+
+def test_imported_run_feeds_the_metrics(tmp_path):
+    """End to end: the imported run's kl equals a float64 reference over the source's valid tokens."""
+    truth = make_truth(seed=12, n=20, max_len=30)
+    save_slime_rollout(tmp_path / "dd/rollout_data/0.pt", truth, rollout_id=0)
+    save_slime_train(tmp_path / "dd/train_data/0.pt", truth, rollout_id=0)
+    run, imported = import_run("slime", tmp_path / "dd", tmp_path / "run", OK)
+    valid = np.concatenate([t.mask for t in truth]) != 0
+    a = np.concatenate([t.train for t in truth]).astype(np.float64)[valid]
+    b = np.concatenate([t.rollout for t in truth]).astype(np.float64)[valid]
+    metrics = rcdiag.compute_metrics(run)
+    assert metrics["kl"] == pytest.approx(float(np.mean(b - a)), rel=1e-12)
+    assert metrics["tokens"] == int(valid.sum()) and metrics["empty_sequences"] == 1
+    assert imported.mask_counts["placeholder_zeros_masked"] == int((~valid).sum()) > 0

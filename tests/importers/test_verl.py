@@ -28,6 +28,10 @@ def test_dataproto_without_verl_installed(tmp_path):
     assert source["kind"] == "imported:verl"
     assert "right-padded" in source["conventions"]["padding"]
     assert "0.0" in source["conventions"]["placeholder"]
+    assert source["conventions"]["meta_info"] == {"temperature": 1.0}
+    masked = sum(int((t.mask == 0).sum()) for t in truth)
+    assert masked > 0 and source["mask_counts"] == {"masked_tokens": masked, "placeholder_zeros_masked": masked,
+                                                    "zero_rollout_logprobs_valid": 0}
 
 
 def test_tensordict_batch(tmp_path):

@@ -2,8 +2,8 @@
 
 Pickle runs code named inside the file when it is loaded, so rcdiag refuses pickle formats unless the user passes
 `--allow-pickle`. Even then loading goes through a restricted unpickler: only containers, tensors, numpy arrays and
-a few known framework classes resolve; a framework class that is not importable here (verl's `DataProto`, a
-`TensorDict`) becomes a plain attribute container, so verl need not be installed.
+a few known framework classes resolve; a framework class that may not be importable here (verl's `DataProto`, a
+`TensorDict`, slime's `Sample`) becomes a plain attribute container, so the framework need not be installed.
 """
 from __future__ import annotations
 
@@ -37,9 +37,30 @@ class PlainContainer:
         return f"PlainContainer({sorted(self.__dict__)})"
 
 
-_MAPPED_CLASSES = {
-    ("verl.protocol", "DataProto"), ("verl.protocol", "DataProtoItem"),
-    ("tensordict._td", "TensorDict"), ("tensordict.tensordict", "TensorDict"),
+def _enum_value(value: Any) -> Any:
+    """Stands in for a framework Enum class (slime's Sample.Status): unpickling calls it with the member's value."""
+    return value
+
+
+_NESTED = {"Status": _enum_value, "SpecInfo": PlainContainer, "PrefixCacheInfo": PlainContainer}
+
+
+def _nested_getattr(owner: Any, name: str) -> Any:
+    """Protocol-2 pickles reach nested classes (Sample.Status) through getattr; only these few resolve — a general
+    getattr would let a crafted file walk from an allowed object to arbitrary code."""
+    if owner is PlainContainer and name in _NESTED:
+        return _NESTED[name]
+    raise InputError(f"the dump asks for attribute {name!r} of {getattr(owner, '__name__', type(owner).__name__)}, "
+                     "which rcdiag does not resolve")
+
+
+_MAPPED: dict[tuple[str, str], Any] = {
+    ("builtins", "getattr"): _nested_getattr, ("__builtin__", "getattr"): _nested_getattr,
+    ("verl.protocol", "DataProto"): PlainContainer, ("verl.protocol", "DataProtoItem"): PlainContainer,
+    ("tensordict._td", "TensorDict"): PlainContainer, ("tensordict.tensordict", "TensorDict"): PlainContainer,
+    **{(f"{fw}.utils.types", name): PlainContainer for fw in ("slime", "miles")
+       for name in ("Sample", "Sample.SpecInfo", "Sample.PrefixCacheInfo")},
+    **{(f"{fw}.utils.types", "Sample.Status"): _enum_value for fw in ("slime", "miles")},
 }
 _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool", "complex", "bytes",
              "bytearray", "slice", "range"}
@@ -72,8 +93,8 @@ def _torch_global(name: str) -> Any:
 
 def _resolve(module: str, name: str) -> Any:
     """The object a pickle global may resolve to, or None when it is not on the allow-list."""
-    if (module, name) in _MAPPED_CLASSES:
-        return PlainContainer
+    if (module, name) in _MAPPED:
+        return _MAPPED[(module, name)]
     if module == "builtins" and name in _BUILTINS:
         return getattr(__import__("builtins"), name)
     if module == "collections" and name in {"OrderedDict", "defaultdict", "deque"}:
@@ -128,7 +149,9 @@ def load_pickle_file(path: Path) -> Any:
                 return torch.load(handle, map_location="cpu", weights_only=False,
                                   pickle_module=_RestrictedPickleModule)
             return RestrictedUnpickler(handle).load()
-    except InputError:
+    except InputError as exc:
+        if exc.file is None:
+            raise InputError(str(exc), file=str(path)) from None
         raise
     except FileNotFoundError:
         raise InputError("no such file", file=str(path)) from None

@@ -19,7 +19,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_lengths, check_presence
-from rcdiag.importers.safeload import load_pickle_file, require_consent
+from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
 from rcdiag.progress import iterate
 
 FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "log_probs", "mask": "loss_mask"}
@@ -112,6 +112,16 @@ def _train_logprobs(files: list[Path], opts: ImportOptions) -> dict[int, tuple[n
     return out
 
 
+def _as_dict(sample: Any, file: Path, row: int) -> dict[str, Any]:
+    """A sample as a dict: Sample.to_dict() output as is, a pickled Sample object (older dumps) by its fields."""
+    if isinstance(sample, dict):
+        return sample
+    if isinstance(sample, PlainContainer):
+        return vars(sample)
+    raise InputError(f"expected a sample dict, got {type(sample).__name__}", file=str(file), row=row,
+                     field="samples")
+
+
 def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
@@ -175,7 +185,7 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
         if not isinstance(data.get("samples"), list):
             raise InputError(f"a rollout dump needs a 'samples' list (have: {', '.join(sorted(map(str, data)))})",
                              file=str(file), field="samples")
-        batch = [_record(s, file, i, data.get("rollout_id")) for i, s in enumerate(data["samples"])]
+        batch = [_record(_as_dict(s, file, i), file, i, data.get("rollout_id")) for i, s in enumerate(data["samples"])]
         if train_files:
             _attach_train(batch, _train_logprobs(train_files, opts))
             with_train += 1

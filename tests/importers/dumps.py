@@ -212,3 +212,52 @@ def train_tokenizer(path: Path) -> Path:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
     return path
+
+
+SLIME_TYPES = textwrap.dedent('''
+    """Stand-in for slime.utils.types (the fields of Sample that matter here, its Status enum)."""
+    from dataclasses import dataclass, field
+    from enum import Enum
+
+    @dataclass
+    class Sample:
+        group_index: int | None = None
+        index: int | None = None
+        prompt: str = ""
+        tokens: list = field(default_factory=list)
+        response: str = ""
+        response_length: int = 0
+        reward: float | None = None
+        loss_mask: list | None = None
+        rollout_log_probs: list | None = None
+
+        class Status(Enum):
+            PENDING = "pending"
+            COMPLETED = "completed"
+            TRUNCATED = "truncated"
+
+        status: Status = Status.PENDING
+''')
+
+
+def save_slime_objects(path: Path, truth: list[Truth], pkg_root: Path) -> Path:
+    """An older-style rollout dump holding Sample objects (not dicts); slime is made un-importable afterwards."""
+    file = pkg_root / "slime/utils/types.py"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    for init in (pkg_root / "slime/__init__.py", pkg_root / "slime/utils/__init__.py"):
+        init.touch()
+    file.write_text(SLIME_TYPES)
+    sys.path.insert(0, str(pkg_root))
+    try:
+        from slime.utils.types import Sample
+
+        samples = [Sample(group_index=i // 2, index=t.index, prompt="p", tokens=t.prompt + t.response,
+                          response="r", response_length=len(t.response), reward=t.reward,
+                          loss_mask=t.mask.tolist(), rollout_log_probs=t.rollout.tolist(),
+                          status=Sample.Status.TRUNCATED) for i, t in enumerate(truth)]
+        torch.save({"rollout_id": 1, "samples": samples}, path)
+    finally:
+        sys.path.remove(str(pkg_root))
+        for name in [m for m in sys.modules if m.split(".")[0] == "slime"]:
+            del sys.modules[name]
+    return path

@@ -11,6 +11,8 @@ from rcdiag.importers import ImportOptions, import_run
 from tests.importers.dumps import (
     assert_run_matches,
     make_truth,
+    pickle_dump,
+    save_slime_objects,
     save_slime_rollout,
     save_slime_train,
     slime_sample,
@@ -88,6 +90,14 @@ def test_malicious_pickle_is_refused_even_with_consent(tmp_path):
         import_run("slime", tmp_path / "evil.pt", tmp_path / "run", OK)
     assert not (tmp_path / "pwned").exists()
     assert not (tmp_path / "run").exists()
+
+    class Walk:  # getattr is resolved only for the nested classes of the stand-ins, never as a general tool
+        def __reduce__(self):
+            return (getattr, (dict, "fromkeys"))
+
+    pickle_dump(tmp_path / "walk.pkl", {"samples": [Walk()]})
+    with pytest.raises(InputError, match="walk.pkl: the dump asks for attribute 'fromkeys' of dict"):
+        import_run("slime", tmp_path / "walk.pkl", tmp_path / "run", OK)
 
 
 def _bad(tmp_path, truth, edit):
@@ -180,3 +190,12 @@ def test_imported_run_feeds_the_metrics(tmp_path):
     assert metrics["kl"] == pytest.approx(float(np.mean(b - a)), rel=1e-12)
     assert metrics["tokens"] == int(valid.sum()) and metrics["empty_sequences"] == 1
     assert imported.mask_counts["placeholder_zeros_masked"] == int((~valid).sum()) > 0
+
+
+def test_pickled_sample_objects_without_slime_installed(tmp_path):
+    """Dumps holding Sample objects (with the Status enum) load through the mapped stand-ins."""
+    truth = make_truth(seed=13)
+    file = save_slime_objects(tmp_path / "r.pt", truth, tmp_path / "pkgs")
+    run, _ = import_run("slime", file, tmp_path / "run", OK)
+    assert_run_matches(run, truth, train=False)
+    assert run.sequences()["finish_reason"].tolist() == ["truncated"] * len(truth)

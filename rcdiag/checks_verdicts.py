@@ -235,6 +235,9 @@ def check_manifest(ctx: Context) -> Finding:
             hits.append((severity, f"{message} ({key}={value!r})", fix))
     engine_t = _find(ctx.manifest, "temperature", "engine")
     trainer_t = _find(ctx.manifest, "temperature", "trainer")
+    engine_t = 1.0 if engine_t == 0 else engine_t  # greedy: the engine's processed log-probs are at T = 1
+    for warning in ctx.manifest.get("warnings") or []:
+        hits.append(("warning", f"the run recorded a warning: {warning}", ""))
     if isinstance(engine_t, int | float) and isinstance(trainer_t, int | float) and engine_t != trainer_t:
         hits.append(("error", f"the manifest records sampling temperature {engine_t} but training temperature "
                      f"{trainer_t}", "score the trainer side at the sampling temperature"))
@@ -242,7 +245,7 @@ def check_manifest(ctx: Context) -> Finding:
         return _ok("manifest_flags", "the manifest records no convention problem")
     severity = max((h[0] for h in hits), key=["ok", "info", "warning", "error"].index)
     return Finding("manifest_flags", severity, "; ".join(h[1] for h in hits), {"flags": [h[1] for h in hits]},
-                   "; ".join(dict.fromkeys(h[2] for h in hits)))
+                   "; ".join(dict.fromkeys(h[2] for h in hits if h[2])))
 
 
 VERDICTS: tuple[Callable[[Context], Finding], ...] = (

@@ -8,6 +8,7 @@ import html
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -46,6 +47,11 @@ def fmt(value: Any) -> str:
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3e}"
     return f"{value:.4g}"
+
+
+def slug(text: str) -> str:
+    """An HTML id from a heading: 'IS modes at C=2' → 'is-modes-at-c-2'."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def plain(obj: Any) -> Any:
@@ -151,7 +157,7 @@ def _html(images: dict[str, bytes]) -> dict[str, Callable[[Block], str]]:
         return f'<img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
 
     return {
-        "h": lambda b: f"<h{b.level}>{html.escape(b.text)}</h{b.level}>",
+        "h": lambda b: f'<h{b.level} id="{slug(b.text)}">{html.escape(b.text)}</h{b.level}>',
         "p": lambda b: f"<p>{html.escape(b.text)}</p>",
         "callout": lambda b: f'<div class="callout">{html.escape(b.text)}</div>',
         "cards": lambda b: _html_cards(b.rows),

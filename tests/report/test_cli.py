@@ -1,0 +1,92 @@
+"""`rcdiag report` from the command line: pin the user-facing text, then verify through the API."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rcdiag
+from rcdiag.cli import main
+from rcdiag.gate import Condition, evaluate, parse
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_help_shows_examples(capsys):
+    code, out, _ = _run(capsys, "report", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    for text in ("rcdiag report runs/sample", "--fail-if \"kl>1e-3\" --fail-if \"ess<0.9\"",
+                 "rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16", "--convention", "--thresholds",
+                 "[default: 2.0]", "canonical | swift | verl | trl"):
+        assert text in flat, text
+
+
+def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
+    run = synthetic_runs["temperature"]
+    out = tmp_path / "rep"
+    code, stdout, stderr = _run(capsys, "report", str(run.path), "--out", str(out), "--thresholds", "1.5,2,4",
+                                "--convention", "verl")
+    assert code == 0, stderr
+    assert stdout.splitlines()[0].startswith("temperature: kl=0.02")
+    assert "error: temperature: b ≈ 1.356·a" in stdout
+    assert stdout.strip().endswith(f"Wrote {out}/report.html, report.md, metrics.json")
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0]}
+    want = rcdiag.compute_metrics(rcdiag.open_run(run.path), convention="verl")
+    assert data["metrics"]["k3_kl"] == pytest.approx(want["k3_kl"], rel=1e-12)
+    assert sorted({row["threshold"] for row in data["sweep"]}) == [1.5, 2.0, 4.0]
+
+
+def test_fail_if_exits_1_listing_failures(synthetic_runs, tmp_path, capsys):
+    run = synthetic_runs["temperature"]
+    code, stdout, stderr = _run(capsys, "report", str(run.path), "--out", str(tmp_path / "r"), "--quiet",
+                                "--fail-if", "kl>1e-3", "--fail-if", "ess<0.9", "--fail-if", "chi2_token>1e6",
+                                "--fail-if", "sequence_mask.kept_seq_frac<0.5")
+    assert code == 1 and stdout == ""
+    kl = rcdiag.compute_metrics(run)["kl"]
+    ess = rcdiag.simulate(run, "token_truncate", threshold=2.0)["ess"]
+    assert stderr == ("Failed --fail-if conditions:\n"
+                      f"  temperature: kl = {kl:.6g} (kl>1e-3)\n"
+                      f"  temperature: ess = {ess:.6g} (ess<0.9)\n")
+
+
+def test_fail_if_passing_exits_0(clean_run, tmp_path, capsys):
+    code, _, stderr = _run(capsys, "report", str(clean_run.path), "--out", str(tmp_path / "r"), "--quiet",
+                           "--fail-if", "kl>1e-2", "--fail-if", "ess<0.9")
+    assert code == 0 and stderr == ""
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--fail-if", "kll>1"], "Error: --fail-if 'kll>1': unknown metric 'kll'; known: kl, k3_kl,"),
+    (["--fail-if", "kl 1"], "Error: --fail-if 'kl 1': expected NAME OP VALUE with OP in"),
+    (["--fail-if", "kl>>1"], "Error: --fail-if 'kl>>1': '>1' is not a number"),
+    (["--fail-if", "kl>abc"], "Error: --fail-if 'kl>abc': 'abc' is not a number"),
+    (["--thresholds", "1.1,x"], "Error: --thresholds '1.1,x': expected numbers separated by commas"),
+    (["--thresholds", "0.5"], "Error: thresholds must be finite numbers > 1, got 0.5"),
+    (["--convention", "openrlhf"], "Error: unknown convention 'openrlhf'; choose one of canonical, swift, verl, trl"),
+    (["--lower", "3"], "Error: --lower must lie in (0, 1.1) (below every threshold), got 3.0"),
+])
+def test_bad_options_are_errors_before_any_work(clean_run, tmp_path, capsys, argv, message):
+    out = tmp_path / "never"
+    code, _, stderr = _run(capsys, "report", str(clean_run.path), "--out", str(out), *argv)
+    assert code == 1 and stderr.startswith(message), stderr
+    assert not out.exists()
+
+
+def test_missing_run_directory(tmp_path, capsys):
+    code, _, stderr = _run(capsys, "report", str(tmp_path / "nope"))
+    assert code == 1 and stderr.startswith(f"Error: {tmp_path / 'nope'}: no such run directory")
+
+
+def test_conditions_hold_on_nan():
+    """A metric that could not be computed fails its gate (no silent pass)."""
+    cond = parse(" ess < 0.9 ")
+    assert cond == Condition("ess < 0.9", "ess", "<", 0.9)
+    assert evaluate([cond], {"ess": float("nan")}) == ["ess = nan (ess < 0.9)"]
+    assert evaluate([parse("kl>=0.5")], {"kl": 0.5}) == ["kl = 0.5 (kl>=0.5)"]
+    assert evaluate([parse("kl!=0.5")], {"kl": 0.5}) == []

@@ -145,11 +145,17 @@ def local_tokenizer(run: Any) -> Any | None:
 def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) -> Any:
     """Headline metrics of several runs side by side: a DataFrame (rows: metrics; columns: runs).
 
-    With exactly two runs a third column `difference` (second − first) is added.
+    `runs`: {label: Run}, or a list of Runs labelled by directory name (by path when two names clash). With
+    exactly two runs a third column `difference` (second − first) is added.
     """
     import pandas as pd
 
-    named = dict(runs) if isinstance(runs, Mapping) else {r.name: r for r in runs}
+    if isinstance(runs, Mapping):
+        named = dict(runs)
+    else:
+        names = [r.name for r in runs]
+        unique = len(set(names)) == len(names)
+        named = {(r.name if unique else str(r.path)): r for r in runs}  # same-named runs: tell them by path
     frame = pd.DataFrame({name: pd.Series(dict(metrics(run, convention))) for name, run in named.items()})
     if len(named) == 2:
         first, second = frame.columns

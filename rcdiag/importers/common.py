@@ -249,6 +249,8 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
     from rcdiag.runstore import write_run
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise RunDirError(f"{out}: already exists and is not empty; pass --overwrite to replace it, or choose "
                           "another --out")

@@ -39,6 +39,9 @@ def test_refusals_and_overwrite(tmp_path, capsys):
     assert main(args) == 0
     assert main(args) == 1 and "already exists" in capsys.readouterr().err
     assert main(args + ["--overwrite"]) == 0
+    (tmp_path / "file").write_text("x")
+    assert main(args[:3] + ["--out", str(tmp_path / "file"), "--allow-pickle"]) == 1
+    assert "exists and is not a directory" in capsys.readouterr().err
     assert main(["import", "nope", str(tmp_path), "--out", str(out)]) == 1
     assert "unknown format 'nope' (choose from: slime, miles, verl" in capsys.readouterr().err
 

@@ -5,7 +5,13 @@ import pandas as pd
 
 import rcdiag
 from rcdiag.cli import main
-from tests.importers.dumps import assert_run_matches, make_truth, save_slime_rollout, save_slime_train
+from tests.importers.dumps import (
+    assert_run_matches,
+    make_truth,
+    save_slime_rollout,
+    save_slime_train,
+    train_tokenizer,
+)
 
 
 def _dump(tmp_path):
@@ -63,3 +69,24 @@ def test_help_has_examples(capsys):
     assert main(["import", "--help"]) == 0
     text = capsys.readouterr().out
     assert "rcdiag import slime" in text and "--allow-pickle" in text and "--rescore-both" in text
+
+
+def test_readme_jsonl_and_trl_commands(tmp_path, capsys):
+    """The README's jsonl (named fields) and trl (retokenized) commands, verified through the API."""
+    truth = make_truth(seed=41)
+    pd.DataFrame({"completion_ids": [t.response for t in truth],
+                  "logprobs": [t.rollout.tolist() for t in truth]}).to_json(tmp_path / "rollouts.jsonl",
+                                                                            orient="records", lines=True)
+    assert main(["import", "jsonl", str(tmp_path / "rollouts.jsonl"), "--out", str(tmp_path / "mine"),
+                 "--response-ids-field", "completion_ids", "--rollout-logprobs-field", "logprobs", "-q"]) == 0
+    assert_run_matches(rcdiag.open_run(tmp_path / "mine"), truth, train=False, mask=False, prompts=False)
+    assert "lacks       trainer logprobs" in capsys.readouterr().out
+    (tmp_path / "completions").mkdir()
+    pd.DataFrame({"step": [1], "prompt": ["hello world"], "completion": ["it is five"]}).to_parquet(
+        tmp_path / "completions/completions_00001.parquet")
+    tokenizer = train_tokenizer(tmp_path / "model")
+    assert main(["import", "trl", str(tmp_path / "completions"), "--out", str(tmp_path / "trl"),
+                 "--tokenizer", str(tokenizer), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert f"RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {tmp_path / 'trl'}`" in text
+    assert rcdiag.open_run(tmp_path / "trl").manifest["source"]["retokenized"] is True

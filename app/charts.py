@@ -6,13 +6,15 @@ import pandas as pd
 
 
 def histogram(frame: pd.DataFrame, colour: str | None = None) -> alt.Chart:
-    """ℓ histogram with log counts: frame (lo, hi, count[, run])."""
-    enc = {"color": alt.Color(f"{colour}:N")} if colour else {}
-    mark = alt.Chart(frame).mark_bar(opacity=0.55 if colour else 0.9, binSpacing=0)
-    return mark.encode(
-        x=alt.X("lo:Q", title="ℓ = a − b (nats)"), x2="hi:Q",
-        y=alt.Y("count:Q", scale=alt.Scale(type="log"), title="tokens (log scale)"),
-        tooltip=["lo", "hi", "count"] + ([colour] if colour else []), **enc)
+    """ℓ histogram with log counts: frame (lo, hi, count[, run]); one run as bars, several as overlaid steps."""
+    x = alt.X("lo:Q", title="ℓ = a − b (nats)")
+    y = alt.Y("count:Q", scale=alt.Scale(type="log", domainMin=0.8), title="tokens (log scale)")
+    tooltip = ["lo", "hi", "count"] + ([colour] if colour else [])
+    if colour:
+        return alt.Chart(frame).mark_line(interpolate="step-after").encode(
+            x=x, y=y, color=alt.Color(f"{colour}:N"), tooltip=tooltip)
+    bars = frame.assign(base=0.8)
+    return alt.Chart(bars).mark_rect(color="#2563eb").encode(x=x, x2="hi:Q", y=y, y2="base:Q", tooltip=tooltip)
 
 
 def density(frame: pd.DataFrame) -> alt.Chart:

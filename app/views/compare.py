@@ -25,7 +25,8 @@ def render() -> None:
         st.info("Choose at least two runs to compare.")
         return
     names = _unique_names(refs)
-    st.dataframe(_table(refs, names), key="cmp_table", width="stretch")
+    table = _table(refs, names)
+    st.dataframe(table, key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3)
     _overlays(refs, names)
 
 

@@ -6,7 +6,8 @@ import streamlit as st
 
 from app import bands, data, ui
 
-SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
+SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
+                  "ok": ":material/check_circle:"}
 COUNTS = ("tokens", "sequences", "empty_sequences")
 
 
@@ -41,9 +42,9 @@ def _cards(values: dict[str, float]) -> None:
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
     for finding in data.findings(*ref.key):
-        icon = SEVERITY_ICONS.get(finding["severity"], "")
-        with st.expander(f"{icon} {finding['severity']} · {finding['name']}: {finding['message']}",
-                         expanded=finding["severity"] in ("error", "warning")):
+        with st.expander(f"{finding['severity']} · {finding['name']}: {finding['message']}",
+                         expanded=finding["severity"] in ("error", "warning"),
+                         icon=SEVERITY_ICONS.get(finding["severity"])):
             if finding.get("fix"):
                 st.markdown(f"**Fix:** {finding['fix']}")
             if finding.get("evidence"):

@@ -14,6 +14,13 @@ PAGE_SIZE = 25
 SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio", "sequence ratio": "seq_ratio",
              "log-PPL diff": "log_ppl_diff", "seq_id": "seq_id"}
 
+TABLE_COLUMNS = ("seq_id", "n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff",
+                 "finish_reason", "reward", "response_len", "prompt_id", "sample_index")
+COLUMN_FORMATS = {name: st.column_config.NumberColumn(name, format="%.4g")
+                  for name in ("mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff",
+                               "mean_log_ratio", "sum_log_ratio", "training_log_ppl", "rollout_log_ppl")}
+STATS_SHOWN = ("n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff")
+
 
 def render() -> None:
     ref = ui.current_run()
@@ -26,8 +33,8 @@ def render() -> None:
         st.info("The run has no sequences.")
         return
     labels = {int(r.seq_id): f"seq {int(r.seq_id)}" for r in page.itertuples()}
-    chosen = st.selectbox("Sequence", list(labels), format_func=labels.get, key="seq_select")
-    _detail(ref, int(chosen))
+    chosen = int(st.selectbox("Sequence", list(labels), format_func=labels.get, key="seq_select"))
+    _detail(ref, chosen, index[index["seq_id"] == chosen].iloc[0])
 
 
 def _page(index: pd.DataFrame) -> pd.DataFrame:
@@ -41,15 +48,21 @@ def _page(index: pd.DataFrame) -> pd.DataFrame:
     order = index.sort_values([options[label], "seq_id"], ascending=[not descending, True], na_position="last",
                               kind="stable")
     page = order.iloc[(number - 1) * PAGE_SIZE: number * PAGE_SIZE]
-    st.dataframe(page, hide_index=True, key="seq_table", width="stretch")
+    shown = [c for c in TABLE_COLUMNS if c in page.columns]
+    st.dataframe(page[shown + [c for c in page.columns if c not in shown]], hide_index=True, key="seq_table",
+                 width="stretch", column_config=COLUMN_FORMATS)
     st.caption(f"{len(index):,} sequences · rows {(number - 1) * PAGE_SIZE + 1}–"
                f"{(number - 1) * PAGE_SIZE + len(page)}")
     return page
 
 
-def _detail(ref: data.RunRef, seq_id: int) -> None:
+def _detail(ref: data.RunRef, seq_id: int, stats: pd.Series) -> None:
     row, tokens = data.sequence_detail(*ref.key, seq_id)
     st.subheader(f"Sequence {seq_id}")
+    cols = st.columns(len(STATS_SHOWN))
+    for col, name in zip(cols, STATS_SHOWN, strict=True):
+        value = stats.get(name)
+        col.metric(name, "–" if value is None or pd.isna(value) else ui.fmt(float(value)))
     facts = {k: row.get(k) for k in ("prompt_id", "sample_index", "finish_reason", "reward", "response_len")}
     st.caption(" · ".join(f"{k}: {v}" for k, v in facts.items() if v is not None))
     st.markdown("**Prompt**")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -71,15 +72,29 @@ def command(
     port = port or free_port()
     cmd = streamlit_command(app_path(), [r.resolve() for r in runs], port)
     typer.echo(f"rcdiag dashboard: http://{HOST}:{port}  (Ctrl-C to stop)")
+    code = serve(cmd)
+    if code:
+        raise typer.Exit(code)
+
+
+def serve(cmd: list[str]) -> int:
+    """Run the server until it exits; Ctrl-C or SIGTERM stops it (and never leaves it running). Exit code."""
     child = subprocess.Popen(cmd)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        code = child.wait()
+        return child.wait()
     except KeyboardInterrupt:
         child.terminate()
         try:
             child.wait(timeout=10)
         except subprocess.TimeoutExpired:
             child.kill()
-        raise
-    if code:
-        raise typer.Exit(code)
+            child.wait()
+        typer.echo("rcdiag dashboard: stopped", err=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,58 @@
+"""Probes page: the mismatch budget of a run's probes (RUN/probes/*.json from `rcdiag probe`), table and bars."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import altair as alt
+import streamlit as st
+
+from app import ui
+from rcdiag.probe import list_probes
+from rcdiag.probe_summary import DISTANCE_NAMES, budget_frame, settings_frame
+
+AGAINST = {"vs_reference": "the reference (float32 trainer, alone)", "vs_rollout": "the run's rollout log-probs",
+           "vs_baseline": "the setting's own baseline (one factor changed)"}
+
+
+@st.cache_data(max_entries=32)
+def _summary(path: str, mtime: float) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def render() -> None:
+    ref = ui.current_run()
+    if ref is None:
+        return
+    st.header(f"Probes · {ref.name}")
+    files = list_probes(ref.path)
+    if not files:
+        st.info(f"No probe yet. Run `rcdiag probe {ref.path}` to find out which factor the mismatch comes from.")
+        return
+    chosen = st.selectbox("Probe", files[::-1], format_func=lambda f: f.stem, key="probe_choice")
+    summary = _summary(str(chosen), chosen.stat().st_mtime)
+    gap, sample = summary["gap"], summary["sample"]
+    st.caption(f"{sample['sequences']} sequences · {sample['valid_tokens']:,} valid tokens · temperature "
+               f"{summary['temperature']:g} · observed gap mean |ℓ| {ui.fmt(gap['mean_abs'])}, "
+               f"k3_kl {ui.fmt(gap['k3_kl'])}")
+    budget = budget_frame(summary)
+    st.subheader("Mismatch budget")
+    st.markdown("Share = mean |setting − baseline| ÷ mean |rollout − reference|: how far this factor alone moves "
+                "the log-probs, relative to the observed gap (not additive; can exceed 1).")
+    bars = alt.Chart(budget.assign(label=budget["factor"] + ": " + budget["setting"])).mark_bar().encode(
+        x=alt.X("share:Q", scale=alt.Scale(type="symlog", constant=1e-3), title="share of the observed gap"),
+        y=alt.Y("label:N", sort=None, title=None), color=alt.Color("side:N", title="side"),
+        tooltip=["factor", "setting", "baseline", "mean_abs", "k3_kl", "share", "share_k3"])
+    st.altair_chart(bars, key="probe_budget_chart")
+    st.dataframe(budget, hide_index=True, key="probe_budget_table")
+    against = st.radio("Distances to", list(AGAINST), format_func=AGAINST.get, horizontal=True, key="probe_against")
+    table = settings_frame(summary, against)
+    st.dataframe(table[["setting", "factor", "side", *DISTANCE_NAMES, "description"]], hide_index=True,
+                 key="probe_distances")
+    for note in summary.get("notes", []):
+        st.info(note)
+    with st.expander("Probe summary (JSON)"):
+        st.json(summary, expanded=False)
+
+
+ui.guarded(render)

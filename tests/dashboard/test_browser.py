@@ -1,0 +1,170 @@
+"""The dashboard in a real browser: `rcdiag dashboard` serves two runs, headless Debian Chromium (Playwright) opens
+every page, clicks into a sequence, checks the shown values and saves screenshots.
+
+Screenshots go to $RCDIAG_SCREENSHOTS when set (docs/screenshots is made this way), else to the test's tmp dir.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import rcdiag
+from app import ui
+from rcdiag.commands.dashboard import free_port
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+RCDIAG = Path(sys.executable).with_name("rcdiag")
+START_TIMEOUT = 90
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+            return response.read().strip() == b"ok"
+    except OSError:
+        return False
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def server(noisy_run, clean_dash_run, tmp_path_factory):
+    """`rcdiag dashboard NOISY CLEAN --port P` as a subprocess; always stopped (SIGTERM) at the end, and the port
+    must then be closed (the command stops its streamlit child)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(RCDIAG), "dashboard", str(noisy_run.path), str(clean_dash_run.path),
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _healthy(url):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"server did not start:\n{log.read_text()}"
+            time.sleep(0.5)
+        assert f"rcdiag dashboard: {url}" in log.read_text()
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for _ in range(40):
+        if not _port_open(port):
+            break
+        time.sleep(0.25)
+    assert not _port_open(port), "streamlit still listening after rcdiag dashboard was stopped"
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 1000})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    target = Path(os.environ.get("RCDIAG_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def settle(page, text: str) -> None:
+    """Wait until `text` shows and the script has finished running (no status widget), then let charts draw."""
+    page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_timeout(1200)
+
+
+def assert_no_exception(page) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0
+    body = page.inner_text("body")
+    assert "Traceback" not in body and "Internal error" not in body, body[:2000]
+
+
+def test_every_page_in_chromium(server, page, shots, noisy_run):
+    metrics = rcdiag.compute_metrics(noisy_run)
+    tis = rcdiag.simulate(noisy_run, "token_truncate", threshold=2.0)
+
+    page.goto(server)
+    settle(page, "Overview · noisy")
+    assert page.locator(".rcdiag-card").count() == 8
+    kl_card = page.locator(".rcdiag-card").filter(has_text="· kl").first.inner_text()
+    assert ui.fmt(metrics["kl"]) in kl_card, kl_card
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+    page.goto(f"{server}/distributions")
+    settle(page, "valid tokens in")
+    assert f"{int(metrics['tokens']):,} valid tokens" in page.inner_text("body")
+    page.locator('[data-testid="stVegaLiteChart"]').nth(4).wait_for(timeout=30_000)
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "distributions.png"), full_page=True)
+
+    page.goto(f"{server}/simulator")
+    settle(page, "clipped_frac")
+    assert _metric(page, "clipped_frac") == ui.fmt(tis["clipped_frac"])
+    assert _metric(page, "ess") == ui.fmt(tis["ess"])
+    page.screenshot(path=str(shots / "simulator.png"), full_page=True)
+    page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
+    page.keyboard.press("Home")
+    low = rcdiag.simulate(noisy_run, "token_truncate", threshold=1.01)
+    page.wait_for_function(f"() => document.body.innerText.includes('{ui.fmt(low['clipped_frac'])}')",
+                           timeout=60_000)
+    assert _metric(page, "clipped_frac") == ui.fmt(low["clipped_frac"])
+    assert_no_exception(page)
+
+    page.goto(f"{server}/sequences")
+    settle(page, "Sequence ")
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Sequence").last.click()
+    option = page.get_by_role("option").nth(1)
+    chosen = option.inner_text().strip()
+    option.click()
+    settle(page, chosen.replace("seq", "Sequence"))
+    token = page.locator("#rcdiag-token-strip .rcdiag-tok").first
+    title = token.get_attribute("title")
+    assert "train a =" in title and "rollout b =" in title and "entropy =" in title, title
+    assert re.fullmatch(r"w\d+", token.inner_text()), token.inner_text()  # decoded by the run's tokenizer
+    token.hover()
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "sequences.png"), full_page=True)
+
+    page.goto(f"{server}/compare")
+    settle(page, "Compare runs")
+    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
+    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+    page.wait_for_timeout(1500)
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "compare.png"), full_page=True)
+
+
+def _metric(page, label: str) -> str:
+    box = page.locator('[data-testid="stMetric"]').filter(has_text=label).first
+    return box.locator('[data-testid="stMetricValue"]').inner_text().strip()

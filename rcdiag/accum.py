@@ -114,6 +114,14 @@ class Moments:
             dev = values - mean
             self.merge(Moments(int(values.size), mean, float(np.dot(dev, dev))))
 
+    def add_weighted(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """Add each value `counts` times (e.g. one weight per sequence, repeated on its T_i tokens)."""
+        n = int(counts.sum())
+        if n:
+            mean = float(np.dot(values, counts)) / n
+            dev = values - mean
+            self.merge(Moments(n, mean, float(np.dot(dev * dev, counts))))
+
     def merge(self, other: Moments) -> None:
         if other.n == 0:
             return

@@ -1,9 +1,10 @@
 """IS-weight statistics of one correction mode at one threshold, as a mergeable reduction over token chunks.
 
-Sums of weights are exact (ExactSum, so the batching cannot change them) and variances are two-pass per chunk
-merged with Chan's formula (no E[w²] − E[w]² cancellation when the weights are nearly equal).
-Threshold comparisons are made in log space (ℓ̂ > log C), exactly, so ties (ρ = C) follow the METRICS.md rule
-(a mask keeps w ≤ C; "high"/"low" use strict > and <) without exp() rounding.
+Sums of weights are exact (per sequence, then ExactSum, so the batching cannot change them); variances are two-pass
+per chunk merged with Chan's formula (no E[w²] − E[w]² cancellation for nearly equal weights). Threshold
+comparisons are made in log space (ℓ̂ > log C), exactly, so ties (ρ = C) follow the METRICS.md rule (a mask keeps
+w ≤ C; "high"/"low" use strict > and <) without exp() rounding. Sequence-level weights are reduced per sequence
+(weight × T_i), never broadcast to tokens.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ _COUNTS = ("high", "low", "clipped", "high_f32", "low_f32", "kept_tokens", "kept
 
 
 def _geometric(s: np.ndarray, sh: np.ndarray, t: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(t > 0, np.clip(s / np.maximum(t, 1), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
+    return np.where(t > 0, np.clip(s / np.maximum(t, 1), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
 
 
 def _swift(s: np.ndarray, sh: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -46,25 +46,93 @@ SEQ_LOG_RATIO = {"geometric": _geometric, "swift": _swift, "product_clamped": _p
 
 @dataclass
 class ChunkView:
-    """What all modes of one chunk share. `stat` = rows whose weights are scored (valid, not rejected by a
-    rejection option), None when that is every row."""
+    """What all modes of one chunk share. Scored rows = valid and not rejected by a rejection option; `lr`, `rho`
+    hold only those rows (compressed), `starts` their per-sequence segments for sequences with T'_i > 0
+    (`scored`), `stat` the row flags (None when every row is scored)."""
 
     chunk: TokenChunk
     lr: np.ndarray
     rho: np.ndarray
+    starts: np.ndarray
     stat: np.ndarray | None
     stat_counts: np.ndarray
+    scored: np.ndarray
     seq_lr: np.ndarray
     seq_sum: np.ndarray
 
     @classmethod
     def build(cls, chunk: TokenChunk, conv: Convention, keep: np.ndarray | None) -> ChunkView:
+        lr, rho = chunk.log_ratio(conv.token_clamp), chunk.ratio(conv.token_clamp)
         stat = None if keep is None and chunk.all_valid else (chunk.mask if keep is None else chunk.mask & keep)
-        stat_counts = chunk.counts if stat is None else np.add.reduceat(stat.astype(np.int64), chunk.starts)
+        if stat is None:
+            counts, starts = chunk.counts, chunk.starts
+        else:
+            rows = np.flatnonzero(stat)
+            lr, rho = lr[rows], rho[rows]
+            counts = np.add.reduceat(stat.astype(np.int64), chunk.starts)
+            starts = (np.cumsum(counts) - counts)[counts > 0]
         s = chunk.seq_sum(chunk.ell)
         sh = chunk.seq_sum(chunk.log_ratio(LOG_RATIO_CLAMP)) if conv.is_seq_ratio == "swift" else s
-        return cls(chunk, chunk.log_ratio(conv.token_clamp), chunk.ratio(conv.token_clamp), stat, stat_counts,
+        return cls(chunk, lr, rho, starts, stat, counts, counts > 0,
                    SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
+
+    def scored_rows(self, per_sequence: np.ndarray) -> np.ndarray:
+        """Broadcast a per-sequence array to the scored rows."""
+        return np.repeat(per_sequence, self.stat_counts)
+
+    def full_rows(self, scored_values: np.ndarray, fill: float) -> np.ndarray:
+        """Scored-row values back on every row: NaN on masked rows, `fill` on rows a rejection removed."""
+        chunk = self.chunk
+        if self.stat is None:
+            return scored_values.copy()
+        out = np.full(chunk.n, fill)
+        out[self.stat] = scored_values
+        out[~chunk.mask] = np.nan
+        return out
+
+
+class WeightStats:
+    """Exact sum, moments and extrema of weights: per row (`add_rows`, segments = sequences) or per sequence
+    repeated on its tokens (`add_repeated`)."""
+
+    def __init__(self) -> None:
+        self.total, self.moments, self.ext = ExactSum(), Moments(), Extremum()
+
+    def add_rows(self, values: np.ndarray, starts: np.ndarray) -> None:
+        if values.size:
+            self.total.add(np.add.reduceat(values, starts))
+            self.moments.add(values)
+            self.ext.add(values)
+
+    def add_repeated(self, values: np.ndarray, counts: np.ndarray) -> None:
+        if values.size:
+            self.total.add(values * counts)
+            self.moments.add_weighted(values, counts)
+            self.ext.add(values)
+
+    def merge(self, other: WeightStats) -> None:
+        self.total.merge(other.total)
+        self.moments.merge(other.moments)
+        self.ext.merge(other.ext)
+
+    def padded(self, extra: int, value: float) -> WeightStats:
+        """A copy with `extra` more values equal to `value` (trl's empty rows, ratio 1)."""
+        out = WeightStats()
+        out.merge(self)
+        if extra > 0:
+            out.total.add_scalar(extra * value)
+            out.moments.merge(Moments(extra, value, 0.0))
+            out.ext.add_scalar(value)
+        return out
+
+    def summary(self) -> tuple[float, float, float, float, float]:
+        """(mean, population std, min, max, E[w²]); NaN when empty, std 0 for one value."""
+        n = self.moments.n
+        if n == 0:
+            return (math.nan,) * 5
+        mean = self.total.value() / n
+        var = self.moments.var if n > 1 else 0.0
+        return mean, math.sqrt(max(var, 0.0)), self.ext.lo, self.ext.hi, var + mean * mean
 
 
 @dataclass(frozen=True)
@@ -91,37 +159,22 @@ class ModeStats:
 
     def __init__(self, level: str, action: str, bounds: Bounds, conv: Convention, keep_weights: bool = False):
         self.level, self.action, self.bounds, self.conv = level, action, bounds, conv
-        self.pop_sum = ExactSum()  # Σw over the population of mean/std: tokens, or sequences (trl)
-        self.pop_moments = Moments()
-        self.ess = {"e": ExactSum(), "e2": ExactSum()}  # Σw̃, Σw̃² of the token ESS weights
-        self.n_pop = 0
-        self.n_tok = 0
-        self.n_stat_seqs = 0
-        self.n_valid_tokens = 0
-        self.n_valid_seqs = 0
+        self.tok = WeightStats()  # applied weights over scored tokens
+        self.ess = WeightStats() if conv.ess == "swift" else None  # w̃ when it differs from w (else self.tok)
+        self.per_seq = WeightStats()  # trl sequence modes: one weight per sequence
+        self.raw = Extremum()  # verl sequence modes: raw S_i
+        self.n_valid_tokens = self.n_valid_seqs = self.n_scored_seqs = 0
         self.counts = dict.fromkeys(_COUNTS, 0)
-        self.ext = Extremum()
-        self.raw = Extremum()
         self.weights: list[np.ndarray] | None = [] if keep_weights else None
 
     # ------------------------------------------------------------------ update
     def update(self, view: ChunkView) -> None:
-        chunk = view.chunk
-        self.n_valid_tokens += int(chunk.counts.sum())
-        self.n_valid_seqs += int(np.count_nonzero(chunk.counts))
+        self.n_valid_tokens += int(view.chunk.counts.sum())
+        self.n_valid_seqs += int(np.count_nonzero(view.chunk.counts))
         if self.level == "token":
             self._update_tokens(view)
         else:
             self._update_sequences(view)
-
-    def _count(self, name: str, flags: np.ndarray, where: np.ndarray | None) -> None:
-        self.counts[name] += int(np.count_nonzero(flags if where is None else flags & where))
-
-    def _ess_weight(self, w: np.ndarray) -> np.ndarray:
-        """w̃: swift clamps to [1/C, C] (rejected zeros count as 1/C); canonical/verl clamp to [0, C]."""
-        if self.conv.ess == "swift":
-            return np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper)
-        return np.clip(w, 0.0, self.bounds.upper)
 
     def _weigh(self, rho: np.ndarray, high: np.ndarray, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """(w, flags of weights changed): truncate clamps to [L, C]; mask zeroes outside [L, C]."""
@@ -132,123 +185,114 @@ class ModeStats:
             return (w if b.lower is None else np.maximum(w, b.lower)), out
         return np.where(out, 0.0, rho), out
 
+    def _flags(self, log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        b = self.bounds
+        below = log_ratio < b.log_lower if b.lower is not None else None
+        return log_ratio > b.log_upper, below, log_ratio < b.log_lo
+
+    def _ess_rows(self, w: np.ndarray, starts: np.ndarray) -> None:
+        """swift's ESS weight w̃ = clamp(w, 1/C, C) (rejected zeros count as 1/C)."""
+        if self.ess is not None:
+            self.ess.add_rows(np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper), starts)
+
     def _update_tokens(self, view: ChunkView) -> None:
-        chunk, stat, b = view.chunk, view.stat, self.bounds
-        high = view.lr > b.log_upper
-        below = view.lr < b.log_lower if b.lower is not None else None
+        high, below, low = self._flags(view.lr)
         w, out = self._weigh(view.rho, high, below)
-        self._add_rows(view, w, self._ess_weight(w), population=True)
-        self._count("high", high, stat)
-        self._count("low", view.lr < b.log_lo, stat)
+        self.tok.add_rows(w, view.starts)
+        self._ess_rows(w, view.starts)
+        c = self.counts
+        n_high = int(np.count_nonzero(high))
+        c["high"] += n_high
+        c["low"] += int(np.count_nonzero(low))
+        c["clipped"] += n_high if out is high else int(np.count_nonzero(out))
         if "fraction_high" in self.conv.float32_counts:
-            self.counts["high_f32"], self.counts["low_f32"] = self.counts["high"], self.counts["low"]
-        self._count("clipped", out, stat)
-        kept = ~out if self.action == "mask" else np.ones(chunk.n, dtype=bool)
-        self._count_kept(chunk, kept if stat is None else kept & stat)
-
-    def _add_rows(self, view: ChunkView, w: np.ndarray, e: np.ndarray, population: bool) -> None:
-        """Sum per-row weights over scored rows (per sequence first, so the batching cannot matter)."""
-        chunk, stat = view.chunk, view.stat
-        if stat is not None:
-            w, e = np.where(stat, w, 0.0), np.where(stat, e, 0.0)
-        n = int(view.stat_counts.sum())
-        self.ess["e"].add(chunk.seq_sum(e))
-        self.ess["e2"].add(chunk.seq_sum(e * e))
-        self.n_tok += n
-        if population:
-            self.pop_sum.add(chunk.seq_sum(w))
-            scored = w if stat is None else w[stat]
-            self.pop_moments.add(scored)
-            self.n_pop += n
-            self.ext.add(scored)
+            c["high_f32"], c["low_f32"] = c["high"], c["low"]
+        if self.action == "mask":
+            c["kept_tokens"] += int(w.size - np.count_nonzero(out))
+            if w.size:
+                c["kept_seqs"] += int(np.count_nonzero(np.add.reduceat((~out).view(np.int8), view.starts,
+                                                                       dtype=np.int64)))
+        else:
+            c["kept_tokens"] += int(w.size)
+            c["kept_seqs"] += int(np.count_nonzero(view.scored))
         if self.weights is not None:
-            self.weights.append(np.where(chunk.mask, w, np.nan))
-
-    def _count_kept(self, chunk: TokenChunk, kept_rows: np.ndarray) -> None:
-        self.counts["kept_tokens"] += int(np.count_nonzero(kept_rows))
-        per_seq = np.add.reduceat(kept_rows.astype(np.int64), chunk.starts)
-        self.counts["kept_seqs"] += int(np.count_nonzero(per_seq))
+            self.weights.append(view.full_rows(w, 0.0))
 
     def _update_sequences(self, view: ChunkView) -> None:
-        chunk, b, conv = view.chunk, self.bounds, self.conv
-        lam, tp = view.seq_lr, view.stat_counts
-        scored = tp > 0
-        high = lam > b.log_upper
-        below = lam < b.log_lower if b.lower is not None else None
+        conv, chunk, scored = self.conv, view.chunk, view.scored
+        lam, counts = view.seq_lr[scored], view.stat_counts[scored]
+        high, below, low = self._flags(lam)
         with np.errstate(over="ignore"):
-            rho = np.exp(lam)
-        w, out = self._weigh(rho, high, below)
-        if conv.seq_mask_weight == "token" and self.action == "mask":
-            wt = np.where(chunk.per_row(out), 0.0, view.rho)
-            self._add_rows(view, wt, self._ess_weight(wt), population=True)
+            w, out = self._weigh(np.exp(lam), high, below)
+        if conv.seq_mask_weight == "token" and self.action == "mask":  # swift: untruncated token ratios
+            rows = np.where(view.scored_rows(view.seq_lr > self.bounds.log_upper), 0.0, view.rho)
+            self.tok.add_rows(rows, view.starts)
+            self._ess_rows(rows, view.starts)
         else:
-            self._add_rows(view, chunk.per_row(w), chunk.per_row(self._ess_weight(w)),
-                           population=conv.seq_extrema != "per_sequence")
+            self.tok.add_repeated(w, counts)
+            rows = None
+            if self.ess is not None:
+                self.ess.add_repeated(np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper), counts)
         if conv.seq_extrema == "per_sequence":
-            self.pop_sum.add(w[scored])
-            self.pop_moments.add(w[scored])
-            self.n_pop += int(np.count_nonzero(scored))
-            self.ext.add(w[scored])
+            self.per_seq.add_repeated(w, np.ones(w.size, dtype=np.int64))
         if conv.seq_extrema == "raw":
             self.raw.add(view.seq_sum[chunk.counts > 0])
-        self.n_stat_seqs += int(np.count_nonzero(scored))
-        self._count("high", high, scored)
-        self._count("low", lam < b.log_lo, scored)
-        self._count("clipped", out, scored)
-        if conv.high_low_rows == "all":
-            self._count("high_f32", lam > float(np.float32(b.log_upper)), scored)
-            self._count("low_f32", lam < float(np.float32(b.log_lo)), scored)
+        self._count_sequences(lam, counts, high, low, out)
+        if self.weights is not None:
+            full = np.zeros(view.stat_counts.size)
+            full[scored] = w
+            self.weights.append(view.full_rows(view.scored_rows(full) if rows is None else rows, 0.0))
+
+    def _count_sequences(self, lam: np.ndarray, counts: np.ndarray, high: np.ndarray, low: np.ndarray,
+                         out: np.ndarray) -> None:
+        c, b = self.counts, self.bounds
+        self.n_scored_seqs += int(lam.size)
+        c["high"] += int(np.count_nonzero(high))
+        c["low"] += int(np.count_nonzero(low))
+        c["clipped"] += int(np.count_nonzero(out))
+        if self.conv.high_low_rows == "all":
+            c["high_f32"] += int(np.count_nonzero(lam > float(np.float32(b.log_upper))))
+            c["low_f32"] += int(np.count_nonzero(lam < float(np.float32(b.log_lo))))
         kept = ~out if self.action == "mask" else np.ones(out.size, dtype=bool)
-        self.counts["kept_tokens"] += int(tp[kept].sum())
-        self.counts["kept_seqs"] += int(np.count_nonzero(kept & scored))
+        c["kept_tokens"] += int(counts[kept].sum())
+        c["kept_seqs"] += int(np.count_nonzero(kept))
 
     # ------------------------------------------------------------------ merge / finish
     def merge(self, other: ModeStats) -> None:
-        self.pop_sum.merge(other.pop_sum)
-        self.pop_moments.merge(other.pop_moments)
-        for key in self.ess:
-            self.ess[key].merge(other.ess[key])
-        for name in ("n_pop", "n_tok", "n_stat_seqs", "n_valid_tokens", "n_valid_seqs"):
+        self.tok.merge(other.tok)
+        if self.ess is not None:
+            self.ess.merge(other.ess)
+        self.per_seq.merge(other.per_seq)
+        self.raw.merge(other.raw)
+        for name in ("n_valid_tokens", "n_valid_seqs", "n_scored_seqs"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for key in self.counts:
             self.counts[key] += other.counts[key]
-        self.ext.merge(other.ext)
-        self.raw.merge(other.raw)
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> dict[str, float]:
         """IS metrics dict (IS_METRIC_NAMES); NaN where there is nothing to score."""
-        conv = self.conv
-        n_pop, ext_lo, ext_hi = self.n_pop, self.ext.lo, self.ext.hi
-        moments = Moments(self.pop_moments.n, self.pop_moments.mean, self.pop_moments.m2)
-        total = self.pop_sum.value()
-        if conv.seq_extrema == "per_sequence" and self.level == "sequence" and self.n_valid_tokens:
-            empty = num_sequences - self.n_pop  # empty rows: ratio exp(0) = 1, a weight of 1
-            if empty > 0:
-                n_pop, ext_lo, ext_hi = num_sequences, min(ext_lo, 1.0), max(ext_hi, 1.0)
-                moments.merge(Moments(empty, 1.0, 0.0))
-                total += empty
-        var = moments.var if n_pop > 1 else (0.0 if n_pop == 1 else math.nan)
-        w_min, w_max = (ext_lo, ext_hi) if n_pop else (math.nan, math.nan)
-        if conv.seq_extrema == "raw" and self.level == "sequence" and self.n_valid_tokens:
+        conv, sequence_level = self.conv, self.level == "sequence"
+        population = self.tok
+        if conv.seq_extrema == "per_sequence" and sequence_level and self.n_valid_tokens:
+            population = self.per_seq.padded(num_sequences - self.per_seq.moments.n, 1.0)
+        mean, std, w_min, w_max, _ = population.summary()
+        if conv.seq_extrema == "raw" and sequence_level and self.n_valid_tokens:
             lo, hi = self.raw.lo, self.raw.hi
             if num_sequences > self.n_valid_seqs:
                 lo, hi = min(lo, 0.0), max(hi, 0.0)
             w_min, w_max = math.exp(lo), math.exp(min(hi, LOG_RATIO_CLAMP))
-        out = {"is_weight_mean": ratio(total, n_pop), "is_weight_std": math.sqrt(var), "is_weight_min": w_min,
-               "is_weight_max": w_max, "ess": self._ess()}
+        out = {"is_weight_mean": mean, "is_weight_std": std, "is_weight_min": w_min, "is_weight_max": w_max,
+               "ess": self._ess()}
         out.update(self._fractions(num_sequences))
         if batch_normalize:
-            scale = out["is_weight_mean"]
             for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):
-                out[key] = out[key] / scale if scale else math.nan
+                out[key] = out[key] / mean if mean else math.nan
         return out
 
     def _ess(self) -> float:
-        n = self.n_tok
-        if n == 0:
+        mean, _, _, _, second = (self.ess or self.tok).summary()
+        if math.isnan(mean):
             return math.nan
-        mean = self.ess["e"].value() / n
-        second = self.ess["e2"].value() / n
         if mean <= 0.0:
             warnings.warn("every IS weight is 0 (all tokens masked or rejected): ESS is undefined (NaN)",
                           RuntimeWarning, stacklevel=4)
@@ -264,7 +308,7 @@ class ModeStats:
             return dict.fromkeys(("clipped_frac", "fraction_high", "fraction_low", "kept_token_frac",
                                   "kept_seq_frac"), math.nan)
         token = self.level == "token"
-        scored = self.n_tok if token else self.n_stat_seqs
+        scored = self.tok.moments.n if token else self.n_scored_seqs
         clipped = ratio(c["clipped"], scored)
         if not token and conv.clipped_rows == "all":
             clipped = _f32(c["high"], num_sequences)

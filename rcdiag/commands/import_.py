@@ -20,7 +20,7 @@ def command(
     allow_pickle: Annotated[bool, typer.Option(
         "--allow-pickle", help="Load pickle-based dumps (slime/miles .pt, verl .dp). Pickle runs code named in "
                                "the file when loaded: use only for dumps you trust.")] = _D.allow_pickle,
-    tokenizer: Annotated[str | None, typer.Option(help="trl/swift: local tokenizer directory.")] = _D.tokenizer,
+    tokenizer: Annotated[str | None, typer.Option(help="trl/swift/verl-text: local tokenizer directory.")] = _D.tokenizer,
     train_data: Annotated[str | None, typer.Option(
         help="slime/miles: the train dump (with log_probs) for a single rollout dump file.")] = _D.train_path,
     response_ids_field: Annotated[str | None, typer.Option(help=f"{_FIELD} response token ids.")] = None,

@@ -18,6 +18,8 @@ FORMATS: dict[str, tuple[str, str]] = {
     "parquet": ("generic", "Parquet: one row per sequence with token ids and per-token lists"),
     "trl": ("text", "TRL completions_*.parquet (text only: retokenized with --tokenizer)"),
     "swift": ("text", "ms-swift completions.jsonl (text only: retokenized with --tokenizer)"),
+    "verl-text": ("text", "verl trainer.rollout_data_dir {step}.jsonl (text only, special tokens stripped: "
+                          "retokenized with --tokenizer)"),
 }
 
 

@@ -1,4 +1,5 @@
-"""Import text-only completion logs (TRL `completions_*.parquet`, ms-swift `completions.jsonl`) by retokenizing.
+"""Import text-only completion logs by retokenizing: TRL `completions_*.parquet`, ms-swift `completions.jsonl`,
+verl `trainer.rollout_data_dir` `{step}.jsonl`.
 
 These logs hold prompt and completion text but no token ids and no logprobs. rcdiag tokenizes the text with the
 given tokenizer (offline, `AutoTokenizer`), marks the run `retokenized` (lossy: special tokens were stripped when
@@ -17,7 +18,7 @@ from rcdiag.importers.common import Imported, ImportOptions, Record, jsonl_objec
 from rcdiag.progress import iterate
 
 NON_REWARD = {"step", "gen_step", "prompt", "completion", "advantage", "advantages", "entropy", "solution",
-              "num_turns", "extra"}
+              "num_turns", "extra", "prompt_id"}
 LACKS = ["token ids (text only: retokenized, lossy — special tokens were stripped when the text was decoded)",
          "rollout logprobs and trainer logprobs: run `rcdiag score --rescore-both RUN` to compute both sides",
          "sampling settings (temperature, top-p/top-k)", "loss mask (every response token counts as valid)"]
@@ -63,6 +64,23 @@ def _swift_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
     return out
 
 
+def _verl_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
+    """verl `_write_generations` lines {input, output, gts, score, step, [uid|request_id], reward extras} in the
+    trl/swift shape (reward = score alone: the extras are components or diagnostics, not rewards to add)."""
+    files = sorted(path.glob("*.jsonl"), key=lambda f: (not f.stem.isdigit(), int(f.stem) if f.stem.isdigit()
+                                                        else 0, f.name)) if path.is_dir() else [path]
+    if not files or not files[0].exists():
+        raise InputError("no {step}.jsonl files here", file=str(path))
+    out = []
+    for file in files:
+        for i, row in jsonl_objects(file):
+            uid = row.get("uid", row.get("request_id"))
+            out.append((str(file), i, {"prompt": row.get("input"), "completion": row.get("output"),
+                                       "score": row.get("score"), "step": row.get("step"),
+                                       "prompt_id": None if uid is None else str(uid)}))
+    return out
+
+
 def _as_text(value: Any, tokenizer: Any, *, prompt: bool) -> str:
     """Text of a prompt/completion: a string as is; a chat message list through the chat template."""
     if isinstance(value, str):
@@ -100,19 +118,23 @@ def _record(file: str, row_no: int, row: dict[str, Any], tokenizer: Any) -> Reco
     return Record(
         response_ids=np.asarray(tokenizer(completion, add_special_tokens=False)["input_ids"], np.int64),
         prompt_ids=np.asarray(tokenizer(prompt, add_special_tokens=False)["input_ids"], np.int64),
-        where=(file, row_no), prompt_text=prompt, response_text=completion, reward=_reward(row), step=_step(row))
+        where=(file, row_no), prompt_text=prompt, response_text=completion, reward=_reward(row), step=_step(row),
+        prompt_id=row.get("prompt_id"))
 
 
-READERS = {"trl": _trl_rows, "swift": _swift_rows}
+READERS = {"trl": _trl_rows, "swift": _swift_rows, "verl-text": _verl_rows}
+EXTRA_LACKS = {"verl-text": ["the prompt's special tokens and chat-template markers (verl decodes `input` with "
+                             "skip_special_tokens=True): retokenized prompts differ from what the model saw"]}
 
 
 def read(path: Path, opts: ImportOptions, fmt: str = "trl") -> Imported:
-    """Retokenize a TRL/ms-swift completion log into records with null logprobs."""
+    """Retokenize a TRL / ms-swift / verl text log into records with null logprobs."""
     tokenizer = load_tokenizer(opts.tokenizer)
     rows = READERS[fmt](path)
     records = [_record(f, i, row, tokenizer) for f, i, row in iterate(rows, desc="tokenizing", silent=opts.quiet)]
     conventions = {"tokens": "retokenized from text with add_special_tokens=False (chat messages through the "
                              "tokenizer's chat template)", "tokenizer": str(opts.tokenizer),
                    "step_field": "gen_step" if rows and "gen_step" in rows[0][2] else "step"}
-    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=list(LACKS),
+    return Imported(fmt=fmt, path=path, records=records, conventions=conventions,
+                    lacks=EXTRA_LACKS.get(fmt, []) + LACKS,
                     retokenized=True, warnings=["retokenized from text: token ids may differ from those sampled"])

@@ -87,3 +87,19 @@ def test_text_errors(tmp_path, tokenizer_dir):
     with pytest.raises(InputError, match="row 0 field 'completion': missing field"):
         import_run("trl", tmp_path / "completions_00001.parquet", tmp_path / "run", opts)
     assert not (tmp_path / "run").exists()
+
+
+def test_verl_rollout_data_dir(tmp_path, tokenizer_dir):
+    """verl trainer.rollout_data_dir: {step}.jsonl with input/output/gts/score/step(+uid); steps in numeric order."""
+    for step in (10, 2):
+        rows = [{"input": "what is six times seven", "output": "it is 42", "gts": "42", "score": 1.0 * step,
+                 "step": step, "acc": 1.0, "uid": f"u{step}"}]
+        (tmp_path / f"{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run, imported = import_run("verl-text", tmp_path, tmp_path / "run",
+                               ImportOptions(quiet=True, tokenizer=str(tokenizer_dir)))
+    seqs = run.sequences()
+    assert seqs["step"].tolist() == [2, 10] and seqs["reward"].tolist() == [2.0, 10.0]  # score only, no extras
+    assert seqs["prompt_id"].tolist() == ["u2", "u10"]
+    assert run.tokens()[lambda t: t.seq_id == 0]["token_id"].tolist() == _ids(tokenizer_dir, "it is 42")
+    assert run.manifest["source"]["retokenized"] is True
+    assert "skip_special_tokens=True" in run.manifest["source"]["lacks"][0]

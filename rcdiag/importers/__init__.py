@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.errors import ConfigError
-from rcdiag.importers.common import Imported, ImportOptions, mask_summary, nonfinite_warning, write_imported
+from rcdiag.importers.common import (
+    Imported,
+    ImportOptions,
+    check_token_ids,
+    mask_summary,
+    nonfinite_warning,
+    write_imported,
+)
 
 # format name → (module under rcdiag.importers, what the format is)
 FORMATS: dict[str, tuple[str, str]] = {
@@ -29,6 +36,7 @@ def read_dump(fmt: str, path: str | os.PathLike, options: ImportOptions | None =
         raise ConfigError(f"unknown format '{fmt}' (choose from: {', '.join(FORMATS)})")
     module = importlib.import_module(f"rcdiag.importers.{FORMATS[fmt][0]}")
     imported = module.read(Path(path), options or ImportOptions(), fmt)
+    check_token_ids(imported.records)
     imported.mask_counts, warnings = mask_summary(imported.records)
     imported.warnings += warnings + nonfinite_warning(imported.records)
     return imported

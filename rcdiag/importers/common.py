@@ -127,6 +127,18 @@ def check_lengths(records: Sequence[Record], fields: dict[str, str]) -> None:
                              hint="fix the dump, or pass the field that holds response-token values")
 
 
+def check_token_ids(records: Sequence[Record]) -> None:
+    """Response token ids must be integers in [0, 2³¹): a negative id is a pad/ignore marker (-100, -1) that
+    leaked into the response, and larger ones do not fit the run's int32 column."""
+    for record in records:
+        ids = np.asarray(record.response_ids)
+        if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
+            bad = int(np.flatnonzero((ids < 0) | (ids > np.iinfo(np.int32).max))[0])
+            raise InputError(f"token id {int(ids[bad])} at response position {bad} is not a vocabulary id",
+                             file=record.where[0], row=record.where[1], field="token ids",
+                             hint="a negative id is usually padding or an ignore index left in the response")
+
+
 def check_presence(records: Sequence[Record], fields: dict[str, str]) -> None:
     """A per-token field must be present in every sample or in none (a sample missing it is an error)."""
     for attr, source_name in fields.items():

@@ -5,6 +5,7 @@ never the token table. Only valid tokens (mask true, both log-probs finite) coun
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
+from rcdiag.checks import sequence_lengths
+from rcdiag.checks_verdicts import findings as verdicts
 from rcdiag.runstore import open_run
 from rcdiag.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
 from rcdiag.strata import SequenceInfo, titles
@@ -25,9 +28,11 @@ DENSITY_CELLS = 60
 
 
 @st.cache_data(show_spinner="Scanning the run…", max_entries=64)
-def distributions(path: str, mtime: float, keep: tuple[int, ...] | None = None) -> dict[str, Any]:
+def distributions(path: str, mtime: float, keep: tuple[int, ...] | None) -> dict[str, Any]:
     """One scan over the sequences in `keep` (None: all): {"tails": TailAccumulator, "tail_stats": dict
-    (rcdiag.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.strata rows}}. Zero tokens → empty frames."""
+    (rcdiag.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.strata rows}}, plus "findings" (the checks of
+    `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `keep` explicitly:
+    the cache key is made from the arguments as given."""
     run = open_run(path)
     info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
     scan = new_scan(info, 2.0, None)
@@ -41,7 +46,11 @@ def distributions(path: str, mtime: float, keep: tuple[int, ...] | None = None) 
         if batch.num_rows:
             update(scan, batch, file, row0)
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
-    return {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
+    out = {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
+    if keep is None:  # the whole run: the same pass gathered the checks' evidence
+        findings = verdicts(scan.checks, sequence_lengths(run), run.manifest, (2.0,))
+        out["findings"] = [json.loads(json.dumps(f.to_dict(), default=str)) for f in findings]
+    return out
 
 
 def strata_title(name: str) -> str:

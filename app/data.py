@@ -132,12 +132,12 @@ def sweep(path: str, mtime: float, convention: str = "canonical") -> pd.DataFram
     return sweep_(open_run(path), convention=convention)
 
 
-@st.cache_data(show_spinner="Running checks…", max_entries=32)
 def findings(path: str, mtime: float) -> list[dict[str, Any]]:
-    """The checks of `rcdiag report` (rcdiag.checks), worst first, as dicts (name, severity, message, evidence, fix)."""
-    from rcdiag.checks import run_checks, worst_first
+    """The checks of `rcdiag report` (rcdiag.checks), worst first, as dicts (name, severity, message, evidence, fix);
+    gathered by the same cached scan as the distributions."""
+    from app import aggregates
 
-    return [json.loads(json.dumps(f.to_dict(), default=str)) for f in worst_first(run_checks(open_run(path)))]
+    return aggregates.distributions(path, mtime, None)["findings"]
 
 
 def headline(path: str, mtime: float) -> dict[str, float]:
@@ -145,7 +145,7 @@ def headline(path: str, mtime: float) -> dict[str, float]:
     from app import aggregates, bands
 
     values = dict(metrics(path, mtime))
-    values.update(aggregates.distributions(path, mtime)["tail_stats"])
+    values.update(aggregates.distributions(path, mtime, None)["tail_stats"])
     values.update(simulate(path, mtime, bands.OVERVIEW_MODE, bands.OVERVIEW_THRESHOLD, None))
     return values
 

@@ -54,7 +54,7 @@ def _table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
 
 
 def _overlays(refs: list[data.RunRef], names: list[str]) -> None:
-    results = [aggregates.distributions(*ref.key) for ref in refs]
+    results = [aggregates.distributions(*ref.key, None) for ref in refs]
     limit = max(r["tails"].max_abs for r in results) or None
     hist = pd.concat([aggregates.histogram(r["tails"], limit).assign(run=n) for r, n in zip(results, names, strict=True)],
                      ignore_index=True)

@@ -10,6 +10,7 @@ import pytest
 
 import rcdiag
 from app import bands, ui
+from rcdiag.checks import run_checks
 from tests.dashboard.conftest import assert_clean
 
 CARD = re.compile(r'<div style="font-size:0.8em;color:#555">[^<]*· (\w+)</div><div [^>]*>([^<]*)</div>'
@@ -67,7 +68,9 @@ def test_overview_cards_match_float64_reference(make_app, noisy_run):
     assert shown["abs_log_ratio_mean"][1] == bands.WARNING
     assert any(f"tokens: {len(tokens):,} · sequences: 60" in c.value for c in app.caption)
     labels = [e.label for e in app.expander]
-    assert any("alignment_shift" in label for label in labels) and "Manifest" in labels
+    expected = [f"{f.severity} · {f.name}: {f.message}" for f in run_checks(noisy_run)]
+    assert [label for label in labels if " · " in label and ": " in label] == expected
+    assert "Manifest" in labels
 
 
 def test_overview_of_clean_run_is_healthy(make_app, clean_dash_run):

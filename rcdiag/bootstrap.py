@@ -48,12 +48,15 @@ class SequenceSums:
             k3_raw = np.expm1(lr) - lr
         w = np.clip(rho, self.lower or 0.0, self.threshold)
         ws = np.clip(rho, 1.0 / self.threshold, self.threshold)
-        values = np.stack([np.ones_like(lr), a, b, lr, np.abs(lr), np.abs(lr), k3,
-                           np.clip(k3, -SWIFT_K3_CLAMP, SWIFT_K3_CLAMP), k3_raw, rho * rho,
-                           w, w * w, ws, ws * ws], axis=1)
+        columns = (None, a, b, lr, np.abs(lr), None, k3, np.clip(k3, -SWIFT_K3_CLAMP, SWIFT_K3_CLAMP), k3_raw,
+                   rho * rho, w, w * w, ws, ws * ws)
         starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
-        sums = np.add.reduceat(values, starts, axis=0)
-        sums[:, 5] = np.maximum.reduceat(values[:, 5], starts)
+        sums = np.empty((starts.size, len(COLUMNS)))
+        sums[:, 0] = np.diff(np.r_[starts, seq.size])
+        for j, values in enumerate(columns):
+            if values is not None:
+                sums[:, j] = np.add.reduceat(values, starts)
+        sums[:, 5] = np.maximum.reduceat(columns[4], starts)
         self.ids.append(seq[starts])
         self.rows.append(sums)
 

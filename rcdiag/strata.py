@@ -143,13 +143,14 @@ class StrataAccumulator:
         if not lr.size:
             return
         lc = np.clip(lr, -CLAMP, CLAMP)
-        values = np.stack([np.ones_like(lr), lr, np.abs(lr), lr * lr, np.expm1(lc) - lc])
+        absl = np.abs(lr)
+        values = (None, lr, absl, lr * lr, np.expm1(lc) - lc)
         for stratum in STRATA:
             table = self.sums[stratum.name]
             idx = stratum.bucket(view)
-            for j in range(values.shape[0]):
-                table[:, j] += np.bincount(idx, weights=values[j], minlength=table.shape[0])
-            np.maximum.at(table[:, 5], idx, values[2])
+            for j, weights in enumerate(values):
+                table[:, j] += np.bincount(idx, weights=weights, minlength=table.shape[0])
+            np.maximum.at(table[:, 5], idx, absl)
 
     def merge(self, other: StrataAccumulator) -> StrataAccumulator:
         for name, table in self.sums.items():

@@ -1,0 +1,111 @@
+"""Benchmark: `rcdiag report` on a large run against the bare Parquet read of the same columns.
+
+    python benchmarks/bench_report.py                        # 50 M tokens (run built once, ~1 GB on disk)
+    python benchmarks/bench_report.py --tokens 5e6           # quick
+    python benchmarks/bench_report.py --tokens 2e6 --keep --dir /tmp/rcdiag-bench
+
+The run comes from benchmarks/bench_metrics.py's shard-by-shard builder (same --dir layout, so a kept run is
+reused). Each method runs in a fresh interpreter so peak RSS is its own: (a) rcdiag.report.make_report — the
+report's streaming scan, the metrics/IS/sweep/rejection pass, the bootstrap, the plots and the files; (c) pyarrow:
+read the token columns both passes need, file by file (the floor). (a) also runs on a run 1/5 the size: similar
+peak RSS shows that memory does not grow with the run. Prints seconds, tokens/s, a/c and peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_metrics import build_run  # noqa: E402  (the shared shard-by-shard builder)
+
+COLUMNS = ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask"]
+
+
+def method_report(run_path: str, replicates: int) -> int:
+    import rcdiag
+    from rcdiag.report import ReportOptions, make_report
+
+    run = rcdiag.open_run(run_path)
+    result = make_report([run], Path(run_path) / "report", ReportOptions(replicates=replicates))
+    assert (result.out / "metrics.json").is_file()
+    return result.reports[0].counts["token_rows"]
+
+
+def method_read(run_path: str, replicates: int) -> int:
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for file in sorted(Path(run_path, "tokens").glob("part-*.parquet")):
+        table = pq.read_table(file, columns=COLUMNS)
+        rows += table.num_rows
+        del table
+    return rows
+
+
+METHODS = {"report": method_report, "read": method_read}
+
+
+def run_method(name: str, run_path: Path, replicates: int) -> dict[str, float]:
+    """One method in a fresh interpreter: seconds, rows and that process's peak RSS (MiB)."""
+    command = [sys.executable, __file__, "--method", name, "--run", str(run_path), "--replicates", str(replicates)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _child(name: str, run_path: str, replicates: int) -> None:
+    start = time.perf_counter()
+    rows = METHODS[name](run_path, replicates)
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "rows": rows, "rss_mib": rss}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=float, default=50e6, help="token rows of the large run (default 50e6)")
+    parser.add_argument("--shard-tokens", type=int, default=1_000_000, help="token rows per Parquet shard")
+    parser.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/rcdiag-bench"), help="where the runs are built")
+    parser.add_argument("--keep", action="store_true", help="keep (and reuse) the built runs")
+    parser.add_argument("--method", choices=sorted(METHODS), help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.method:
+        _child(args.method, args.run, args.replicates)
+        return
+    large, small = int(args.tokens), int(args.tokens) // 5
+    paths = {"large": args.dir / f"run-{large}", "small": args.dir / f"run-{small}"}
+    for key, n in (("large", large), ("small", small)):
+        if not (paths[key] / "manifest.json").exists():
+            start = time.perf_counter()
+            build_run(paths[key], n, args.shard_tokens)
+            print(f"built {paths[key]} ({n:,} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
+    results = {"read": run_method("read", paths["large"], args.replicates),
+               "report": run_method("report", paths["large"], args.replicates),
+               "report@1/5": run_method("report", paths["small"], args.replicates)}
+    print_table(results, large)
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def print_table(results: dict[str, dict[str, float]], large: int) -> None:
+    print(f"\n{'method':<12}{'rows':>14}{'seconds':>10}{'Mtok/s':>10}{'peak RSS MiB':>14}")
+    for name, r in results.items():
+        print(f"{name:<12}{int(r['rows']):>14,}{r['seconds']:>10.2f}{r['rows'] / r['seconds'] / 1e6:>10.2f}"
+              f"{r['rss_mib']:>14.0f}")
+    a, c = results["report"]["seconds"], results["read"]["seconds"]
+    print(f"\nreport vs bare Parquet read of the same columns: {a / c:.2f}× the read's time")
+    print(f"peak RSS of report at {large:,} vs {large // 5:,} tokens: {results['report']['rss_mib']:.0f} vs "
+          f"{results['report@1/5']['rss_mib']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("import", "import_"),
     ("score", "score"),
     ("report", "report"),
+    ("probe", "probe"),
 ]
 
 

@@ -1,0 +1,256 @@
+"""`rcdiag probe`: hold a sample of a run's tokens fixed and recompute their log-probs under a grid of trainer and
+engine settings (`rcdiag.probe_factors`), then store per-token results and a summary under RUN/probes/.
+
+    result = run_probe("runs/sample", ProbeConfig(sample=256))
+    result.summary["budget"]      # one row per factor: its share of the observed rollout-vs-trainer gap
+    result.tokens                 # DataFrame: seq_id, pos, token_id, mask, rollout, reference, <setting>…
+
+Trainer settings reuse `rcdiag.scoring` (load_model / score_sequences); engine settings build one vLLM engine
+per (dtype, prefix caching) with `rcdiag.engine` — one at a time, each closed before the next — and replay the
+tokens with `rcdiag.replay.replay_logprobs`. Metrics and the budget are in `rcdiag.probe_summary`.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rcdiag.engine import EngineSettings, engine_session
+from rcdiag.errors import ConfigError, RunDirError
+from rcdiag.probe_factors import (
+    DEFAULT_FACTORS,
+    REFERENCE,
+    ROLLOUT,
+    EngineSetting,
+    Setting,
+    TrainSetting,
+    select_settings,
+)
+from rcdiag.progress import progress
+from rcdiag.rescore import engine_model_path, run_temperature, shard_pairs
+from rcdiag.runstore import Run, open_run, write_json_atomic, write_parquet_atomic
+
+PROBES_DIR = "probes"
+Pair = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Settings of a probe (the CLI reads its defaults from here)."""
+
+    sample: int = 256
+    """Sequences drawn (without replacement, seeded) from those with a response; all of them when fewer."""
+    factors: tuple[str, ...] = DEFAULT_FACTORS
+    seed: int = 0
+    name: str = "probe"
+    """Output files: RUN/probes/<name>.parquet and <name>.json."""
+    train_model: str | None = None
+    """Trainer model directory; None: the run's engine model."""
+    device: str = "cpu"
+    threads: int | None = None
+    """torch threads for the trainer side (None: leave torch's default)."""
+
+    def __post_init__(self) -> None:
+        if int(self.sample) < 1:
+            raise ConfigError(f"--sample must be ≥ 1, got {self.sample}")
+        if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
+            raise ConfigError(f"--name {self.name!r}: use a plain file name (no slashes, not starting with '.')")
+        object.__setattr__(self, "factors", tuple(self.factors))
+
+
+@dataclass
+class ProbeResult:
+    """A finished probe: the summary dict (also written as JSON), the per-token frame, and the files written."""
+
+    summary: dict[str, Any]
+    tokens: pd.DataFrame
+    files: list[Path] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------- sample
+def sample_tokens(run: Run, n: int, seed: int, vocab_size: int, max_context: int | None,
+                  ) -> tuple[pd.DataFrame, list[Pair]]:
+    """Draw up to `n` sequences with a response (seeded, sorted by seq_id): their token rows (seq_id, pos,
+    token_id, mask, rollout) and validated (prompt ids, response ids) pairs in the same order."""
+    sequences = run.sequence_table(["seq_id", "prompt_token_ids", "response_len"])
+    tokens = run.token_table(["seq_id", "pos", "token_id", "rollout_logprob", "mask"])
+    counts = pd.Series(np.asarray(tokens.column("seq_id"))).value_counts()
+    candidates = np.array(sorted(counts.index), dtype=np.int64)
+    if candidates.size == 0:
+        raise RunDirError(f"{run.path}: no sequence has response tokens; nothing to probe")
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(candidates, size=min(n, candidates.size), replace=False))
+    keep_seq = pc.is_in(sequences.column("seq_id"), pa.array(chosen))
+    keep_tok = pc.is_in(tokens.column("seq_id"), pa.array(chosen))
+    sequences, tokens = sequences.filter(keep_seq), tokens.filter(keep_tok)
+    pairs = shard_pairs(tokens, sequences, source="tokens", vocab_size=vocab_size, max_context=max_context)
+    frame = tokens.to_pandas().rename(columns={"rollout_logprob": ROLLOUT})
+    return frame, pairs
+
+
+# --------------------------------------------------------------------------------------------------- trainer side
+def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], temperature: float,
+                 bar: Any) -> np.ndarray:
+    """Flat float32 `[N]` log-probs of every response token under one trainer setting."""
+    from rcdiag.scoring import score_sequences
+
+    if setting.token_budget is None:  # one sequence per forward
+        parts = []
+        for pair in pairs:
+            parts.append(score_sequences(model, [pair], temperature=temperature, token_budget=1 << 30,
+                                         chunk_tokens=setting.chunk_tokens).logprobs)
+            bar.update(len(pair[1]))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    scored = score_sequences(model, pairs, temperature=temperature, token_budget=setting.token_budget,
+                             chunk_tokens=setting.chunk_tokens)
+    bar.update(int(scored.cu_seqlens[-1]))
+    return scored.logprobs
+
+
+def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Sequence[Pair], temperature: float,
+                 device: str, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
+    """Log-probs per trainer setting; one model load per (dtype, attention), freed before the next."""
+    import warnings
+
+    from rcdiag.scoring import RescoreWarning, load_model
+
+    out: dict[str, np.ndarray] = {}
+    groups: dict[tuple[str, str], list[TrainSetting]] = {}
+    for setting in settings:
+        groups.setdefault((setting.dtype, setting.attn), []).append(setting)
+    n_tokens = sum(len(r) for _, r in pairs)
+    for (dtype, attn), members in groups.items():
+        say(f"trainer: loading {Path(model_path).name} in {dtype} with {attn} attention")
+        model = load_model(model_path, dtype=dtype, device=device, attn=attn)
+        for setting in members:
+            with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar, \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore", RescoreWarning)
+                out[setting.name] = _score_train(model, setting, pairs, temperature, bar)
+        del model
+        gc.collect()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- engine side
+def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pair], temperature: float,
+                llm: Any, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
+    """Replayed log-probs per engine setting; one engine per (dtype, prefix caching), each closed before the
+    next. `llm` (optional, caller-owned) serves the settings matching the run's own engine."""
+    from rcdiag.replay import replay_logprobs, warm_prefix_cache
+
+    engine = run.manifest.get("engine") or {}
+    model = engine_model_path(run.manifest)
+    if model is None or not (Path(model) / "config.json").is_file():
+        raise ConfigError(f"{run.path}: the engine model {model!r} is not a local model directory; engine factors "
+                          "need it (probe only trainer factors with --factors train_dtype,attention,packing,chunk)")
+    run_dtype = str(engine.get("engine_dtype") or engine.get("dtype") or "auto")
+    run_caching = bool(engine.get("enable_prefix_caching", True))
+    resolved = str(engine.get("dtype_resolved") or run_dtype)
+    groups: dict[tuple[str, bool], list[EngineSetting]] = {}
+    for setting in settings:
+        groups.setdefault(setting.engine_key(run_dtype, run_caching), []).append(setting)
+    n_tokens = sum(len(r) for _, r in pairs)
+    out: dict[str, np.ndarray] = {}
+    for (dtype, caching), members in groups.items():
+        own = llm if (llm is not None and (dtype, caching) == (run_dtype, run_caching)) else None
+        say(f"engine: {'using the given' if own else 'building a'} vLLM engine ({dtype if dtype != 'auto' else resolved}"
+            f", prefix caching {'on' if caching else 'off'})")
+        spec = EngineSettings(model=model, dtype=dtype, seed=int(engine.get("seed", 0)), enable_prefix_caching=caching,
+                              max_model_len=engine.get("max_model_len"),
+                              gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)))
+        with engine_session(spec, own) as session:
+            for setting in members:
+                if setting.read_prefix_cache:
+                    warm_prefix_cache(session, [p for p, _ in pairs])
+                with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar:
+                    values = replay_logprobs(session, pairs, temperature, one_at_a_time=setting.one_at_a_time,
+                                             read_prefix_cache=setting.read_prefix_cache, on_done=bar.update)
+                out[setting.name] = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
+        gc.collect()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- entry point
+def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), *, llm: Any = None,
+              silent: bool = False, write: bool = True) -> ProbeResult:
+    """Probe a run: recompute the sampled tokens' log-probs under every selected setting, summarise, store.
+
+    Writes RUN/probes/<name>.parquet (one row per sampled token, one float32 column per setting) and
+    RUN/probes/<name>.json (the summary; `rcdiag.probe_summary.summarize`) atomically, unless `write=False`.
+    Refusals (unknown factor, missing model, bad tokens) happen before any model work.
+    """
+    from rcdiag.probe_summary import summarize
+    from rcdiag.scoring import load_config, model_limits
+
+    started = time.time()
+    run = open_run(run_path)
+    say = _say(silent)
+    temperature = run_temperature(run.manifest)
+    model_path = config.train_model or engine_model_path(run.manifest)
+    if model_path is None:
+        raise ConfigError(f"{run.path}: the manifest names no model; pass --train-model")
+    vocab_size, max_context = model_limits(load_config(model_path))
+    run_dtype = str((run.manifest.get("engine") or {}).get("dtype_resolved") or "auto")
+    settings = select_settings(config.factors, run_dtype)
+    frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
+    say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
+        f"{len(settings)} settings")
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    train = [s for s in settings if isinstance(s, TrainSetting)]
+    values = trainer_pass(model_path, train, pairs, temperature, config.device, silent, say)
+    engine = [s for s in settings if isinstance(s, EngineSetting)]
+    if engine:
+        values.update(engine_pass(run, engine, pairs, temperature, llm, silent, say))
+    for setting in settings:
+        frame[setting.name] = values[setting.name]
+    summary = summarize(frame, settings, run=run, config=config, temperature=temperature,
+                        seconds=time.time() - started)
+    result = ProbeResult(summary=summary, tokens=frame)
+    if write:
+        result.files = write_probe(run.path, config.name, frame, summary)
+        say(f"wrote {', '.join(str(f) for f in result.files)}")
+    return result
+
+
+def write_probe(run_path: Path, name: str, frame: pd.DataFrame, summary: dict[str, Any]) -> list[Path]:
+    """RUN/probes/<name>.parquet then <name>.json (the JSON last: a probe with a JSON is complete)."""
+    directory = Path(run_path) / PROBES_DIR
+    directory.mkdir(exist_ok=True)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    parquet, summary_file = directory / f"{name}.parquet", directory / f"{name}.json"
+    write_parquet_atomic(table, parquet)
+    write_json_atomic(summary_file, summary)
+    return [parquet, summary_file]
+
+
+def _say(silent: bool) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        if not silent:
+            from tqdm.auto import tqdm
+
+            tqdm.write(text)
+
+    return say
+
+
+def list_probes(run_path: str | os.PathLike) -> list[Path]:
+    """Summary files of the complete probes of a run (newest last); [] when there is none."""
+    directory = Path(run_path) / PROBES_DIR
+    files = [f for f in directory.glob("*.json") if not f.name.startswith(".")] if directory.is_dir() else []
+    return sorted(files, key=lambda f: f.stat().st_mtime)
+
+
+__all__ = ["ProbeConfig", "ProbeResult", "run_probe", "list_probes", "sample_tokens", "Setting", "REFERENCE"]

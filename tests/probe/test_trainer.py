@@ -1,0 +1,139 @@
+"""Trainer-side probe on a real transformers model: packing exactness, the bf16 gap, stored files and the budget,
+each number checked against an independent float64 recomputation from the stored per-token Parquet."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from rcdiag.probe import ProbeConfig, run_probe
+from rcdiag.runstore import Run
+
+PACKED_TOL = 5e-6
+"""float32 alone vs float32 packed (sdpa_varlen): measured max |Δ| 0.0 — bit-identical; float32 rounding bound."""
+KERNEL_REL_TOL = 4e-6
+"""Other attention kernels / LM-head chunking reorder float32 sums: |Δ| ≤ KERNEL_REL_TOL · max(1, |log p|)
+(measured ≤ 1.9e-6 relative, e.g. 1.1e-5 absolute at log p ≈ −48 for eager; 0.2e-6 for chunk 16)."""
+
+
+@pytest.fixture(scope="module")
+def probed(probe_run: Run):
+    config = ProbeConfig(sample=10, factors=("train_dtype", "packing", "chunk", "attention"), name="trainer",
+                         threads=1)
+    result = run_probe(probe_run.path, config, silent=True)
+    return result, pd.read_parquet(probe_run.path / "probes" / "trainer.parquet")
+
+
+def _valid(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return frame.loc[frame["mask"], column].to_numpy(np.float64)
+
+
+def test_float32_packed_equals_alone(probed) -> None:
+    """Packing must not leak attention across sequences: packed rows reproduce one-at-a-time scoring."""
+    _, frame = probed
+    reference = _valid(frame, "reference")
+    for name in ("packed_512", "packed_4096"):
+        diff = np.abs(_valid(frame, name) - reference)
+        assert diff.max() <= PACKED_TOL, f"{name}: max |Δ| {diff.max():.3g} at valid token {int(diff.argmax())}"
+    assert np.array_equal(_valid(frame, "train_bf16_packed_4096"), _valid(frame, "train_bf16")), \
+        "sdpa_varlen packing is per-sequence attention: bf16 packed must equal bf16 alone on CPU"
+    for name in ("chunk_16", "attn_sdpa", "attn_eager"):
+        rel = np.abs(_valid(frame, name) - reference) / np.maximum(1.0, np.abs(reference))
+        assert rel.max() <= KERNEL_REL_TOL, f"{name}: max relative |Δ| {rel.max():.3g} at {int(rel.argmax())}"
+
+
+def test_reference_matches_float64_forward(probed, probe_model) -> None:
+    """The reference column equals a plain float64 transformers forward, one sequence at a time (no packing,
+    no chunking), at the run's temperature."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    result, frame = probed
+    model = AutoModelForCausalLM.from_pretrained(probe_model, dtype=torch.float64).eval()
+    run = Run(result.summary["run"])
+    prompts = run.sequences().set_index("seq_id")["prompt_token_ids"]
+    worst = 0.0
+    for seq_id, rows in frame.groupby("seq_id"):
+        ids = list(prompts[seq_id]) + rows["token_id"].tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0] / result.summary["temperature"]
+        logp = torch.log_softmax(logits, -1)
+        start = len(prompts[seq_id]) - 1
+        expected = logp[start:start + len(rows)].gather(-1, torch.tensor(rows["token_id"].tolist())[:, None])[:, 0]
+        worst = max(worst, float(np.abs(expected.numpy() - rows["reference"].to_numpy(np.float64)).max()))
+    assert worst < 2e-4, f"reference vs float64 forward: max |Δ| {worst:.3g}"
+
+
+def test_bf16_gap_is_measured_and_nonzero(probed) -> None:
+    """bf16 weights/activations move log-probs measurably (the dtype factor is real, not rounding noise)."""
+    result, frame = probed
+    row = next(r for r in result.summary["settings"] if r["name"] == "train_bf16")
+    diff = _valid(frame, "train_bf16") - _valid(frame, "reference")
+    assert row["vs_reference"]["mean_abs"] > 1e-3
+    assert row["vs_reference"]["mean_abs"] == pytest.approx(np.abs(diff).mean(), rel=1e-12)
+    fp16 = next(r for r in result.summary["settings"] if r["name"] == "train_fp16")
+    assert 0 < fp16["vs_reference"]["mean_abs"] < row["vs_reference"]["mean_abs"], "fp16 has 3 more mantissa bits"
+
+
+@pytest.mark.parametrize("against", ["vs_reference", "vs_rollout", "vs_baseline"])
+def test_distances_match_float64_recomputation(probed, against: str) -> None:
+    """Every stored distance equals a float64 recomputation from the per-token Parquet (orientation: x is the
+    setting — or the rollout for vs_rollout — and kl = E[x − y])."""
+    result, frame = probed
+    for row in result.summary["settings"]:
+        if row[against] is None:
+            continue
+        x, y = {"vs_reference": (row["name"], "reference"), "vs_rollout": ("rollout", row["name"]),
+                "vs_baseline": (row["name"], row["baseline"])}[against]
+        ell = _valid(frame, y) - _valid(frame, x)  # METRICS.md ℓ = a − b with a = y (trainer role), b = x
+        clamped = np.clip(ell, -20, 20)
+        expected = {"kl": float(np.mean(-ell)), "k3_kl": float(np.mean(np.expm1(clamped) - clamped)),
+                    "mean_abs": float(np.abs(ell).mean()), "p99_abs": float(np.quantile(np.abs(ell), 0.99)),
+                    "max_abs": float(np.abs(ell).max()), "frac_abs_gt_0.1": float((np.abs(ell) > 0.1).mean())}
+        for key, value in expected.items():
+            assert row[against][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (row["name"], against, key)
+
+
+def test_budget_is_share_of_observed_gap(probed) -> None:
+    """share = mean |setting − baseline| / mean |rollout − reference|, recomputed from the Parquet."""
+    result, frame = probed
+    gap = np.abs(_valid(frame, "rollout") - _valid(frame, "reference")).mean()
+    assert result.summary["gap"]["mean_abs"] == pytest.approx(gap, rel=1e-12)
+    assert 0.02 < gap < 0.06, "the fixture's rollout is the reference plus N(0, 0.05²) noise"
+    rows = {r["setting"]: r for r in result.summary["budget"]}
+    assert set(rows) >= {"train_bf16", "train_fp16", "packed_512", "train_bf16_packed_4096", "chunk_16",
+                         "attn_eager", "rollout"}
+    for name, row in rows.items():
+        effect = np.abs(_valid(frame, name) - _valid(frame, row["baseline"])).mean()
+        assert row["share"] == pytest.approx(effect / gap, rel=1e-9, abs=1e-15), name
+    assert rows["train_bf16_packed_4096"]["baseline"] == "train_bf16"
+
+
+def test_files_are_complete_and_consistent(probed, probe_run: Run) -> None:
+    result, frame = probed
+    summary = json.loads((probe_run.path / "probes" / "trainer.json").read_text())
+    assert summary["sample"] == {"sequences": 10, "tokens": len(frame), "valid_tokens": int(frame["mask"].sum()),
+                                 "run_sequences": 12}
+    assert summary["budget"] == json.loads(json.dumps(result.summary["budget"]))
+    assert not list((probe_run.path / "probes").glob(".*")), "temporary files left behind"
+    schema = pq.read_schema(probe_run.path / "probes" / "trainer.parquet")
+    assert {"seq_id", "pos", "token_id", "mask", "rollout", "reference", "train_bf16"} <= set(schema.names)
+    tokens = probe_run.tokens()
+    merged = frame.merge(tokens, on=["seq_id", "pos"])
+    assert len(merged) == len(frame)
+    assert (merged["token_id_x"] == merged["token_id_y"]).all()
+    assert np.array_equal(merged["rollout"].to_numpy(), merged["rollout_logprob"].to_numpy())
+
+
+def test_sample_is_seeded_and_bounded(probe_run: Run) -> None:
+    from rcdiag.probe import sample_tokens
+
+    a, _ = sample_tokens(probe_run, 5, seed=3, vocab_size=10**6, max_context=None)
+    b, pairs = sample_tokens(probe_run, 5, seed=3, vocab_size=10**6, max_context=None)
+    c, _ = sample_tokens(probe_run, 500, seed=3, vocab_size=10**6, max_context=None)
+    assert a.equals(b) and a["seq_id"].nunique() == 5 == len(pairs)
+    assert c["seq_id"].nunique() == 12
+    assert sum(len(r) for _, r in pairs) == len(a)

@@ -61,6 +61,10 @@ def test_simulate_and_sweep_match_reference(noisy):
     masked = noisy.simulate("token_mask", threshold=1.5)
     assert masked["kept_token_frac"] == pytest.approx((rho <= 1.5).mean(), rel=1e-12)
     assert "token_truncate at C = 1.5" in result._repr_html_()
+    with_weights = noisy.simulate("token_truncate", threshold=1.5, return_weights=True)
+    joined = ref.merge(with_weights["weights"], on=["seq_id", "pos"], how="left")
+    np.testing.assert_allclose(joined["weight"].to_numpy(), np.minimum(rho, 1.5), rtol=1e-12)
+    assert "<td>weights</td>" not in with_weights._repr_html_(), "the weights frame is a value, not a table row"
     table = noisy.sweep(modes=["token_truncate", "sequence_mask"], thresholds=(1.5, 3.0))
     assert list(zip(table["mode"], table["threshold"], strict=True)) == [
         ("token_truncate", 1.5), ("token_truncate", 3.0), ("sequence_mask", 1.5), ("sequence_mask", 3.0)]

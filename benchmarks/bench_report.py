@@ -13,12 +13,12 @@ peak RSS shows that memory does not grow with the run. Prints seconds, tokens/s,
 from __future__ import annotations
 
 import argparse
-import json
+import multiprocessing
 import resource
 import shutil
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,34 +38,39 @@ def method_report(run_path: str, replicates: int) -> int:
 
 
 def method_read(run_path: str, replicates: int) -> int:
-    import pyarrow.parquet as pq
+    """The floor: stream the same columns the report reads, in the same record batches, and do nothing."""
+    import rcdiag
 
-    rows = 0
-    for file in sorted(Path(run_path, "tokens").glob("part-*.parquet")):
-        table = pq.read_table(file, columns=COLUMNS)
-        rows += table.num_rows
-        del table
-    return rows
+    return sum(batch.num_rows for _, batch in rcdiag.open_run(run_path).iter_batches(COLUMNS))
 
 
 METHODS = {"report": method_report, "read": method_read}
 
 
-def run_method(name: str, run_path: Path, replicates: int) -> dict[str, float]:
-    """One method in a fresh interpreter: seconds, rows and that process's peak RSS (MiB)."""
-    command = [sys.executable, __file__, "--method", name, "--run", str(run_path), "--replicates", str(replicates)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _child(name: str, run_path: str, replicates: int) -> None:
+def _measure(name: str, run_path: str, replicates: int) -> dict[str, float]:
+    """Runs inside a fresh spawned interpreter: the method's seconds, rows and this process's peak RSS."""
     start = time.perf_counter()
     rows = METHODS[name](run_path, replicates)
-    seconds = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "rows": rows, "rss_mib": rss}))
+    return {"seconds": time.perf_counter() - start, "rows": rows,
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure(name: str, run_path: Path, replicates: int) -> dict[str, float]:
+    """One method in its own spawned process (so peak RSS is the method's alone)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_measure, name, str(run_path), replicates).result()
+
+
+def ensure_runs(directory: Path, sizes: dict[str, int], shard_tokens: int) -> dict[str, Path]:
+    """Build (or reuse) bench_metrics-style runs named run-<tokens> under `directory`."""
+    paths = {key: directory / f"run-{n}" for key, n in sizes.items()}
+    for key, n in sizes.items():
+        if (paths[key] / "manifest.json").exists():
+            continue
+        start = time.perf_counter()
+        build_run(paths[key], n, shard_tokens)
+        print(f"built {paths[key]} ({n:,} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,22 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates (default 1000)")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/rcdiag-bench"), help="where the runs are built")
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the built runs")
-    parser.add_argument("--method", choices=sorted(METHODS), help=argparse.SUPPRESS)
-    parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.method:
-        _child(args.method, args.run, args.replicates)
-        return
-    large, small = int(args.tokens), int(args.tokens) // 5
-    paths = {"large": args.dir / f"run-{large}", "small": args.dir / f"run-{small}"}
-    for key, n in (("large", large), ("small", small)):
-        if not (paths[key] / "manifest.json").exists():
-            start = time.perf_counter()
-            build_run(paths[key], n, args.shard_tokens)
-            print(f"built {paths[key]} ({n:,} tokens) in {time.perf_counter() - start:.1f} s", flush=True)
-    results = {"read": run_method("read", paths["large"], args.replicates),
-               "report": run_method("report", paths["large"], args.replicates),
-               "report@1/5": run_method("report", paths["small"], args.replicates)}
+    large = int(args.tokens)
+    paths = ensure_runs(args.dir, {"large": large, "small": large // 5}, args.shard_tokens)
+    results = {"read": measure("read", paths["large"], args.replicates),
+               "report": measure("report", paths["large"], args.replicates),
+               "report@1/5": measure("report", paths["small"], args.replicates)}
     print_table(results, large)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)

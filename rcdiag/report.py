@@ -63,6 +63,7 @@ class RunReport:
     strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     worst_tokens: list[dict[str, Any]] = field(default_factory=list)
     worst_sequences: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[dict[str, Any]] = field(default_factory=list)
     is_modes: dict[str, dict[str, float]] = field(default_factory=dict)
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
@@ -113,6 +114,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions()) -> RunRepor
                                  seed=options.seed)
     report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
     report.worst_sequences = _worst_sequences(run, ids, sums)
+    report.prompts = worst_prompts(scan.info.prompt_id, sums)
     try:
         _library_numbers(run, report)
     except InputError as exc:
@@ -204,6 +206,23 @@ def _worst_sequences(run: Any, ids: np.ndarray, sums: np.ndarray) -> list[dict[s
     return [{"seq_id": int(ids[i]), "tokens": int(T[i]), "mean_log_ratio": float(sums[i, 3] / T[i]),
              "max_abs_log_ratio": float(sums[i, 5]), "sum_log_ratio": float(sums[i, 3]),
              **texts.get(int(ids[i]), {})} for i in order]
+
+
+def worst_prompts(prompt_id: np.ndarray, sums: np.ndarray, top: int = WORST_SEQUENCES) -> list[dict[str, Any]]:
+    """ℓ by prompt: the `top` prompts by token-weighted mean |ℓ| over all their samples (prompt_id aligned with the
+    rows of `sums`, sorted by seq_id). Empty when no prompt has a valid token or prompt ids are unknown."""
+    keys = np.array(["" if p is None else str(p) for p in prompt_id], dtype=object)
+    if not keys.size or not any(keys):
+        return []
+    names, inverse = np.unique(keys, return_inverse=True)
+    tokens = np.bincount(inverse, weights=sums[:, 0], minlength=names.size)
+    abs_sum = np.bincount(inverse, weights=sums[:, 4], minlength=names.size)
+    kl_sum = np.bincount(inverse, weights=sums[:, 2] - sums[:, 1], minlength=names.size)
+    samples = np.bincount(inverse, minlength=names.size)
+    scored = np.flatnonzero(tokens > 0)
+    order = scored[np.lexsort((names[scored], -abs_sum[scored] / tokens[scored]))][:top]
+    return [{"prompt_id": str(names[i]), "samples": int(samples[i]), "tokens": int(tokens[i]),
+             "mean_abs": float(abs_sum[i] / tokens[i]), "kl": float(kl_sum[i] / tokens[i])} for i in order]
 
 
 def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:

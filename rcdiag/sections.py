@@ -139,7 +139,10 @@ def _strata_blocks(report: RunReport) -> list[Block]:
 def _worst_blocks(report: RunReport) -> list[Block]:
     tok = ["seq_id", "pos", "token_id", "log_ratio", "train_logprob", "rollout_logprob", "context"]
     seq = ["seq_id", "tokens", "mean_log_ratio", "max_abs_log_ratio", "finish_reason", "reward", "response_text"]
-    return [Block("h", "Worst tokens by |ℓ|"),
+    prompts = ["prompt_id", "samples", "tokens", "mean_abs", "kl"]
+    return [Block("h", "Prompts with the largest mismatch (mean |ℓ|)"),
+            Block("table", headers=prompts, rows=[[p[c] for c in prompts] for p in report.prompts]),
+            Block("h", "Worst tokens by |ℓ|"),
             Block("table", headers=tok, rows=[[w.get(c, "") for c in tok] for w in report.worst_tokens]),
             Block("h", "Worst sequences by |mean ℓ|"),
             Block("table", headers=seq, rows=[[_short(w.get(c, "")) for c in seq] for w in report.worst_sequences])]
@@ -165,7 +168,8 @@ def run_data(report: RunReport) -> dict[str, Any]:
         "tails": report.tails, "is_modes": report.is_modes, "rejection": report.rejection,
         "sweep": [] if report.sweep is None else report.sweep.to_dict(orient="records"),
         "recommendation": report.recommendation, "checks": [f.to_dict() for f in report.checks],
-        "strata": report.strata, "worst_tokens": report.worst_tokens, "worst_sequences": report.worst_sequences,
+        "strata": report.strata, "prompts": report.prompts, "worst_tokens": report.worst_tokens,
+        "worst_sequences": report.worst_sequences,
         "counts": report.counts, "manifest": report.manifest,
     }
 
@@ -206,7 +210,11 @@ def comparison_data(reports: Sequence[RunReport], links: dict[str, str]) -> dict
 
 # ----------------------------------------------------------------------------------------------- files
 def run_files(report: RunReport) -> dict[str, bytes]:
-    return render_files(run_blocks(report), figures(report), run_data(report), f"rcdiag report — {report.name}")
+    from rcdiag.probe_report import probe_section  # the latest RUN/probes/*.json, if any (else three empties)
+
+    probe_blocks, probe_images, probe_data = probe_section(report.path)
+    return render_files(run_blocks(report) + probe_blocks, {**figures(report), **probe_images},
+                        {**run_data(report), **probe_data}, f"rcdiag report — {report.name}")
 
 
 def unique_names(reports: Sequence[RunReport]) -> list[str]:

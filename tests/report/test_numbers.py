@@ -201,3 +201,16 @@ def test_recommendation_when_nothing_meets_the_target(tmp_path):
     assert rep.sweep["ess"].max() < 0.9
     assert rep.recommendation["meets_target"] is False
     assert "No mode keeps ESS ≥ 0.9 at any threshold" in rep.recommendation["text"]
+
+
+def test_prompts_ranked_by_mean_abs(noisy_run, noisy_report):
+    tokens, a, b = _reference(noisy_run)
+    prompt = noisy_run.sequences().set_index("seq_id").loc[tokens["seq_id"], "prompt_id"].to_numpy()
+    frame = pd.DataFrame({"prompt": prompt, "abs": np.abs(a - b), "d": b - a})
+    want = frame.groupby("prompt").agg(mean_abs=("abs", "mean"), kl=("d", "mean"), tokens=("abs", "size"))
+    want = want.sort_values("mean_abs", ascending=False).head(10)
+    got = noisy_report.reports[0].prompts
+    assert [p["prompt_id"] for p in got] == list(want.index)
+    np.testing.assert_allclose([p["mean_abs"] for p in got], want["mean_abs"], rtol=1e-10)
+    np.testing.assert_allclose([p["kl"] for p in got], want["kl"], rtol=1e-9)
+    assert [p["tokens"] for p in got] == list(want["tokens"])

@@ -75,6 +75,7 @@ class GenerateConfig:
                               "decoding has no sampling distribution to correct for; use e.g. 1.0 as RL does")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        self.engine_settings("<model>")  # validates the engine options now, before any work
         if self.truncated and not self.allow_truncated_sampling:
             raise ConfigError(f"refusing to sample with top_p={self.top_p}, top_k={self.top_k}: {TRUNCATION_HELP}")
 
@@ -248,6 +249,13 @@ def _tokenizer_section(model_dir: Path) -> dict[str, Any]:
     return {"path": str(model_dir), **{k: v for k, v in fingerprint.items() if not k.startswith("_")}}
 
 
+def _check_engine(llm: Any, model_dir: Path) -> None:
+    """A caller's engine must serve `model_dir`, or the stored rows would be attributed to the wrong model."""
+    served = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "model", None)
+    if served is not None and Path(served).resolve() != model_dir:
+        raise ConfigError(f"the given engine serves {served}, not --model {model_dir}")
+
+
 def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config: GenerateConfig | None = None,
                  *, llm: Any = None, overwrite: bool = False, silent: bool = False) -> dict[str, Any]:
     """Generate (or resume) a run directory at `out`; returns its manifest.
@@ -268,6 +276,8 @@ def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config
     if not todo and (writer.path / MANIFEST_NAME).exists():
         return read_manifest(writer.path)
     reward = _reward_function(rendered)
+    if llm is not None:
+        _check_engine(llm, model_dir)
     with engine_session(config.engine_settings(str(model_dir)), llm) as engine, \
             progress(desc="generate", unit="tok", unit_scale=True, silent=silent) as bar:
         for k in todo:

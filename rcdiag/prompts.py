@@ -146,9 +146,10 @@ def _messages(value: Any, where: dict[str, Any]) -> tuple[dict[str, str], ...]:
 def _parse(record: Any, index: int, row: int, file: str, field: str | None) -> Prompt:
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", file=file, row=row)
-    names = [field] if field else [f for f in AUTO_FIELDS if f in record]
-    if not names or names[0] not in record:
-        raise InputError("no prompt field", file=file, row=row, field=field or "/".join(AUTO_FIELDS),
+    names = [field] if field else [f for f in AUTO_FIELDS if record.get(f) is not None]  # tables hold nulls
+    if not names or record.get(names[0]) is None:
+        raise InputError("no prompt field (or it is null)", file=file, row=row,
+                         field=field or "/".join(AUTO_FIELDS),
                          hint=f"the record has {sorted(record)}; choose one with --prompt-field")
     where = {"file": file, "row": row, "field": names[0]}
     value = record[names[0]]

@@ -10,4 +10,5 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Fixture modules shared across test folders (tests/fixtures/<area>.py), one line each.
 pytest_plugins: list[str] = [
     "tests.fixtures.runs",
+    "tests.fixtures.engine",
 ]

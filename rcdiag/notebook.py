@@ -47,8 +47,13 @@ def fmt(value: Any) -> str:
 
 def _table(rows: list[tuple[str, Any]], header: tuple[str, str] | None = None) -> str:
     head = f"<tr><th>{header[0]}</th><th>{header[1]}</th></tr>" if header else ""
-    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='num'>{fmt(v)}</td></tr>" for k, v in rows)
+    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='{_cell_class(v)}'>{fmt(v)}</td></tr>"
+                   for k, v in rows)
     return f"<table>{head}{body}</table>"
+
+
+def _cell_class(value: Any) -> str:
+    return "num" if isinstance(value, int | float) and not isinstance(value, bool) else "text"
 
 
 class Result(dict):
@@ -235,7 +240,7 @@ class SequenceView:
             title = (f"pos {row.pos} id {row.token_id}: a={row.train_logprob:.4g} b={row.rollout_logprob:.4g} "
                      f"ℓ={row.log_ratio:.4g}")
             if not row.mask:
-                spans.append(f"<span class='tok masked' title='masked; {title}'>{html.escape(row.text)}</span>")
+                spans.append(f"<span class='tok masked' title='masked; {html.escape(title)}'>{html.escape(row.text)}</span>")
                 continue
             spans.append(f"<span class='tok' style='background:{_color(row.log_ratio / scale)}' "
                          f"title='{html.escape(title)}'>{html.escape(row.text)}</span>")
@@ -244,11 +249,12 @@ class SequenceView:
 
 
 def _color(x: float) -> str:
-    """Diverging colour for x in [−1, 1]: blue (negative) – white – red (positive); NaN → yellow."""
+    """Diverging colour for x in [−1, 1]: blue (negative) – white – red (positive), never so dark that black text
+    becomes unreadable (the extremes are rgb(255,80,80) and rgb(80,80,255)); NaN → yellow."""
     if x != x:
         return "#fde047"
     x = max(-1.0, min(1.0, x))
-    fade = int(255 * (1 - abs(x)))
+    fade = round(255 - 175 * abs(x))
     return f"rgb(255,{fade},{fade})" if x > 0 else f"rgb({fade},{fade},255)"
 
 

@@ -115,7 +115,7 @@ def test_sequence_view_html(noisy):
     assert html.count("class='tok masked'") == int((~rows["mask"]).sum())
     assert html.count("<span class='tok") == len(rows)
     strongest = expected[rows["mask"]].abs().idxmax()
-    colour = "rgb(255,0,0)" if expected[strongest] > 0 else "rgb(0,0,255)"
+    colour = "rgb(255,80,80)" if expected[strongest] > 0 else "rgb(80,80,255)"
     assert colour in html, "the largest |ℓ| must take the full colour of its sign"
     with pytest.raises(ConfigError, match="no sequence 99999"):
         noisy.sequence(99999)

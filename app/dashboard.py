@@ -24,6 +24,7 @@ PAGES = (
     ("simulator.py", "IS simulator", "simulator", ":material/tune:"),
     ("sequences.py", "Sequences", "sequences", ":material/segment:"),
     ("compare.py", "Compare", "compare", ":material/compare_arrows:"),
+    ("probes.py", "Probes", "probes", ":material/science:"),
 )
 
 

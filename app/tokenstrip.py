@@ -48,8 +48,8 @@ def strip_html(tokens: pd.DataFrame, texts: list[str] | None, scale: float) -> s
         spans.append(f'<span class="rcdiag-tok" data-pos="{row["pos"]}" title="{html.escape(hover(row, text))}" '
                      f'style="{style}">{html.escape(visible(text))}</span>')
     body = "".join(spans) or "<em>(empty response: no token rows)</em>"
-    return (f'<div id="rcdiag-token-strip" style="font-family:monospace;white-space:pre-wrap;line-height:1.9;'
-            f'font-size:0.95em">{body}</div>')
+    return ('<div id="rcdiag-token-strip" style="font-family:monospace;white-space:pre-wrap;overflow-wrap:anywhere;'
+            f'line-height:1.9;font-size:0.95em">{body}</div>')
 
 
 def legend_html(scale: float) -> str:

@@ -49,11 +49,21 @@ def _page(index: pd.DataFrame) -> pd.DataFrame:
                               kind="stable")
     page = order.iloc[(number - 1) * PAGE_SIZE: number * PAGE_SIZE]
     shown = [c for c in TABLE_COLUMNS if c in page.columns]
-    st.dataframe(page[shown + [c for c in page.columns if c not in shown]], hide_index=True, key="seq_table",
-                 width="stretch", column_config=COLUMN_FORMATS)
+    event = st.dataframe(page[shown + [c for c in page.columns if c not in shown]], hide_index=True,
+                         key="seq_table", width="stretch", column_config=COLUMN_FORMATS, on_select="rerun",
+                         selection_mode="single-row")
+    _follow_table(page, event.selection.rows)
     st.caption(f"{len(index):,} sequences · rows {(number - 1) * PAGE_SIZE + 1}–"
                f"{(number - 1) * PAGE_SIZE + len(page)}")
     return page
+
+
+def _follow_table(page: pd.DataFrame, rows: list[int]) -> None:
+    """A row newly clicked in the table becomes the selected sequence (the selectbox below follows it)."""
+    picked = int(page.iloc[rows[0]]["seq_id"]) if rows and rows[0] < len(page) else None
+    if picked is not None and picked != st.session_state.get("seq_table_picked"):
+        st.session_state["seq_select"] = picked
+    st.session_state["seq_table_picked"] = picked
 
 
 def _detail(ref: data.RunRef, seq_id: int, stats: pd.Series) -> None:

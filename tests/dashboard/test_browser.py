@@ -154,6 +154,11 @@ def test_every_page_in_chromium(server, page, shots, noisy_run):
     assert re.fullmatch(r"w\d+", token.inner_text()), token.inner_text()  # decoded by the run's tokenizer
     token.hover()
     assert_no_exception(page)
+    third = _worst_seq_ids(noisy_run)[2]
+    _click_table_row(page, 2)
+    settle(page, f"Sequence {third}")
+    assert page.get_by_role("heading", name=f"Sequence {third}").count() == 1
+    page.locator("#rcdiag-token-strip").scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "sequences.png"), full_page=True)
 
     page.goto(f"{server}/compare")
@@ -163,6 +168,23 @@ def test_every_page_in_chromium(server, page, shots, noisy_run):
     page.wait_for_timeout(1500)
     assert_no_exception(page)
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
+
+
+def _click_table_row(page, row: int) -> None:
+    """Click the row marker of row `row` (0-based) of the sequences table (35-pixel header and rows)."""
+    grid = page.locator('[data-testid="stDataFrame"]').first
+    grid.scroll_into_view_if_needed()
+    box = grid.bounding_box()
+    header = row_height = 35
+    page.mouse.click(box["x"] + 12, box["y"] + header + row_height * row + row_height / 2)
+
+
+def _worst_seq_ids(run) -> list[int]:
+    """seq_ids sorted as the Sequences page sorts by default (max |ℓ| descending, then seq_id)."""
+    from rcdiag.metrics import sequence_stats
+
+    stats = sequence_stats(run)
+    return stats.sort_values(["max_abs_log_ratio", "seq_id"], ascending=[False, True])["seq_id"].tolist()
 
 
 def _metric(page, label: str) -> str:

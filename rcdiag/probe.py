@@ -30,6 +30,7 @@ from rcdiag.probe_factors import (
     DEFAULT_FACTORS,
     REFERENCE,
     ROLLOUT,
+    TRAINER_FACTORS,
     EngineSetting,
     Setting,
     TrainSetting,
@@ -142,6 +143,15 @@ def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Seque
 
 
 # --------------------------------------------------------------------------------------------------- engine side
+def engine_model(run: Run) -> str:
+    """The run's engine model directory; ConfigError (naming the fix) when it is not a local model directory."""
+    model = engine_model_path(run.manifest)
+    if model is None or not (Path(model) / "config.json").is_file():
+        raise ConfigError(f"{run.path}: the engine model {model!r} is not a local model directory; engine factors "
+                          f"need it (probe only trainer factors with --factors {','.join(TRAINER_FACTORS)})")
+    return model
+
+
 def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pair], temperature: float,
                 llm: Any, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
     """Replayed log-probs per engine setting; one engine per (dtype, prefix caching), each closed before the
@@ -149,10 +159,7 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
     from rcdiag.replay import replay_logprobs, warm_prefix_cache
 
     engine = run.manifest.get("engine") or {}
-    model = engine_model_path(run.manifest)
-    if model is None or not (Path(model) / "config.json").is_file():
-        raise ConfigError(f"{run.path}: the engine model {model!r} is not a local model directory; engine factors "
-                          "need it (probe only trainer factors with --factors train_dtype,attention,packing,chunk)")
+    model = engine_model(run)
     run_dtype = str(engine.get("engine_dtype") or engine.get("dtype") or "auto")
     run_caching = bool(engine.get("enable_prefix_caching", True))
     resolved = str(engine.get("dtype_resolved") or run_dtype)
@@ -202,6 +209,9 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     vocab_size, max_context = model_limits(load_config(model_path))
     run_dtype = str((run.manifest.get("engine") or {}).get("dtype_resolved") or "auto")
     settings = select_settings(config.factors, run_dtype)
+    engine = [s for s in settings if isinstance(s, EngineSetting)]
+    if engine:
+        engine_model(run)  # refuse before any model work
     frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
     say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
         f"{len(settings)} settings")
@@ -211,7 +221,6 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
         torch.set_num_threads(config.threads)
     train = [s for s in settings if isinstance(s, TrainSetting)]
     values = trainer_pass(model_path, train, pairs, temperature, config.device, silent, say)
-    engine = [s for s in settings if isinstance(s, EngineSetting)]
     if engine:
         values.update(engine_pass(run, engine, pairs, temperature, llm, silent, say))
     for setting in settings:

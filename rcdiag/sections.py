@@ -210,11 +210,14 @@ def comparison_data(reports: Sequence[RunReport], links: dict[str, str]) -> dict
 
 # ----------------------------------------------------------------------------------------------- files
 def run_files(report: RunReport) -> dict[str, bytes]:
+    """One run's report files; the latest `rcdiag probe` of the run (if any) goes before the manifest."""
     from rcdiag.probe_report import probe_section  # the latest RUN/probes/*.json, if any (else three empties)
 
+    blocks = run_blocks(report)
     probe_blocks, probe_images, probe_data = probe_section(report.path)
-    return render_files(run_blocks(report) + probe_blocks, {**figures(report), **probe_images},
-                        {**run_data(report), **probe_data}, f"rcdiag report — {report.name}")
+    blocks[-1:-1] = probe_blocks
+    return render_files(blocks, {**figures(report), **probe_images}, {**run_data(report), **probe_data},
+                        f"rcdiag report — {report.name}")
 
 
 def unique_names(reports: Sequence[RunReport]) -> list[str]:

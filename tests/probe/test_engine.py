@@ -1,0 +1,89 @@
+"""Engine side on the real vLLM CPU engine (the session engine of tests/fixtures/engine.py, float32, prefix
+caching on): replaying a generated run's tokens reproduces the sampled log-probs; the probe reports decode vs
+prefill, batch invariance and cached-prompt scoring without building another engine."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rcdiag.runstore import Run, open_run
+from tests.fixtures.engine import ENGINE_KWARGS
+
+pytestmark = pytest.mark.vllm
+
+REPLAY_TOL = 2e-4
+"""|replayed − sampled| bound at the run's own settings (float32 engine): prefill vs decode kernels differ only
+by float32 rounding; measured max 1.9e-5 (see the report)."""
+
+
+@pytest.fixture(scope="module")
+def generated(vllm_engine: Any, sample_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """8 prompts × 2 samples at temperature 0.8 (≠ 1: the full-vocabulary path of the replay)."""
+    from rcdiag.generate import GenerateConfig, generate_run
+    from rcdiag.sample import SAMPLE_PROMPTS
+
+    config = GenerateConfig(n=2, temperature=0.8, max_tokens=32, limit=8, **ENGINE_KWARGS)
+    out = tmp_path_factory.mktemp("probe_gen") / "run"
+    generate_run(sample_model, SAMPLE_PROMPTS, out, config, llm=vllm_engine, silent=True)
+    return open_run(out)
+
+
+def _pairs(run: Run) -> tuple[list[tuple[list[int], list[int]]], np.ndarray]:
+    tokens, sequences = run.tokens(), run.sequences().set_index("seq_id")
+    pairs, sampled = [], []
+    for seq_id, rows in tokens.groupby("seq_id"):
+        pairs.append((list(sequences.loc[seq_id, "prompt_token_ids"]), rows["token_id"].tolist()))
+        sampled.append(rows["rollout_logprob"].to_numpy(np.float64))
+    return pairs, np.concatenate(sampled)
+
+
+def test_replay_reproduces_sampled_logprobs(vllm_engine: Any, generated: Run) -> None:
+    """Prefill replay at the run's settings (temperature applied to the raw prompt log-probs) ≈ decode."""
+    from rcdiag.replay import replay_logprobs
+
+    pairs, sampled = _pairs(generated)
+    replayed = np.concatenate(replay_logprobs(vllm_engine, pairs, 0.8)).astype(np.float64)
+    diff = np.abs(replayed - sampled)
+    assert diff.max() <= REPLAY_TOL, f"max |replay − sampled| {diff.max():.3g} at token {int(diff.argmax())}"
+    alone = np.concatenate(replay_logprobs(vllm_engine, pairs[:3], 0.8, one_at_a_time=True))
+    n = sum(len(r) for _, r in pairs[:3])
+    assert np.abs(alone - replayed[:n]).max() <= REPLAY_TOL
+
+
+def test_replay_temperature_one_and_edges(vllm_engine: Any, generated: Run) -> None:
+    """T = 1 uses the cheap path (only the scored token); it must equal the full-vocabulary formula at T = 1,
+    i.e. the T = 0.8 replay rescaled. Empty input → []; an empty response → an empty array."""
+    from rcdiag.replay import replay_logprobs
+
+    pairs, _ = _pairs(generated)
+    assert replay_logprobs(vllm_engine, [], 1.0) == []
+    out = replay_logprobs(vllm_engine, [(pairs[0][0], [])], 0.8)
+    assert len(out) == 1 and out[0].size == 0
+    t1 = replay_logprobs(vllm_engine, pairs[:2], 1.0)
+    assert all(np.all(v <= 0) and np.all(np.isfinite(v)) for v in t1)
+    with pytest.raises(ValueError, match="temperature"):
+        replay_logprobs(vllm_engine, pairs[:1], 0.0)
+
+
+def test_probe_engine_factors_with_shared_engine(vllm_engine: Any, generated: Run) -> None:
+    """decode vs prefill is reported (not hidden), and every engine setting's numbers come from the given engine."""
+    from rcdiag.probe import ProbeConfig, run_probe
+
+    config = ProbeConfig(sample=16, factors=("decode_vs_prefill", "batch_invariance", "prefix_caching"),
+                         name="engine", threads=1)
+    result = run_probe(generated.path, config, llm=vllm_engine, silent=True)
+    rows = {r["name"]: r for r in result.summary["settings"]}
+    assert set(rows) == {"reference", "engine_replay", "engine_alone", "engine_cached_prompt", "rollout"}
+    frame = result.tokens[result.tokens["mask"]]
+    decode = rows["rollout"]["vs_baseline"]
+    assert rows["rollout"]["factor"] == "decode_vs_prefill" and rows["rollout"]["baseline"] == "engine_replay"
+    assert decode["max_abs"] == pytest.approx(np.abs(frame["rollout"] - frame["engine_replay"]).max(), rel=1e-12)
+    assert decode["max_abs"] <= REPLAY_TOL
+    assert any(note.startswith("decode vs prefill") for note in result.summary["notes"])
+    for name in ("engine_alone", "engine_cached_prompt"):
+        assert rows[name]["vs_baseline"]["max_abs"] <= REPLAY_TOL, name
+    engine_vs_trainer = rows["engine_replay"]["vs_reference"]["max_abs"]
+    assert engine_vs_trainer <= 1e-3, "float32 vLLM vs float32 transformers on the same tokens"

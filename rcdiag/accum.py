@@ -108,19 +108,20 @@ class Moments:
     def __init__(self, n: int = 0, mean: float = 0.0, m2: float = 0.0) -> None:
         self.n, self.mean, self.m2 = n, mean, m2
 
-    def add(self, values: np.ndarray) -> None:
+    def add(self, values: np.ndarray, mean: float | None = None) -> None:
+        """Add a batch of values (`mean`: their mean when the caller already knows it)."""
         if values.size:
-            mean = float(values.mean())
+            mean = float(values.mean()) if mean is None else mean
             dev = values - mean
-            self.merge(Moments(int(values.size), mean, float(np.dot(dev, dev))))
+            self.merge(Moments(int(values.size), mean, float(np.einsum("i,i->", dev, dev))))
 
     def add_weighted(self, values: np.ndarray, counts: np.ndarray) -> None:
         """Add each value `counts` times (e.g. one weight per sequence, repeated on its T_i tokens)."""
         n = int(counts.sum())
         if n:
-            mean = float(np.dot(values, counts)) / n
+            mean = float(np.einsum("i,i->", values, counts.astype(np.float64))) / n
             dev = values - mean
-            self.merge(Moments(n, mean, float(np.dot(dev * dev, counts))))
+            self.merge(Moments(n, mean, float(np.einsum("i,i,i->", dev, dev, counts.astype(np.float64)))))
 
     def merge(self, other: Moments) -> None:
         if other.n == 0:

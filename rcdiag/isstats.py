@@ -69,9 +69,9 @@ class ChunkView:
         else:
             rows = np.flatnonzero(stat)
             lr, rho = lr[rows], rho[rows]
-            counts = np.add.reduceat(stat.astype(np.int64), chunk.starts)
+            counts = np.add.reduceat(stat.view(np.int8), chunk.starts, dtype=np.int64)
             starts = (np.cumsum(counts) - counts)[counts > 0]
-        s = chunk.seq_sum(chunk.ell)
+        s = chunk.sum_ell
         sh = chunk.seq_sum(chunk.log_ratio(LOG_RATIO_CLAMP)) if conv.is_seq_ratio == "swift" else s
         return cls(chunk, lr, rho, starts, stat, counts, counts > 0,
                    SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
@@ -100,8 +100,9 @@ class WeightStats:
 
     def add_rows(self, values: np.ndarray, starts: np.ndarray) -> None:
         if values.size:
-            self.total.add(np.add.reduceat(values, starts))
-            self.moments.add(values)
+            per_sequence = np.add.reduceat(values, starts)
+            self.total.add(per_sequence)
+            self.moments.add(values, float(per_sequence.sum()) / values.size)
             self.ext.add(values)
 
     def add_repeated(self, values: np.ndarray, counts: np.ndarray) -> None:

@@ -78,8 +78,7 @@ class MetricsAccumulator:
             self._chunker = Chunker()
         table = batch if isinstance(batch, (pa.RecordBatch, pa.Table)) else pa.Table.from_pandas(
             batch, preserve_index=False)
-        chunk = self._chunker.push(source, table)
-        if chunk is not None:
+        for chunk in self._chunker.push(source, table):
             self.update_chunk(chunk)
 
     def _flush(self) -> None:
@@ -97,7 +96,7 @@ class MetricsAccumulator:
         self.tokens += int(counts.sum())
         self.seen_sequences += int(chunk.seq_ids.size)
         add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
-        sum_ell = chunk.seq_sum(chunk.ell)
+        sum_ell = chunk.sum_ell
         self.sums["ell"].add(sum_ell)
         self.sums["k3"].add(chunk.seq_sum(_K3[conv.k3](chunk)))
         rho_m1 = chunk.ratio_m1(LOG_RATIO_CLAMP)
@@ -213,7 +212,7 @@ class _SequenceCollector:
     def update_chunk(self, chunk: TokenChunk) -> None:
         abs_ell = np.abs(chunk.ell)
         self.parts.append({
-            "seq_id": chunk.seq_ids, "n_valid": chunk.counts, "sum_log_ratio": chunk.seq_sum(chunk.ell),
+            "seq_id": chunk.seq_ids, "n_valid": chunk.counts, "sum_log_ratio": chunk.sum_ell,
             "sum_abs": chunk.seq_sum(abs_ell), "max_abs_log_ratio": chunk.seq_max(abs_ell),
             "sum_a": chunk.seq_sum(chunk.a), "sum_b": chunk.seq_sum(chunk.b)})
 

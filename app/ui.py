@@ -69,6 +69,16 @@ def open_allowed(path: str) -> data.RunRef | None:
     return ref
 
 
+def run_page(title: str, render: Callable[[data.RunRef], None]) -> None:
+    """A page about the sidebar's run: its header, then `render(ref)`, guarded; a hint when no run is chosen."""
+    def page() -> None:
+        ref = current_run()
+        if ref is not None:
+            st.header(f"{title} · {ref.name}")
+            render(ref)
+    guarded(page)
+
+
 def guarded(render: Callable[[], None]) -> None:
     """Run a page; rcdiag and Parquet errors become a readable message on the page, never a stack trace."""
     try:

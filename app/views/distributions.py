@@ -8,11 +8,7 @@ import streamlit as st
 from app import aggregates, charts, data, ui
 
 
-def render() -> None:
-    ref = ui.current_run()
-    if ref is None:
-        return
-    st.header(f"Distributions · {ref.name}")
+def render(ref: data.RunRef) -> None:
     index = data.sequence_index(*ref.key)
     keep = _filters(index)
     if keep is not None and keep.size == 0:
@@ -68,4 +64,4 @@ def _range(col, label: str, values: pd.Series, key: str, kind: type) -> tuple[fl
     return None if tuple(chosen) == (lo, hi) else (float(chosen[0]), float(chosen[1]))
 
 
-ui.guarded(render)
+ui.run_page("Distributions", render)

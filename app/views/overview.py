@@ -11,11 +11,7 @@ SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", 
 COUNTS = ("tokens", "sequences", "empty_sequences")
 
 
-def render() -> None:
-    ref = ui.current_run()
-    if ref is None:
-        return
-    st.header(f"Overview · {ref.name}")
+def render(ref: data.RunRef) -> None:
     values = data.headline(*ref.key)
     st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS if name in values)
                + " · canonical convention")
@@ -51,4 +47,4 @@ def _checks(ref: data.RunRef) -> None:
                 st.json(finding["evidence"], expanded=False)
 
 
-ui.guarded(render)
+ui.run_page("Overview", render)

@@ -22,11 +22,7 @@ COLUMN_FORMATS = {name: st.column_config.NumberColumn(name, format="%.4g")
 STATS_SHOWN = ("n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff")
 
 
-def render() -> None:
-    ref = ui.current_run()
-    if ref is None:
-        return
-    st.header(f"Sequences · {ref.name}")
+def render(ref: data.RunRef) -> None:
     index = data.sequence_index(*ref.key)
     page = _page(index)
     if page.empty:
@@ -93,4 +89,4 @@ def _detail(ref: data.RunRef, seq_id: int, stats: pd.Series) -> None:
     st.html(tokenstrip.strip_html(tokens, texts, scale))
 
 
-ui.guarded(render)
+ui.run_page("Sequences", render)

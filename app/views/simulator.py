@@ -14,11 +14,7 @@ SHOWN = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_f
 CURVES = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac")
 
 
-def render() -> None:
-    ref = ui.current_run()
-    if ref is None:
-        return
-    st.header(f"IS simulator · {ref.name}")
+def render(ref: data.RunRef) -> None:
     left, mid, right = st.columns(3)
     mode = left.selectbox("Mode", MODES, key="sim_mode")
     convention = left.selectbox("Convention", CONVENTIONS, key="sim_convention",
@@ -51,4 +47,4 @@ def _sweep_chart(sweep: pd.DataFrame, mode: str, threshold: float, result: dict[
     st.altair_chart(lines + point, width="stretch", key="sim_sweep_chart")
 
 
-ui.guarded(render)
+ui.run_page("IS simulator", render)

@@ -83,14 +83,14 @@ def replay_logprobs(llm: Any, sequences: Sequence[Pair], temperature: float, *, 
     for start in range(0, len(sequences), step):
         chunk = sequences[start:start + step]
         outputs = _generate(llm, chunk, _params(temperature, read_prefix_cache))
-        for (prompt, response), output in zip(chunk, outputs, strict=True):
+        for index, ((prompt, response), output) in enumerate(zip(chunk, outputs, strict=True), start):
             values = response_logprobs(output.prompt_logprobs, prompt, response, temperature)
             if values is None:  # part of the response came from the prefix cache: score it without reading
                 again = _generate(llm, [(prompt, response)], _params(temperature, False))[0]
                 values = response_logprobs(again.prompt_logprobs, prompt, response, temperature)
             if values is None:
-                raise RuntimeError(f"vLLM returned no log-prob for some response token of sequence {start}; is the "
-                                   "engine built with max_logprobs=-1?")
+                raise RuntimeError(f"vLLM returned no log-prob for a response token of sequence {index}; is the "
+                                   "engine built with max_logprobs=-1 (rcdiag.engine.EngineSettings)?")
             results.append(values)
             if on_done is not None:
                 on_done(len(response))

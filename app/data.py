@@ -157,14 +157,24 @@ def _is_number(value: Any) -> bool:
 # --------------------------------------------------------------------------------------------------- sequences
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, mtime: float) -> pd.DataFrame:
-    """One row per sequence: `rcdiag.metrics.sequence_stats` joined with the sequence metadata (no texts)."""
+    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.metrics.sequence_stats` joined with the
+    sequence metadata (INDEX_COLUMNS, no texts). Sequences without valid tokens have n_valid 0 and NaN stats."""
     from rcdiag.metrics import sequence_stats
 
     run = open_run(path)
-    meta = run.sequences([c for c in INDEX_COLUMNS])
+    meta = run.sequences(list(INDEX_COLUMNS))
     stats = sequence_stats(run)
     extra = [c for c in stats.columns if c == "seq_id" or c not in meta.columns]
-    return meta.merge(stats[extra], on="seq_id", how="left")
+    return meta.merge(stats[extra], on="seq_id", how="left").reset_index(drop=True)
+
+
+@st.cache_data(max_entries=32)
+def sequence_order(path: str, mtime: float, column: str, descending: bool) -> np.ndarray:
+    """Row positions of `sequence_index` sorted by `column` (NaN last, ties by seq_id): int64 [#sequences]."""
+    index = sequence_index(path, mtime)
+    order = index.sort_values([column, "seq_id"], ascending=[not descending, True], na_position="last",
+                              kind="stable")
+    return order.index.to_numpy(dtype=np.int64)
 
 
 @st.cache_data(max_entries=256)

@@ -24,7 +24,7 @@ STATS_SHOWN = ("n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio"
 
 def render(ref: data.RunRef) -> None:
     index = data.sequence_index(*ref.key)
-    page = _page(index)
+    page = _page(ref, index)
     if page.empty:
         st.info("The run has no sequences.")
         return
@@ -33,7 +33,7 @@ def render(ref: data.RunRef) -> None:
     _detail(ref, chosen, index[index["seq_id"] == chosen].iloc[0])
 
 
-def _page(index: pd.DataFrame) -> pd.DataFrame:
+def _page(ref: data.RunRef, index: pd.DataFrame) -> pd.DataFrame:
     """Sort controls and one page of the index, shown as a table (never more than PAGE_SIZE rows)."""
     options = {label: col for label, col in SORT_KEYS.items() if col in index.columns}
     left, mid, right = st.columns([2, 1, 1])
@@ -41,9 +41,8 @@ def _page(index: pd.DataFrame) -> pd.DataFrame:
     descending = mid.toggle("Descending", value=True, key="seq_desc")
     pages = max(1, math.ceil(len(index) / PAGE_SIZE))
     number = right.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, key="seq_page")
-    order = index.sort_values([options[label], "seq_id"], ascending=[not descending, True], na_position="last",
-                              kind="stable")
-    page = order.iloc[(number - 1) * PAGE_SIZE: number * PAGE_SIZE]
+    order = data.sequence_order(*ref.key, options[label], descending)
+    page = index.iloc[order[(number - 1) * PAGE_SIZE: number * PAGE_SIZE]]
     shown = [c for c in TABLE_COLUMNS if c in page.columns]
     event = st.dataframe(page[shown + [c for c in page.columns if c not in shown]], hide_index=True,
                          key="seq_table", width="stretch", column_config=COLUMN_FORMATS, on_select="rerun",

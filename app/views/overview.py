@@ -9,6 +9,7 @@ from app import bands, data, ui
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}
 COUNTS = ("tokens", "sequences", "empty_sequences")
+FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
 
 def render(ref: data.RunRef) -> None:
@@ -22,8 +23,31 @@ def render(ref: data.RunRef) -> None:
     with st.expander("All metrics"):
         st.dataframe(pd.DataFrame({"metric": list(values), "value": [ui.fmt(v) for v in values.values()]}),
                      hide_index=True, key="overview_all_metrics")
+    st.subheader("Run settings")
+    facts = manifest_facts(ref.manifest)
+    if facts.empty:
+        st.caption("The manifest records no engine or trainer settings.")
+    else:
+        st.dataframe(facts, hide_index=True, key="overview_settings", height=min(35 * (len(facts) + 1) + 3, 600))
     with st.expander("Manifest"):
         st.json(ref.manifest, expanded=1)
+
+
+def manifest_facts(manifest: dict, sections: tuple[str, ...] = FACT_SECTIONS) -> pd.DataFrame:
+    """(setting, value) rows of the scalar manifest entries under `sections`, nested keys joined by '.'."""
+    rows: list[tuple[str, str]] = []
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        elif not isinstance(value, list):
+            rows.append((prefix, "–" if value is None else str(value)))
+
+    for section in sections:
+        if section in manifest:
+            walk(section, manifest[section])
+    return pd.DataFrame(rows, columns=["setting", "value"])
 
 
 def _cards(values: dict[str, float]) -> None:

@@ -219,3 +219,37 @@ def test_compare_two_runs(make_app, noisy_run, clean_dash_run):
 def test_compare_needs_two_runs(make_app, noisy_run):
     app = make_app(noisy_run, page="compare")
     assert not app.exception and "at least two runs" in app.info[0].value
+
+
+def test_overview_lists_the_run_settings(make_app, noisy_run):
+    """Engine / trainer / sampling settings of the manifest appear as a table (temperature, dtypes, logprobs_mode)."""
+    app = make_app(noisy_run)
+    table = next(d.value for d in app.dataframe if "setting" in d.value.columns)
+    settings = dict(zip(table["setting"], table["value"], strict=True))
+    engine = noisy_run.manifest["engine"]
+    assert settings["engine.logprobs_mode"] == engine["logprobs_mode"]
+    assert settings["engine.sampling.temperature"] == str(engine["sampling"]["temperature"])
+    assert settings["trainer.dtype"] == noisy_run.manifest["trainer"]["dtype"]
+    assert settings["counts.tokens"] == str(noisy_run.num_tokens)
+
+
+def test_rewritten_run_is_not_served_from_cache(make_app, tmp_path):
+    """The cache key includes the manifest mtime: a run re-written in place shows its new numbers."""
+    import os
+    import time
+
+    from tests.fixtures.runs import defect_frames
+
+    tokens, sequences = defect_frames("clean", seed=21)
+    run = rcdiag.write_run(tmp_path / "again", tokens, sequences)
+    app = make_app(run)
+    first = cards(app)["kl"][0]
+    time.sleep(0.05)
+    tokens["train_logprob"] = (tokens["train_logprob"] - 0.05).astype("float32")
+    rewritten = rcdiag.write_run(run.path, tokens, sequences, overwrite=True)
+    os.utime(rewritten.path / "manifest.json")
+    app.run()
+    assert_clean(app)
+    second = cards(app)["kl"][0]
+    assert second != first
+    assert second == ui.fmt(rcdiag.compute_metrics(rewritten)["kl"])

@@ -7,7 +7,7 @@ and per-sequence reductions are identical however the input was batched.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -90,28 +90,24 @@ class TokenChunk:
         """Broadcast a per-sequence array to rows."""
         return np.repeat(per_sequence, self.lengths)
 
+    def _cached(self, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+        if key not in self.cache:
+            with np.errstate(over="ignore"):
+                self.cache[key] = make()
+        return self.cache[key]
+
     def log_ratio(self, clamp: float | None) -> np.ndarray:
         """ℓ̂ = clamp(ℓ, ±clamp) per row (ℓ itself when clamp is None); cached per chunk."""
-        key = ("log_ratio", clamp)
-        if key not in self.cache:
-            self.cache[key] = self.ell if clamp is None else np.clip(self.ell, -clamp, clamp)
-        return self.cache[key]
+        return self._cached(("log_ratio", clamp),
+                            lambda: self.ell if clamp is None else np.clip(self.ell, -clamp, clamp))
 
     def ratio(self, clamp: float | None) -> np.ndarray:
         """ρ = exp(ℓ̂) per row (1 on masked rows; full relative precision for tiny ρ); cached per chunk."""
-        key = ("ratio", clamp)
-        if key not in self.cache:
-            with np.errstate(over="ignore"):
-                self.cache[key] = np.exp(self.log_ratio(clamp))
-        return self.cache[key]
+        return self._cached(("ratio", clamp), lambda: np.exp(self.log_ratio(clamp)))
 
     def ratio_m1(self, clamp: float | None) -> np.ndarray:
         """ρ − 1 = expm1(ℓ̂) per row (0 on masked rows; accurate for tiny ℓ); cached per chunk."""
-        key = ("ratio_m1", clamp)
-        if key not in self.cache:
-            with np.errstate(over="ignore"):
-                self.cache[key] = np.expm1(self.log_ratio(clamp))
-        return self.cache[key]
+        return self._cached(("ratio_m1", clamp), lambda: np.expm1(self.log_ratio(clamp)))
 
 
 # --------------------------------------------------------------------------------------------------- sources

@@ -60,4 +60,4 @@ def split_frame(frame: pd.DataFrame, pieces: int, seed: int = 0) -> list[pd.Data
     rng = np.random.default_rng(seed)
     cuts = np.sort(rng.choice(np.arange(1, n), size=min(pieces - 1, max(n - 1, 0)), replace=False))
     bounds = [0, *cuts.tolist(), n]
-    return [frame.iloc[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return [frame.iloc[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -28,7 +28,7 @@ class Seq:
 
     @property
     def ells(self) -> list[float]:
-        return [x - y for x, y in zip(self.a, self.b)]
+        return [x - y for x, y in zip(self.a, self.b, strict=True)]
 
 
 def clamp(x: float, lo: float, hi: float) -> float:
@@ -43,7 +43,7 @@ def sequences(tokens, universe=None) -> list[Seq]:
     a = tokens["train_logprob"].astype("float64").tolist()
     b = tokens["rollout_logprob"].astype("float64").tolist()
     mask = tokens["mask"].tolist() if "mask" in tokens else [True] * len(seq)
-    for s, _, x, y, m in sorted(zip(seq, pos, a, b, mask), key=lambda r: (r[0], r[1])):
+    for s, _, x, y, m in sorted(zip(seq, pos, a, b, mask, strict=True), key=lambda r: (r[0], r[1])):
         entry = rows.setdefault(int(s), Seq(int(s)))
         if m:
             entry.a.append(float(x))
@@ -159,8 +159,8 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
     for i, s in enumerate(seqs):
         keep = [True] * s.t
         for option, up, lo in rejection:
-            keep = [k and r for k, r in zip(keep, rejection_keep(s, option, up, lo))]
-        for e, k in zip(s.ells, keep):
+            keep = [k and r for k, r in zip(keep, rejection_keep(s, option, up, lo), strict=True)]
+        for e, k in zip(s.ells, keep, strict=True):
             lr = e if convention == "trl" else clamp(e, -CLAMP, CLAMP)
             tokens.append((i, lr, math.exp(lr), k))
         lam = seq_log_ratio(s, convention)

@@ -16,7 +16,7 @@ from tests.metrics.helpers import CONVENTIONS, MODES, assert_close
 
 def frame(rows: list[tuple[int, int, float, float, bool]]) -> pd.DataFrame:
     """Token rows (seq_id, pos, train a, rollout b, mask) with float32 log-probs."""
-    seq, pos, a, b, m = zip(*rows) if rows else ((), (), (), (), ())
+    seq, pos, a, b, m = zip(*rows, strict=True) if rows else ((), (), (), (), ())
     return pd.DataFrame({"seq_id": np.array(seq, np.int64), "pos": np.array(pos, np.int32),
                          "rollout_logprob": np.array(b, np.float32), "train_logprob": np.array(a, np.float32),
                          "mask": np.array(m, bool)})
@@ -68,7 +68,7 @@ def make_lengths_one(n: int = 2000) -> pd.DataFrame:
     rng = np.random.default_rng(1)
     b = -rng.exponential(1.0, n)
     a = b + rng.normal(0, 0.8, n)
-    return frame([(i * 2, 0, float(x), float(y), bool(i % 7)) for i, (x, y) in enumerate(zip(a, b))])
+    return frame([(i * 2, 0, float(x), float(y), bool(i % 7)) for i, (x, y) in enumerate(zip(a, b, strict=True))])
 
 
 def test_huge_log_ratios_are_clamped_per_convention():
@@ -90,7 +90,7 @@ def test_tiny_differences_keep_precision():
     rng = np.random.default_rng(5)
     b = (-rng.exponential(1.0, 400)).astype(np.float32)
     a = np.nextafter(b, np.float32(0))  # one float32 ulp above: ℓ ~ 1e-7 … 1e-8
-    rows = [(i // 20, i % 20, float(x), float(y), True) for i, (x, y) in enumerate(zip(a, b))]
+    rows = [(i // 20, i % 20, float(x), float(y), True) for i, (x, y) in enumerate(zip(a, b, strict=True))]
     tokens = frame(rows)
     got = rcdiag.compute_metrics(tokens)
     assert 0 < got["k3_kl"] < 1e-13 and got["kl"] < 0

@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rcdiag
 from rcdiag.correction import MODES, ISAccumulator
@@ -50,7 +52,7 @@ def test_merge_of_per_file_accumulators(convention):
     cuts = [0, int(np.searchsorted(seq, seq[len(seq) // 3])), int(np.searchsorted(seq, seq[2 * len(seq) // 3])),
             len(seq)]
     parts = []
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         acc = MetricsAccumulator(convention)
         acc.update(tokens.iloc[lo:hi])
         parts.append(acc)
@@ -128,3 +130,23 @@ def test_is_accumulator_merge():
     rows = tokens["seq_id"].nunique()
     for a, b in zip(first.merge(second).finish(rows), whole.finish(rows), strict=True):
         assert_close(a, b, rel=SPLIT_REL, abs_tol=SPLIT_ABS, what="[IS merge]")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_seq=st.integers(1, 60), max_len=st.integers(0, 30),
+       scale=st.sampled_from([1e-7, 0.3, 5.0]), mask_p=st.sampled_from([0.0, 0.3]),
+       pieces=st.sampled_from([2, 3, 97]), convention=st.sampled_from(CONVENTIONS))
+def test_random_splits_give_identical_numbers(seed, n_seq, max_len, scale, mask_p, pieces, convention):
+    """Random data and random cut points: metrics through update(batch) and IS metrics through small reader
+    batches equal the one-batch values."""
+    tokens = make_tokens(seed, n_seq=n_seq, max_len=max_len, scale=scale, mask_p=mask_p, big_p=0.05)
+    whole = rcdiag.compute_metrics(tokens, convention)
+    assert_close(_metrics_by_batches(tokens, pieces, convention), whole, rel=SPLIT_REL, abs_tol=SPLIT_ABS,
+                 what=f"[{convention} {pieces} batches]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        one = rcdiag.sweep(tokens, thresholds=(1.1, 3.0), convention=convention)
+        many = rcdiag.sweep(tokens, thresholds=(1.1, 3.0), convention=convention, batch_rows=pieces)
+    for a, b in zip(many.to_dict("records"), one.to_dict("records"), strict=True):
+        assert_close(a, {k: v for k, v in b.items() if k != "mode"}, rel=SPLIT_REL, abs_tol=SPLIT_ABS,
+                     what=f"[{convention} {b['mode']} C={b['threshold']} batch_rows={pieces}]")

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rcdiag.packing import unpad_from_batch
 from rcdiag.runstore import write_run
 
 VOCAB = 384
@@ -77,3 +78,51 @@ def reference_logprobs(model64, pairs, temperature: float = 1.0) -> list[tuple[n
         out.append((rows.gather(-1, torch.tensor(response)[:, None])[:, 0].numpy(),
                     (-(rows.exp() * rows).sum(-1)).numpy()))
     return out
+
+
+def max_diff(scored, reference) -> tuple[float, int]:
+    """(largest |Δ| over log-probs and entropies, index of the sequence where it occurs)."""
+    worst, where = 0.0, -1
+    for i, ((lp, ent), (ref_lp, ref_ent)) in enumerate(zip(scored.per_sequence(), reference, strict=True)):
+        if lp.size:
+            d = max(np.abs(lp - ref_lp).max(), np.abs(ent - ref_ent).max())
+            if d > worst:
+                worst, where = float(d), i
+    return worst, where
+
+
+def one_at_a_time(model, pairs, temperature=1.0):
+    """float32, batch 1, no mask: what a careful per-sequence loop computes (full logits + log_softmax)."""
+    out = []
+    for prompt, response in pairs:
+        if not response:
+            out.append((np.zeros(0, np.float32), np.zeros(0, np.float32)))
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response[:-1]])).logits[0, len(prompt) - 1:] / temperature
+        logp = torch.log_softmax(logits.float(), -1)
+        out.append((logp.gather(-1, torch.tensor(response)[:, None])[:, 0].numpy(),
+                    (-(logp.exp() * logp).sum(-1)).numpy()))
+    return out
+
+
+def padded_reference(model, pairs, side: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The trainer's way: one padded batch (`side` padding) + 2-D attention mask, full logits, mapped back with
+    rcdiag.packing.unpad_from_batch. `model` must use a mask-aware attention (sdpa/eager)."""
+    seqs = [p + r for p, r in pairs]
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        cols = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+        ids[i, cols], mask[i, cols] = torch.tensor(s), 1
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, position_ids=position_ids).logits
+    flat_logits, cu = unpad_from_batch(logits, mask)
+    reference = []
+    for i, (prompt, response) in enumerate(pairs):
+        logp = torch.log_softmax(flat_logits[cu[i]:cu[i + 1]][len(prompt) - 1:-1].float(), -1)
+        reference.append((logp.gather(-1, torch.tensor(response)[:, None])[:, 0].numpy(),
+                          (-(logp.exp() * logp).sum(-1)).numpy()))
+    return reference

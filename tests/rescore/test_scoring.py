@@ -9,48 +9,28 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.packing import unpad_from_batch
 from rcdiag.scoring import RescoreWarning, load_model, score_sequences
-from tests.rescore.helpers import VOCAB, random_pairs, reference_logprobs
+from tests.rescore.helpers import (
+    VOCAB,
+    max_diff,
+    one_at_a_time,
+    padded_reference,
+    random_pairs,
+    reference_logprobs,
+)
 
 F32_TOL = 1e-5
-
-
-def _max_diff(scored, reference) -> tuple[float, int]:
-    worst, where = 0.0, -1
-    for i, ((lp, ent), (ref_lp, ref_ent)) in enumerate(zip(scored.per_sequence(), reference, strict=True)):
-        if lp.size:
-            d = max(np.abs(lp - ref_lp).max(), np.abs(ent - ref_ent).max())
-            if d > worst:
-                worst, where = float(d), i
-    return worst, where
-
-
-def _one_at_a_time(model, pairs, temperature=1.0):
-    """float32, batch 1, no mask: what a careful per-sequence loop computes (full logits + log_softmax)."""
-    out = []
-    for prompt, response in pairs:
-        if not response:
-            out.append((np.zeros(0, np.float32), np.zeros(0, np.float32)))
-            continue
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + response[:-1]])).logits[0, len(prompt) - 1:] / temperature
-        logp = torch.log_softmax(logits.float(), -1)
-        out.append((logp.gather(-1, torch.tensor(response)[:, None])[:, 0].numpy(),
-                    (-(logp.exp() * logp).sum(-1)).numpy()))
-    return out
 
 
 def test_packed_equals_one_at_a_time_and_float64(model, model64) -> None:
     rng = np.random.default_rng(1)
     pairs = random_pairs(rng, 24) + [([5], [9]), ([3, 4], []), ([2], [7, 7, 7])]
     scored = score_sequences(model, pairs, token_budget=96, chunk_tokens=17)
-    diff, where = _max_diff(scored, _one_at_a_time(model, pairs))
+    diff, where = max_diff(scored, one_at_a_time(model, pairs))
     assert diff <= 5e-6, f"packed vs one-at-a-time: max |Δ| {diff:.3g} at sequence {where}"
-    diff64, where64 = _max_diff(scored, reference_logprobs(model64, pairs))
+    diff64, where64 = max_diff(scored, reference_logprobs(model64, pairs))
     assert diff64 <= F32_TOL, f"packed vs float64: max |Δ| {diff64:.3g} at sequence {where64}"
     assert scored.logprobs.dtype == np.float32 and scored.cu_seqlens[-1] == sum(len(r) for _, r in pairs)
     assert np.all(scored.logprobs < 0) and scored.logprobs.std() > 0.5  # not uniform: the lm_head is scaled
@@ -61,24 +41,8 @@ def test_packed_equals_padded_batch_with_attention_mask(model_dir, model, side) 
     """The trainer's way (padded batch + 2-D mask, native sdpa) gives the same values, mapped back exactly."""
     rng = np.random.default_rng(2)
     pairs = random_pairs(rng, 10, response=(1, 30))
-    padded_model = load_model(model_dir, attn="sdpa")
-    seqs = [p + r for p, r in pairs]
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        cols = slice(width - len(s), width) if side == "left" else slice(0, len(s))
-        ids[i, cols], mask[i, cols] = torch.tensor(s), 1
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = padded_model(ids, attention_mask=mask, position_ids=position_ids).logits
-    flat_logits, cu = unpad_from_batch(logits, mask)
-    reference = []
-    for i, (prompt, response) in enumerate(pairs):
-        logp = torch.log_softmax(flat_logits[cu[i]:cu[i + 1]][len(prompt) - 1:-1].float(), -1)
-        reference.append((logp.gather(-1, torch.tensor(response)[:, None])[:, 0].numpy(),
-                          (-(logp.exp() * logp).sum(-1)).numpy()))
-    diff, where = _max_diff(score_sequences(model, pairs, token_budget=64), reference)
+    reference = padded_reference(load_model(model_dir, attn="sdpa"), pairs, side)
+    diff, where = max_diff(score_sequences(model, pairs, token_budget=64), reference)
     assert diff <= 5e-6, f"packed vs {side}-padded batch: max |Δ| {diff:.3g} at sequence {where}"
 
 
@@ -92,7 +56,7 @@ def test_length_one_exact_budget_and_oversized(model, model64) -> None:
              ([4], [5, 6])]
     with pytest.warns(RescoreWarning, match="1 sequence"):
         scored = score_sequences(model, pairs, token_budget=budget)
-    diff, where = _max_diff(scored, reference_logprobs(model64, pairs))
+    diff, where = max_diff(scored, reference_logprobs(model64, pairs))
     assert diff <= F32_TOL, f"max |Δ| {diff:.3g} at sequence {where}"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -104,9 +68,9 @@ def test_temperature_divides_the_logits(model, model64, temperature) -> None:
     rng = np.random.default_rng(4)
     pairs = random_pairs(rng, 6, response=(1, 20))
     scored = score_sequences(model, pairs, temperature=temperature)
-    diff, _ = _max_diff(scored, reference_logprobs(model64, pairs, temperature))
+    diff, _ = max_diff(scored, reference_logprobs(model64, pairs, temperature))
     assert diff <= F32_TOL
-    other, _ = _max_diff(scored, reference_logprobs(model64, pairs, 1.3))
+    other, _ = max_diff(scored, reference_logprobs(model64, pairs, 1.3))
     assert other > 0.05, "a different temperature must give visibly different log-probs"
 
 
@@ -116,19 +80,19 @@ def test_native_attention_implementations_agree(model_dir, model64, attn) -> Non
     rng = np.random.default_rng(5)
     pairs = random_pairs(rng, 8)
     scored = score_sequences(load_model(model_dir, attn=attn), pairs, token_budget=128)
-    diff, where = _max_diff(scored, reference_logprobs(model64, pairs))
+    diff, where = max_diff(scored, reference_logprobs(model64, pairs))
     assert diff <= F32_TOL, f"{attn}: max |Δ| {diff:.3g} at sequence {where}"
 
 
-def test_bfloat16_packed_equals_bfloat16_one_at_a_time(model_dir, model64) -> None:
+def test_bfloat16_packed_equals_bfloat16one_at_a_time(model_dir, model64) -> None:
     """In bf16, packing changes nothing (same per-sequence kernels); bf16 itself differs from float64 by ≫ f32."""
     bf16 = load_model(model_dir, dtype="bfloat16")
     rng = np.random.default_rng(6)
     pairs = random_pairs(rng, 8, response=(1, 30))
     scored = score_sequences(bf16, pairs, token_budget=64)
-    diff, where = _max_diff(scored, _one_at_a_time(bf16, pairs))
+    diff, where = max_diff(scored, one_at_a_time(bf16, pairs))
     assert diff <= 1e-5, f"bf16 packed vs bf16 one-at-a-time: {diff:.3g} at {where}"
-    assert _max_diff(scored, reference_logprobs(model64, pairs))[0] > 1e-4
+    assert max_diff(scored, reference_logprobs(model64, pairs))[0] > 1e-4
 
 
 def test_padded_view_of_results(model) -> None:

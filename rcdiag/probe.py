@@ -153,9 +153,11 @@ def engine_model(run: Run) -> str:
 
 
 def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pair], temperature: float,
-                llm: Any, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
-    """Replayed log-probs per engine setting; one engine per (dtype, prefix caching), each closed before the
-    next. `llm` (optional, caller-owned) serves the settings matching the run's own engine."""
+                llm: Any, silent: bool, say: Callable[[str], None],
+                ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """(replayed log-probs per engine setting, engine facts per setting: dtype, prefix caching, tokens and
+    prefix-cache hits). One engine per (dtype, prefix caching), each closed before the next. `llm` (optional,
+    caller-owned) serves the settings matching the run's own engine."""
     from rcdiag.replay import replay_logprobs, warm_prefix_cache
 
     engine = run.manifest.get("engine") or {}
@@ -168,6 +170,7 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
         groups.setdefault(setting.engine_key(run_dtype, run_caching), []).append(setting)
     n_tokens = sum(len(r) for _, r in pairs)
     out: dict[str, np.ndarray] = {}
+    facts: dict[str, dict[str, Any]] = {}
     for (dtype, caching), members in groups.items():
         own = llm if (llm is not None and (dtype, caching) == (run_dtype, run_caching)) else None
         say(f"engine: {'using the given' if own else 'building a'} vLLM engine ({dtype if dtype != 'auto' else resolved}"
@@ -179,12 +182,23 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
             for setting in members:
                 if setting.read_prefix_cache:
                     warm_prefix_cache(session, [p for p, _ in pairs])
+                stats: dict[str, Any] = {}
                 with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar:
                     values = replay_logprobs(session, pairs, temperature, one_at_a_time=setting.one_at_a_time,
-                                             read_prefix_cache=setting.read_prefix_cache, on_done=bar.update)
+                                             read_prefix_cache=setting.read_prefix_cache, on_done=bar.update,
+                                             stats=stats)
                 out[setting.name] = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
+                facts[setting.name] = {**stats, "dtype": dtype if dtype != "auto" else resolved,
+                                       "enable_prefix_caching": caching, "built": own is None,
+                                       "block_size": _block_size(session)}
         gc.collect()
-    return out
+    return out, facts
+
+
+def _block_size(llm: Any) -> int | None:
+    """The KV-cache block size of an engine (prefix caching works in whole blocks), None when unknown."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return getattr(getattr(config, "cache_config", None), "block_size", None)
 
 
 # --------------------------------------------------------------------------------------------------- entry point
@@ -221,11 +235,13 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
         torch.set_num_threads(config.threads)
     train = [s for s in settings if isinstance(s, TrainSetting)]
     values = trainer_pass(model_path, train, pairs, temperature, config.device, silent, say)
+    facts: dict[str, dict[str, Any]] = {}
     if engine:
-        values.update(engine_pass(run, engine, pairs, temperature, llm, silent, say))
+        replayed, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
+        values.update(replayed)
     for setting in settings:
         frame[setting.name] = values[setting.name]
-    summary = summarize(frame, settings, run=run, config=config, temperature=temperature,
+    summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,
                         seconds=time.time() - started)
     result = ProbeResult(summary=summary, tokens=frame)
     if write:

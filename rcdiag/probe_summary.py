@@ -87,8 +87,9 @@ def _share(value: float, total: float) -> float:
     return value / total if total > 0 and math.isfinite(total) else math.nan
 
 
-def notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Plain-language observations a reader should not miss (prefill vs decode, packing exactness…)."""
+def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]]) -> list[str]:
+    """Plain-language observations a reader should not miss (prefill vs decode, packing exactness, whether the
+    prefix cache was actually hit)."""
     by_name = {r["name"]: r for r in rows}
     out = []
     if ENGINE_RUN in by_name:
@@ -101,15 +102,18 @@ def notes(rows: Sequence[dict[str, Any]]) -> list[str]:
             d = by_name[name]["vs_baseline"]
             out.append(f"float32 {name} vs alone: max |Δ| {d['max_abs']:.3g} (float32 rounding is ~1e-6; more "
                        "means the packed path leaks across sequences)")
-    if "engine_cached_prompt" in by_name:
-        out.append("prefix caching: vLLM never reads the prefix cache for prompt-log-prob requests, so "
-                   "`engine_cached_prompt` first caches each prompt, then scores the response against that cached KV "
-                   "(as n samples per prompt do in a rollout)")
+    cached = engine_facts.get("engine_cached_prompt")
+    if cached:
+        out.append(f"prefix caching: vLLM never reads the prefix cache for prompt-log-prob requests, so "
+                   f"`engine_cached_prompt` first caches each prompt, then scores the response against that cached "
+                   f"KV (as n samples per prompt do in a rollout): {cached.get('cached_tokens', 0):,} of "
+                   f"{cached.get('tokens', 0):,} tokens were read from the cache (block size "
+                   f"{cached.get('block_size')}; prompts shorter than a block are never cached)")
     return out
 
 
 def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, config: Any, temperature: float,
-              seconds: float) -> dict[str, Any]:
+              seconds: float, engine_facts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The probe's JSON summary: what was probed, every setting's distances, the budget and notes."""
     rows = setting_rows(frame, settings)
     gap, table = budget(rows)
@@ -121,7 +125,9 @@ def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, con
                    "valid_tokens": int(valid.sum()), "run_sequences": run.num_sequences},
         "engine": {k: (run.manifest.get("engine") or {}).get(k) for k in
                    ("model", "engine_dtype", "dtype_resolved", "enable_prefix_caching", "version")},
-        "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table, "notes": notes(rows),
+        "engine_settings": engine_facts or {},
+        "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table,
+        "notes": notes(rows, engine_facts or {}),
         "attribution": "share = mean |setting − baseline| / mean |rollout − reference| (see rcdiag.probe_summary)",
         "seconds": round(seconds, 1),
     }

@@ -68,13 +68,14 @@ def _generate(llm: Any, pairs: Sequence[Pair], params: Any) -> list[Any]:
 
 def replay_logprobs(llm: Any, sequences: Sequence[Pair], temperature: float, *, one_at_a_time: bool = False,
                     read_prefix_cache: bool = False, on_done: Callable[[int], None] | None = None,
-                    ) -> list[np.ndarray]:
+                    stats: dict[str, int] | None = None) -> list[np.ndarray]:
     """Log-probs (float32 `[R_i]`, at `temperature`) of each response under `llm`, by prefill of prompt + response.
 
     `llm` must be built with `max_logprobs=-1` when temperature ≠ 1 (`rcdiag.engine.EngineSettings` does).
     `one_at_a_time` sends each sequence alone (a batch of one: the engine-side batch-invariance probe);
-    `on_done(n)` is called with the number of response tokens finished. Empty list → `[]`; an empty response
-    gives an empty array.
+    `on_done(n)` is called with the number of response tokens finished; `stats` (if given) accumulates
+    `tokens` (prompt + response tokens sent) and `cached_tokens` (read from the prefix cache, vLLM's
+    `num_cached_tokens`). Empty list → `[]`; an empty response gives an empty array.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -85,6 +86,9 @@ def replay_logprobs(llm: Any, sequences: Sequence[Pair], temperature: float, *, 
         outputs = _generate(llm, chunk, _params(temperature, read_prefix_cache))
         for index, ((prompt, response), output) in enumerate(zip(chunk, outputs, strict=True), start):
             values = response_logprobs(output.prompt_logprobs, prompt, response, temperature)
+            if stats is not None:
+                stats["tokens"] = stats.get("tokens", 0) + len(prompt) + len(response)
+                stats["cached_tokens"] = stats.get("cached_tokens", 0) + int(output.num_cached_tokens or 0)
             if values is None:  # part of the response came from the prefix cache: score it without reading
                 again = _generate(llm, [(prompt, response)], _params(temperature, False))[0]
                 values = response_logprobs(again.prompt_logprobs, prompt, response, temperature)

@@ -230,7 +230,8 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     epilogue_name, epilogue = choose_epilogue(response_total, vocab_size, config.device)
     settings = trainer_settings(model_path, model, config, temperature, epilogue_name)
     with progress(total=total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
-        for tok_file, seq_file in files:
+        for k, (tok_file, seq_file) in enumerate(files):
+            bar.set_postfix_str(f"shard {k + 1}/{len(files)}")
             tokens, sequences = _read(tok_file, seq_file)
             pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}",
                                 vocab_size=vocab_size, max_context=max_context)

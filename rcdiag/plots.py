@@ -37,7 +37,10 @@ def log_ratio_histogram(tails: TailAccumulator | Mapping[str, TailAccumulator], 
         edges, counts = acc.signed_histogram(bins, limit)
         ax.stairs(counts, edges, color=color, fill=len(runs) == 1, alpha=0.75 if len(runs) == 1 else 1,
                   label=name or None)
-    ax.set_yscale("log")
+    if any(t.n for t in runs.values()):
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no valid tokens", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("ℓ = a − b = log π_train − log π_rollout (nats)")
     ax.set_ylabel("tokens (log scale)")
     ax.set_title("Distribution of the per-token log-ratio")

@@ -173,6 +173,9 @@ def recommend(report: RunReport) -> dict[str, Any]:
     if frame is None or len(frame) == 0:
         why = report.metrics_error or "no IS sweep was computed"
         return {"mode": None, "threshold": None, "text": prefix + f"No recommendation: {why}."}
+    if not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
+        return {"mode": None, "threshold": None, "text": prefix + "No recommendation: no valid token has a weight "
+                "(the run has no valid tokens)."}
     rows = frame.assign(order=frame["mode"].map({m: i for i, m in enumerate(MODES)}))
     ok = rows[rows["ess"] >= ESS_TARGET]
     if ok.empty:
@@ -186,9 +189,9 @@ def recommend(report: RunReport) -> dict[str, Any]:
     unit = "tokens" if best["mode"].startswith("token") else "sequences"
     text = (f"Use {best['mode']} with threshold C={best['threshold']:g}: it keeps the effective sample size at "
             f"{best['ess']:.4f} (≥ {ESS_TARGET}) while clipping only {best['clipped_frac']:.2%} of {unit}, the "
-            f"least of all settings that meet the ESS target; the mean IS weight {best['is_weight_mean']:.4f} "
-            f"puts the correction's bias at {abs(1 - best['is_weight_mean']):.2%}, and "
-            f"{best['kept_token_frac']:.2%} of tokens keep a non-zero weight.")
+            f"least of all settings that meet the ESS target. The mean IS weight is {best['is_weight_mean']:.4f} "
+            f"(its distance from 1, {abs(1 - best['is_weight_mean']):.2%}, is the bias left by truncation or "
+            f"masking) and {best['kept_token_frac']:.2%} of tokens keep a non-zero weight.")
     return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": True,
             "ess": float(best["ess"]), "clipped_frac": float(best["clipped_frac"]), "text": prefix + text}
 

@@ -214,3 +214,17 @@ def test_prompts_ranked_by_mean_abs(noisy_run, noisy_report):
     np.testing.assert_allclose([p["mean_abs"] for p in got], want["mean_abs"], rtol=1e-10)
     np.testing.assert_allclose([p["kl"] for p in got], want["kl"], rtol=1e-9)
     assert [p["tokens"] for p in got] == list(want["tokens"])
+
+
+def test_run_without_valid_tokens_reports_no_data_not_no_mismatch(tmp_path):
+    """Zero valid tokens must read as 'no data' (NaN, no recommendation, gates fail), never as 'no mismatch'."""
+    tokens = pd.DataFrame({"seq_id": [0, 0], "pos": [0, 1], "rollout_logprob": [-1.0, -2.0],
+                           "train_logprob": [-1.5, -2.5], "mask": [False, False]})
+    run = rcdiag.write_run(tmp_path / "masked", tokens, pd.DataFrame({"seq_id": [0, 1]}))
+    result = make_report([run], tmp_path / "rep", ReportOptions(replicates=20), fail_if=["kl>1", "ess<0.5"])
+    rep = result.reports[0]
+    assert np.isnan(rep.metrics["kl"]) and np.isnan(rep.tails["abs_log_ratio_mean"])
+    assert rep.recommendation["mode"] is None and "no valid tokens" in rep.recommendation["text"]
+    assert result.failures == ["masked: kl = nan (kl>1)", "masked: ess = nan (ess<0.5)"]
+    data = json.loads((result.out / "metrics.json").read_text())
+    assert data["metrics"]["kl"] is None and data["counts"]["tokens"] == 0 and data["counts"]["token_rows"] == 2

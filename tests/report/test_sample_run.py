@@ -41,3 +41,5 @@ def test_report_on_sample_run(sample_run, capsys):
     for name in ("count_mismatch", "alignment_shift", "placeholders", "temperature", "truncation_offset"):
         assert severities[name] in ("ok", "info"), (name, data["checks"])
     assert data["counts"]["sequences"] == 12
+    # the worst tokens are decoded with the run's own tokenizer, in context
+    assert data["worst_tokens"] and all("⟦" in w["context"] and "token_text" in w for w in data["worst_tokens"])

@@ -1,12 +1,16 @@
 """The dashboard in a real browser: `rcdiag dashboard` serves two runs, headless Debian Chromium (Playwright) opens
 every page, clicks into a sequence, checks the shown values and saves screenshots.
 
-Screenshots go to $RCDIAG_SCREENSHOTS when set (docs/screenshots is made this way), else to the test's tmp dir.
+Screenshots go to $RCDIAG_SCREENSHOTS when set, else to the test's tmp dir. $RCDIAG_SCREENSHOT_RUNS (paths joined
+by ':') serves other runs instead of the synthetic pair; every expected value is computed from the first one.
+docs/screenshots was made with:
+
+    RCDIAG_SCREENSHOTS=docs/screenshots RCDIAG_SCREENSHOT_RUNS=runs/sample:runs/other \
+        .venv/bin/python -m pytest tests/dashboard/test_browser.py
 """
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -18,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import rcdiag
-from app import ui
+from app import data, tokenstrip, ui
 from rcdiag.commands.dashboard import free_port
 
 pytestmark = pytest.mark.browser
@@ -43,16 +47,23 @@ def _port_open(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(noisy_run, clean_dash_run, tmp_path_factory):
-    """`rcdiag dashboard NOISY CLEAN --port P` as a subprocess; always stopped (SIGTERM) at the end, and the port
+def served(noisy_run, clean_dash_run) -> list[Path]:
+    """The runs the server opens: $RCDIAG_SCREENSHOT_RUNS, else the synthetic noisy and clean runs."""
+    chosen = os.environ.get("RCDIAG_SCREENSHOT_RUNS")
+    return [Path(p) for p in chosen.split(":")] if chosen else [noisy_run.path, clean_dash_run.path]
+
+
+@pytest.fixture(scope="module")
+def server(served, tmp_path_factory):
+    """`rcdiag dashboard RUN RUN --port P` as a subprocess; always stopped (SIGTERM) at the end, and the port
     must then be closed (the command stops its streamlit child)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(RCDIAG), "dashboard", str(noisy_run.path), str(clean_dash_run.path),
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(RCDIAG), "dashboard", *map(str, served), "--port", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -83,7 +94,7 @@ def page(server):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            context = browser.new_context(viewport={"width": 1440, "height": 1000})
+            context = browser.new_context(viewport={"width": 1400, "height": 1250})
             yield context.new_page()
         finally:
             browser.close()
@@ -109,12 +120,13 @@ def assert_no_exception(page) -> None:
     assert "Traceback" not in body and "Internal error" not in body, body[:2000]
 
 
-def test_every_page_in_chromium(server, page, shots, noisy_run):
-    metrics = rcdiag.compute_metrics(noisy_run)
-    tis = rcdiag.simulate(noisy_run, "token_truncate", threshold=2.0)
+def test_every_page_in_chromium(server, page, shots, served):
+    run = rcdiag.open_run(served[0])
+    metrics = rcdiag.compute_metrics(run)
+    tis = rcdiag.simulate(run, "token_truncate", threshold=2.0)
 
     page.goto(server)
-    settle(page, "Overview · noisy")
+    settle(page, f"Overview · {run.name}")
     assert page.locator(".rcdiag-card").count() == 8
     kl_card = page.locator(".rcdiag-card").filter(has_text="· kl").first.inner_text()
     assert ui.fmt(metrics["kl"]) in kl_card, kl_card
@@ -135,7 +147,7 @@ def test_every_page_in_chromium(server, page, shots, noisy_run):
     page.screenshot(path=str(shots / "simulator.png"), full_page=True)
     page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
     page.keyboard.press("Home")
-    low = rcdiag.simulate(noisy_run, "token_truncate", threshold=1.01)
+    low = rcdiag.simulate(run, "token_truncate", threshold=1.01)
     page.wait_for_function(f"() => document.body.innerText.includes('{ui.fmt(low['clipped_frac'])}')",
                            timeout=60_000)
     assert _metric(page, "clipped_frac") == ui.fmt(low["clipped_frac"])
@@ -151,10 +163,10 @@ def test_every_page_in_chromium(server, page, shots, noisy_run):
     token = page.locator("#rcdiag-token-strip .rcdiag-tok").first
     title = token.get_attribute("title")
     assert "train a =" in title and "rollout b =" in title and "entropy =" in title, title
-    assert re.fullmatch(r"w\d+", token.inner_text()), token.inner_text()  # decoded by the run's tokenizer
+    _check_token_text(run, int(chosen.split()[1]), token.inner_text())
     token.hover()
     assert_no_exception(page)
-    third = _worst_seq_ids(noisy_run)[2]
+    third = _worst_seq_ids(run)[2]
     _click_table_row(page, 2)
     settle(page, f"Sequence {third}")
     assert page.get_by_role("heading", name=f"Sequence {third}").count() == 1
@@ -168,6 +180,14 @@ def test_every_page_in_chromium(server, page, shots, noisy_run):
     page.wait_for_timeout(1500)
     assert_no_exception(page)
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
+
+
+def _check_token_text(run, seq_id: int, shown: str) -> None:
+    """The first token shows its text decoded by the run's tokenizer (the manifest's model path), else [id]."""
+    first = run.tokens().query("seq_id == @seq_id").sort_values("pos").iloc[0]
+    texts = data.decode_tokens(run.manifest, (int(first["token_id"]),))
+    expected = tokenstrip.visible(texts[0]) if texts else f"[{int(first['token_id'])}]"
+    assert shown == expected, (shown, expected)
 
 
 def _click_table_row(page, row: int) -> None:

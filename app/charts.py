@@ -38,5 +38,6 @@ def strata(frame: pd.DataFrame, title: str, colour: str | None = None) -> alt.Ch
     enc = {"strokeDash": alt.StrokeDash(f"{colour}:N")} if colour else {}
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("bucket:N", sort=order, title=title), y=alt.Y("value:Q", title="nats"),
-        color="statistic:N", tooltip=["bucket", "statistic", "value", "tokens"] + ([colour] if colour else []),
+        color=alt.Color("statistic:N", legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=["bucket", "statistic", "value", "tokens"] + ([colour] if colour else []),
         **enc)

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import bands, data, ui
+from rcdiag.errors import RcdiagError
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}
@@ -13,16 +14,22 @@ FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
 
 def render(ref: data.RunRef) -> None:
-    values = data.headline(*ref.key)
-    st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS if name in values)
-               + " · canonical convention")
-    _cards(values)
-    with st.expander("How the cards are coloured"):
-        st.markdown(bands.__doc__.split("\n\n", 1)[1])
+    try:
+        values = data.headline(*ref.key)
+    except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
+        st.error(f"No metrics for this run: {exc}")
+        values = None
+    if values is not None:
+        st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS
+                              if name in values) + " · canonical convention")
+        _cards(values)
+        with st.expander("How the cards are coloured"):
+            st.markdown(bands.__doc__.split("\n\n", 1)[1])
     _checks(ref)
-    with st.expander("All metrics"):
-        st.dataframe(pd.DataFrame({"metric": list(values), "value": [ui.fmt(v) for v in values.values()]}),
-                     hide_index=True, key="overview_all_metrics")
+    if values is not None:
+        with st.expander("All metrics"):
+            st.dataframe(pd.DataFrame({"metric": list(values), "value": [ui.fmt(v) for v in values.values()]}),
+                         hide_index=True, key="overview_all_metrics")
     st.subheader("Run settings")
     facts = manifest_facts(ref.manifest)
     if facts.empty:

@@ -102,3 +102,14 @@ def test_compare_shows_a_bad_run_next_to_good_ones(make_app, noisy_run, clean_da
     assert not app.exception
     assert len(app.error) == 1 and "unreadable Parquet" in app.error[0].value
     assert list(app.dataframe[0].value.columns) == ["noisy", "clean"]
+
+
+def test_placeholder_values_show_the_checks_that_explain_them(make_app, tmp_path):
+    """NaN rollout log-probs on valid positions: the metrics refuse the run (a message naming file, row and field),
+    and the Overview still lists the placeholder check that says where they come from."""
+    run = build_run(tmp_path / "nan", "nan_placeholder")
+    app = make_app(run)
+    assert not app.exception
+    assert len(app.error) == 1 and "rollout_logprob" in app.error[0].value and "row" in app.error[0].value
+    placeholder = [e.label for e in app.expander if "placeholders" in e.label]
+    assert placeholder and placeholder[0].startswith("error")

@@ -125,7 +125,7 @@ class ISAccumulator:
         parts = stats.weights or []
         weight = np.concatenate(parts) if parts else np.zeros(0)
         if batch_normalize:
-            weight = weight / stats.finish(1)["is_weight_mean"]
+            weight = weight / stats.token_mean()
         seq = np.concatenate([k[0] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
         pos = np.concatenate([k[1] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
         return pd.DataFrame({"seq_id": seq, "pos": pos, "weight": weight, "kept": weight > 0})

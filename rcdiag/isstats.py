@@ -285,10 +285,15 @@ class ModeStats:
         out = {"is_weight_mean": mean, "is_weight_std": std, "is_weight_min": w_min, "is_weight_max": w_max,
                "ess": self._ess()}
         out.update(self._fractions(num_sequences))
-        if batch_normalize:
+        if batch_normalize:  # divide every weight by the token mean of the weights
+            scale = self.token_mean()
             for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):
-                out[key] = out[key] / mean if mean else math.nan
+                out[key] = out[key] / scale if scale else math.nan
         return out
+
+    def token_mean(self) -> float:
+        """E_tok[w] over scored tokens (the batch-normalisation divisor); NaN when there are none."""
+        return self.tok.summary()[0]
 
     def _ess(self) -> float:
         mean, _, _, _, second = (self.ess or self.tok).summary()

@@ -149,7 +149,10 @@ def seq_log_ratio(s: Seq, convention: str) -> float:
 
 
 def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower: float | None = None,
-               rejection: tuple = (), batch_normalize: bool = False) -> dict[str, float]:
+               rejection: tuple = (), batch_normalize: bool = False,
+               applied: list[float] | None = None) -> dict[str, float]:
+    """IS metrics of METRICS.md; `applied` (when given) receives each valid token's applied weight in (seq, pos)
+    order, 0 for tokens a rejection option removed."""
     level, action = mode.split("_")
     log_c = math.log(upper)
     log_l = math.log(lower) if lower is not None else -math.inf
@@ -185,6 +188,8 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
                 w = 0.0 if out else r
         is_kept = not (action == "mask" and out)
         kept.append((i, scored and is_kept))
+        if applied is not None:
+            applied.append(w if scored else 0.0)
         if scored:
             weights.append(w)
             ess_w.append(clamp(w, 1 / upper, upper) if convention == "swift" else clamp(w, 0.0, upper))
@@ -219,9 +224,10 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
     out["kept_token_frac"] = sum(1 for _, k in kept if k) / n_valid if n_valid else NAN
     kept_seqs = {i for i, k in kept if k}
     out["kept_seq_frac"] = len(kept_seqs) / n_valid_seqs if n_valid_seqs else NAN
-    if batch_normalize:
+    if batch_normalize:  # divide by the token mean of the weights
+        scale = mean(weights)
         for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):
-            out[key] = out[key] / mu if mu else NAN
+            out[key] = out[key] / scale if scale else NAN
     return out
 
 

@@ -96,3 +96,41 @@ def test_string_rejection_equals_tuple():
     b = rcdiag.simulate(tokens, "token_mask", rejection=[("token_k1", 2.0, 0.5), ("seq_mean_k3", 0.05)])
     assert a == b
     assert a["kept_token_frac"] < 1.0  # the options did reject something
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_returned_weights_match_reference(convention, mode):
+    """return_weights: one row per token row; the applied weight on valid rows (0 where a rejection removed the
+    token), NaN on masked rows; batch normalisation divides them by their token mean."""
+    tokens = make_tokens(21, n_seq=25, max_len=12, scale=0.6, mask_p=0.2, big_p=0.05)
+    chain = (("token_k3", 0.5, None),) if convention == "verl" else ()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = rcdiag.simulate(tokens, mode, 1.5, convention=convention, rejection=chain, return_weights=True,
+                                 batch_normalize=True)
+    frame = result["weights"]
+    assert frame[["seq_id", "pos"]].to_numpy().tolist() == tokens[["seq_id", "pos"]].to_numpy().tolist()
+    valid = tokens["mask"].to_numpy()
+    assert frame["weight"][~valid].isna().all()
+    applied: list[float] = []
+    ref.is_metrics(ref.sequences(tokens), convention, mode, 1.5, rejection=chain, applied=applied)
+    scored = [w for w, k in zip(applied, _scored_flags(tokens, chain), strict=True) if k]
+    scale = sum(scored) / len(scored)
+    got = frame["weight"][valid].to_numpy()
+    want = [w / scale for w in applied]
+    worst = max(range(len(want)), key=lambda i: abs(got[i] - want[i]), default=None)
+    assert worst is None or abs(got[worst] - want[worst]) <= 1e-12 * max(1.0, abs(want[worst])), (
+        f"largest deviation at valid token {worst}: got {got[worst]!r}, reference {want[worst]!r}")
+    if not (convention == "trl" and mode.startswith("sequence")):  # trl's mean is over sequences, not tokens
+        assert result["is_weight_mean"] == pytest.approx(1.0, rel=1e-12)
+
+
+def _scored_flags(tokens, chain) -> list[bool]:
+    flags = []
+    for s in ref.sequences(tokens):
+        keep = [True] * s.t
+        for option, up, lo in chain:
+            keep = [k and r for k, r in zip(keep, ref.rejection_keep(s, option, up, lo), strict=True)]
+        flags.extend(keep)
+    return flags

@@ -31,7 +31,7 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     monkeypatch.delenv("RCDIAG_OTHER_RUN", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
+    NotebookClient(notebook, timeout=300, startup_timeout=240, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

@@ -43,12 +43,13 @@ def strip_html(tokens: pd.DataFrame, texts: list[str] | None, scale: float) -> s
         text = texts[i] if texts is not None else f"[{row['token_id']}]"
         lr = float(row["train_logprob"]) - float(row["rollout_logprob"])
         dark = math.isfinite(lr) and scale > 0 and abs(lr) > 0.6 * scale
-        style = (f"background:{colour(lr, scale)};color:{'#fff' if dark else '#111'};border-right:1px solid #fff;"
+        style = (f"display:inline-block;background:{colour(lr, scale)};color:{'#fff' if dark else '#111'};"
+                 "border-right:1px solid #fff;"
                  + ("" if row["mask"] else "opacity:0.45;text-decoration:line-through;"))
         spans.append(f'<span class="rcdiag-tok" data-pos="{row["pos"]}" title="{html.escape(hover(row, text))}" '
                      f'style="{style}">{html.escape(visible(text))}</span>')
     body = "".join(spans) or "<em>(empty response: no token rows)</em>"
-    return ('<div id="rcdiag-token-strip" style="font-family:monospace;white-space:pre-wrap;overflow-wrap:anywhere;'
+    return ('<div id="rcdiag-token-strip" style="font-family:monospace;white-space:pre-wrap;'
             f'line-height:1.9;font-size:0.95em">{body}</div>')
 
 

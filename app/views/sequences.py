@@ -81,7 +81,7 @@ def _detail(ref: data.RunRef, seq_id: int, stats: pd.Series) -> None:
     lr = (tokens["train_logprob"] - tokens["rollout_logprob"]).to_numpy(dtype=float)
     finite = np.abs(lr[np.isfinite(lr)])
     default = float(max(finite.max(), 1e-3)) if finite.size else 1.0
-    scale = st.number_input("Colour scale: |ℓ| at full colour", min_value=1e-4, value=float(f"{default:.3g}"),
+    scale = st.columns([1, 3])[0].number_input("Colour scale: |ℓ| at full colour", min_value=1e-4, value=float(f"{default:.3g}"),
                             format="%.4g", key=f"seq_scale_{seq_id}")
     st.markdown("**Response** (hover a token for its log-probs)")
     st.html(tokenstrip.legend_html(scale))

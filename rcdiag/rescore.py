@@ -8,10 +8,12 @@ out of range, sequences longer than the context) is checked over all shards befo
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,12 +223,11 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
         tokens, sequences = _read(tok_file, seq_file)
         pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}", vocab_size=vocab_size,
                             max_context=max_context)
-        total += sum(max(p.size + r.size - 1, 0) for p, r in pairs if r.size)
+        total += _input_tokens(pairs)
         response_total += sum(r.size for _, r in pairs)
-    if silent:
-        _quiet_transformers()
-    model = load_model(model_path, dtype=config.train_dtype, device=config.device, attn=config.attn,
-                       trust_remote_code=config.trust_remote_code)
+    with _transformers_bars(not silent):
+        model = load_model(model_path, dtype=config.train_dtype, device=config.device, attn=config.attn,
+                           trust_remote_code=config.trust_remote_code)
     epilogue_name, epilogue = choose_epilogue(response_total, vocab_size, config.device)
     settings = trainer_settings(model_path, model, config, temperature, epilogue_name)
     with progress(total=total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
@@ -236,7 +237,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
             pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}",
                                 vocab_size=vocab_size, max_context=max_context)
             if _marker(tok_file) == settings:
-                bar.update(sum(max(p.size + r.size - 1, 0) for p, r in pairs if r.size))
+                bar.update(_input_tokens(pairs))
                 continue
             scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
                                      chunk_tokens=config.chunk_tokens, epilogue=epilogue, on_row=bar.update,
@@ -245,8 +246,20 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     return update_manifest(run.path, {"trainer": settings})
 
 
-def _quiet_transformers() -> None:
+def _input_tokens(pairs: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Tokens the model runs for these pairs (prompt + response minus its last token; empty responses: none)."""
+    return sum(p.size + r.size - 1 for p, r in pairs if r.size)
+
+
+@contextlib.contextmanager
+def _transformers_bars(enabled: bool) -> Iterator[None]:
+    """Show or hide transformers' weight-loading bars for the duration, then restore the previous state."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
 

@@ -24,7 +24,7 @@ BADGE = {"ok": "✓ ok", "info": "ℹ info", "warning": "⚠ warning", "error": 
 
 @dataclass
 class Block:
-    """One piece of a report. kind: h | p | callout | cards | table | findings | image | details."""
+    """One piece of a report. kind: h | p | callout | cards | table | findings | image | details | links."""
 
     kind: str
     text: str = ""
@@ -95,6 +95,7 @@ MD: dict[str, Callable[[Block], str]] = {
     "findings": lambda b: _md_findings(b.rows),
     "image": lambda b: f"![{b.text}]({b.image})",
     "details": lambda b: f"<details><summary>{b.text}</summary>\n\n```json\n{b.rows[0]}\n```\n</details>",
+    "links": lambda b: " · ".join(f"[{label}]({href})" for label, href in b.rows),
 }
 
 
@@ -166,6 +167,8 @@ def _html(images: dict[str, bytes]) -> dict[str, Callable[[Block], str]]:
         "image": image,
         "details": lambda b: f"<details><summary>{html.escape(b.text)}</summary><pre>"
                              f"{html.escape(str(b.rows[0]))}</pre></details>",
+        "links": lambda b: "<p>" + " · ".join(f'<a href="{html.escape(href)}">{html.escape(label)}</a>'
+                                              for label, href in b.rows) + "</p>",
     }
 
 

@@ -186,7 +186,7 @@ def comparison_blocks(reports: Sequence[RunReport], links: dict[str, str]) -> li
     is_rows = [[f"{m}.{c}", *(r.is_modes.get(m, {}).get(c) for r in reports)] for m in modes
                for c in ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac")]
     blocks = [Block("h", f"rcdiag comparison — {' vs '.join(names)}", level=1),
-              Block("p", " · ".join(f"{n}: {links[n]}/report.html" for n in names)),
+              Block("links", rows=[(f"{n}: full report", f"{links[n]}/report.html") for n in names]),
               Block("h", "Checks"), Block("table", headers=["check", *names], rows=status),
               Block("h", "Headline (95% CI)"), Block("table", headers=["metric", *names], rows=head),
               Block("h", "Recommendations")]

@@ -88,6 +88,8 @@ def test_comparison_of_two_runs(synthetic_runs, tmp_path):
     assert data["comparison"] == ["clean", "bf16"]
     assert data["runs"]["bf16"]["metrics"]["kl"] == pytest.approx(result.reports[1].metrics["kl"])
     md = (out / "report.md").read_text()
+    assert "[clean: full report](runs/clean/report.html) · [bf16: full report](runs/bf16/report.html)" in md
+    assert '<a href="runs/bf16/report.html">' in (out / "report.html").read_text()
     assert "| metric | clean | bf16 |" in md
     row = next(line for line in md.splitlines() if line.startswith("| storage_precision |"))
     assert "ok" in row.split("|")[2] and "warning" in row.split("|")[3]

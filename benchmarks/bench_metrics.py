@@ -134,8 +134,20 @@ def _child(name: str, run_path: str, threshold: float) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     rows = METHODS[name](run_path, threshold)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = _peak_rss_mib()
     print(json.dumps({"seconds": seconds, "cpu": cpu, "rows": rows, "rss_mib": rss}))
+
+
+def _peak_rss_mib() -> float:
+    """Peak RSS of this process image: VmHWM (reset by exec, unlike ru_maxrss, which a child inherits from the
+    forked parent)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -19,17 +19,21 @@ import pyarrow.parquet as pq
 from rcdiag.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, bootstrap
 from rcdiag.checks import Finding
 from rcdiag.checks_verdicts import findings as check_findings
+from rcdiag.correction import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
+from rcdiag.conventions import CONVENTIONS as CONVENTION_TABLE
+from rcdiag.correction import MODES as CORRECTION_MODES
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.scan import Scan, scan_run
 from rcdiag.strata import titles
 
-DEFAULT_THRESHOLDS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
-MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+MODES = tuple(CORRECTION_MODES)
+"""The four preset IS modes, in correction's order (token_truncate first)."""
 REJECTION_OPTIONS = ("token_k1", "token_k3", "seq_mean_k1", "seq_mean_k3", "seq_max_k3")
 """verl's rejection options simulated at --threshold (on top of token_truncate), METRICS.md."""
 ESS_TARGET = 0.9
 WORST_SEQUENCES = 10
-CONVENTIONS = ("canonical", "swift", "verl", "trl")
+CONVENTIONS = tuple(CONVENTION_TABLE)
+"""canonical, swift, verl, trl (rcdiag.conventions)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class ReportOptions:
     """Every report setting, with its default (the CLI reads them from here)."""
 
     convention: str = "canonical"
-    threshold: float = 2.0
+    threshold: float = DEFAULT_THRESHOLD
     lower: float | None = None
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     replicates: int = DEFAULT_REPLICATES

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from rcdiag.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, bootstrap
 from rcdiag.checks import Finding
 from rcdiag.checks_verdicts import findings as check_findings
-from rcdiag.correction import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
 from rcdiag.conventions import CONVENTIONS as CONVENTION_TABLE
+from rcdiag.correction import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
 from rcdiag.correction import MODES as CORRECTION_MODES
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.scan import Scan, scan_run

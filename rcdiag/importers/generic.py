@@ -4,6 +4,7 @@ Row shapes (detected from the first row):
 - flat: token ids and per-token lists under field names (flags `--response-ids-field` …; else common names);
 - OpenAI-compatible (vLLM/SGLang servers): `choices[i].logprobs.content[j] = {token, logprob, …}` with ids from
   `choices[i].token_ids` or `token_id:N` token strings (one sequence per choice); legacy `tokens`/`token_logprobs`;
+  also wrapped in OpenAI batch-output lines (`vllm run_batch`: `response.body`);
 - SGLang native: `meta_info.output_token_logprobs = [[logprob, token_id, text], …]`.
 """
 from __future__ import annotations
@@ -184,11 +185,21 @@ SHAPES = {
 }
 
 
+def unwrap_batch(row: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI batch-output line (`vllm run_batch`: {custom_id, response: {body: {choices…}}}) as its body,
+    keeping custom_id as the id; other rows unchanged."""
+    body = (row.get("response") or {}).get("body") if isinstance(row.get("response"), dict) else None
+    if isinstance(body, dict) and "choices" in body:
+        return {**body, "id": row.get("custom_id", body.get("id")), "__file__": row["__file__"]}
+    return row
+
+
 def read(path: Path, opts: ImportOptions, fmt: str = "jsonl") -> Imported:
     """Read a generic JSONL/Parquet file into records (see the module docstring)."""
     records: list[Record] = []
     shape, fields = None, None
     for i, row in rows(path, fmt):
+        row = unwrap_batch(row)
         if shape is None:
             shape = "openai" if "choices" in row else "sglang" if isinstance(row.get("meta_info"), dict) else "flat"
             fields = resolve_fields(row, opts) if shape == "flat" else None

@@ -167,3 +167,16 @@ def test_zero_on_valid_position_is_warned(tmp_path):
     run, imported = import_run("jsonl", tmp_path / "r.jsonl", tmp_path / "run", Q)
     assert run.manifest["source"]["mask_counts"]["zero_rollout_logprobs_valid"] == 1
     assert any(w.startswith("1 valid token(s) have a rollout logprob of exactly 0.0") for w in imported.warnings)
+
+
+def test_openai_batch_output_lines(tmp_path):
+    """`vllm run_batch` output: {custom_id, response: {status_code, body: {choices…}}}; custom_id names the prompt."""
+    truth = make_truth(seed=38, n=3)
+    lines = [{"id": f"b{i}", "custom_id": f"req-{i}", "error": None,
+              "response": {"status_code": 200, "request_id": f"r{i}",
+                           "body": {"id": "cmpl", "choices": [_openai_row(t, as_ids=True)]}}}
+             for i, t in enumerate(truth)]
+    (tmp_path / "out.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run, _ = import_run("jsonl", tmp_path / "out.jsonl", tmp_path / "run", Q)
+    assert_run_matches(run, truth, train=False, mask=False, prompts=False)
+    assert run.sequences()["prompt_id"].tolist() == ["req-0", "req-1", "req-2"]

@@ -88,11 +88,19 @@ def _check_castable(column: pa.ChunkedArray, field: pa.Field, source: str) -> No
     if pa.types.is_null(kind):
         return
     if pa.types.is_integer(field.type) and not pa.types.is_integer(kind):
-        raise InputError(f"wrong dtype {kind}: must be an integer column", file=source, field=field.name)
+        # pandas turns an integer column with nulls into float: accept whole numbers except in the keys.
+        whole = pa.types.is_floating(kind) and field.name not in KEY_COLUMNS and _all_whole(column)
+        if not whole:
+            raise InputError(f"wrong dtype {kind}: must be an integer column", file=source, field=field.name)
     if pa.types.is_floating(field.type) and not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
         raise InputError(f"wrong dtype {kind}: must be a numeric column", file=source, field=field.name)
     if pa.types.is_boolean(field.type) and not (pa.types.is_boolean(kind) or pa.types.is_integer(kind)):
         raise InputError(f"wrong dtype {kind}: must be a boolean (or 0/1) column", file=source, field=field.name)
+
+
+def _all_whole(column: pa.ChunkedArray) -> bool:
+    values = np.asarray(pc.drop_null(column), dtype=np.float64)
+    return bool(np.all(np.isfinite(values) & (values == np.round(values))))
 
 
 def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: int = 0,

@@ -187,3 +187,14 @@ def test_write_run_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
     run = write_run(tmp_path / "r", small, overwrite=True)
     assert run.tokens()["rollout_logprob"].tolist() == [-5.0]  # no stale shards of the bigger run
     assert run.manifest["counts"]["shards"] == 1
+
+
+def test_pandas_round_trip_of_a_read_run(tmp_path):
+    """pandas reads integer columns with nulls (step, token_id) as float; writing them back must work."""
+    tokens = pd.DataFrame({"seq_id": [0, 0, 1], "pos": [0, 1, 0], "rollout_logprob": [-1.0, -2.0, -3.0]})
+    run = write_run(tmp_path / "a", tokens, pd.DataFrame({"seq_id": [0, 1], "step": [None, 3]}))
+    again = write_run(tmp_path / "b", run.tokens(), run.sequences())
+    assert again.sequences()["step"].tolist()[1] == 3
+    assert again.tokens()["rollout_logprob"].tolist() == [-1.0, -2.0, -3.0]
+    with pytest.raises(InputError, match="field 'step'.*must be an integer"):
+        write_run(tmp_path / "c", tokens, pd.DataFrame({"seq_id": [0, 1], "step": [0.5, 1.0]}))

@@ -96,14 +96,15 @@ def parse_rejection(item: Rejection | str | tuple) -> Rejection:
     if isinstance(item, tuple):
         return Rejection(*item)
     if isinstance(item, str) and ":" in item:
-        option, _, bounds = item.partition(":")
+        option, _, text = item.partition(":")
         try:
-            if "_" in bounds:
-                lower, upper = (float(x) for x in bounds.split("_", 1))
-                return Rejection(option.strip(), upper, lower)
-            return Rejection(option.strip(), float(bounds))
+            values = [float(x) for x in text.split("_", 1)]
         except ValueError:
-            pass
+            values = []
+        if len(values) == 2:
+            return Rejection(option.strip(), values[1], values[0])
+        if len(values) == 1:
+            return Rejection(option.strip(), values[0])
     raise ConfigError(f"cannot read rejection option {item!r}: use e.g. 'token_k3:0.01', 'token_k1:0.5_2.0' or "
                       "('seq_mean_k2', 0.005)")
 

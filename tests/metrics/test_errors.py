@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rcdiag
-from rcdiag.errors import InputError
+from rcdiag.errors import ConfigError, InputError
 from tests.metrics.helpers import make_tokens
 
 ENTRY_POINTS = {
@@ -119,3 +119,20 @@ def test_unsorted_across_files_and_null_keys(tmp_path):
     ids = tokens.column("seq_id").to_pylist()
     ids[9] = None
     _expect(tokens.set_column(0, "seq_id", pa.array(ids, pa.int64())), field="seq_id", row=9, match="null key")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda d: rcdiag.simulate(d, "token_clip"), "unknown correction mode 'token_clip'"),
+    (lambda d: rcdiag.compute_metrics(d, "openrlhf"), "unknown convention 'openrlhf'"),
+    (lambda d: rcdiag.simulate(d, "token_mask", 0.5), "threshold C must be a finite number ≥ 1"),
+    (lambda d: rcdiag.simulate(d, "token_mask", 2.0, lower=1.5), r"lower bound L must be in \(0, 1\]"),
+    (lambda d: rcdiag.simulate(d, "token_mask", 2.0, lower=0.5, convention="swift"), "swift has no lower bound"),
+    (lambda d: rcdiag.simulate(d, "token_truncate", 2.0, lower=0.5, convention="verl"), "verl has no lower"),
+    (lambda d: rcdiag.simulate(d, "token_mask", rejection=["token_k9:1"]), "unknown rejection option"),
+    (lambda d: rcdiag.simulate(d, "token_mask", rejection=["token_k3"]), "cannot read rejection option"),
+    (lambda d: rcdiag.sweep(d, thresholds=(float("nan"),)), "threshold C"),
+])
+def test_bad_options_are_config_errors(call, match):
+    """Options are validated once, before any data is read, with the choices in the message."""
+    with pytest.raises(ConfigError, match=match):
+        call(clean())

@@ -183,3 +183,18 @@ def test_configuration_errors(tmp_path, model_dir, pairs) -> None:
     shutil.rmtree(tmp_path / "bad")
     with pytest.raises(RunDirError):
         rescore_run(tmp_path / "bad", silent=True)
+
+
+def test_cli_rescore_only_then_api(tmp_path, model_dir, pairs, capsys) -> None:
+    """`rcdiag score --rescore-only RUN` runs this stage; a refusal is one `Error:` line and exit code 1."""
+    from rcdiag.cli import main
+
+    run = make_run(tmp_path / "run", pairs, engine=_engine(model_dir))
+    assert main(["score", "--rescore-only", str(run.path), "--token-budget", "48", "--chunk-tokens", "16",
+                 "--quiet"]) == 0
+    trainer = open_run(run.path).manifest["trainer"]
+    assert trainer["token_budget"] == 48 and trainer["chunk_tokens"] == 16 and trainer["temperature"] == 0.8
+    assert open_run(run.path).token_table().column("train_logprob").null_count == 0
+    capsys.readouterr()
+    assert main(["score", "--rescore-only", str(run.path), "--train-dtype", "fp8", "--quiet"]) == 1
+    assert capsys.readouterr().err.startswith("Error: --train-dtype 'fp8' is not one of float32")

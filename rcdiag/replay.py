@@ -1,113 +1,136 @@
-"""Replay fixed (prompt, response) token sequences through vLLM and read back the response tokens' log-probs.
+"""Rollout log-probs of fixed tokens by vLLM prompt-logprob replay (for imported / retokenized runs).
 
-vLLM scores given tokens through *prompt log-probs*: the whole sequence is sent as a prompt with `max_tokens=1`
-and `prompt_logprobs`, so every response token is scored by a prefill over the same tokens the rollout sampled
-one by one in decode. Prompt log-probs come back RAW (temperature 1, whatever `logprobs_mode`), so at a sampling
-temperature T ≠ 1 the full vocabulary is requested and `log_softmax(raw / T)` is applied here — exactly the
-processed log-prob at T (over the full vocabulary; top-p/top-k renormalisation is not replayed). At T = 1 only the
-scored token is requested (`prompt_logprobs=0`), which is much cheaper.
-
-    llm = build_engine(EngineSettings(model="sample_data/tiny-model", dtype="float32"))
-    replay_logprobs(llm, [([1, 5, 9], [17, 3])], temperature=0.7)   # [array([lp(17), lp(3)], dtype=float32)]
-
-vLLM skips *reading* the prefix cache for prompt-log-prob requests; `read_prefix_cache=True` turns reading back
-on (vLLM then returns no log-probs for the cached positions; this module recovers the response tokens' from the
-tail, and re-asks a sequence whose response reached into the cache with reading off).
+vLLM returns prompt log-probs RAW (before temperature) whatever `logprobs_mode` says, so at T ≠ 1 every
+position's full-vocabulary raw log-probs are requested and the sampled distribution is rebuilt as
+log_softmax(raw / T), which equals log_softmax(z / T) of the logits z exactly (raw = z − logsumexp z). At T = 1 only
+the token's own entry is needed. Cost at T ≠ 1: V log-probs per position travel back from the engine.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-Pair = tuple[Sequence[int], Sequence[int]]
-REQUESTS_PER_CALL = 32
-"""Sequences sent to `llm.generate` at once: bounds the memory of full-vocabulary prompt log-probs."""
+from rcdiag.engine import LOGPROBS_MODE, check_model_dir, engine_facts, engine_session, model_files_hash
+from rcdiag.engine import vllm_version as _vllm_version
+from rcdiag.errors import ConfigError, RunDirError
+from rcdiag.generate import GenerateConfig
+from rcdiag.progress import progress
+from rcdiag.runstore import TOKENS_DIR, open_run, update_manifest, write_parquet_atomic
 
-
-def _params(temperature: float, read_prefix_cache: bool) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0 if temperature == 1.0 else -1,
-                          skip_reading_prefix_cache=not read_prefix_cache, detokenize=False)
+REPLAYED_KEY = b"rcdiag.replayed"
+"""Parquet key-value metadata of a token shard whose rollout_logprob came from replay (its JSON settings)."""
 
 
 def _position_logprob(entry: dict[int, Any], token: int, temperature: float) -> float:
-    """log p(token) at one position from vLLM's {token_id: Logprob} dict of RAW log-probs."""
     if temperature == 1.0:
         return float(entry[token].logprob)
-    raw = np.fromiter((lp.logprob for lp in entry.values()), dtype=np.float64, count=len(entry)) / temperature
+    raw = np.fromiter((e.logprob for e in entry.values()), dtype=np.float64, count=len(entry)) / temperature
     top = raw.max()
-    return float(entry[token].logprob / temperature - top - np.log(np.exp(raw - top).sum()))
+    return float(entry[token].logprob / temperature - top - math.log(np.exp(raw - top).sum()))
 
 
-def response_logprobs(prompt_logprobs: list[Any] | None, prompt: Sequence[int], response: Sequence[int],
-                      temperature: float) -> np.ndarray | None:
-    """float32 `[R]` log-probs of the response tokens from one request's prompt log-probs (list over the
-    computed prompt positions, aligned to the end of prompt + response); None when some response position was
-    not computed (read from the prefix cache) or the vocabulary is incomplete. Empty response: `[]`."""
-    ids = list(prompt) + list(response)
-    entries = list(prompt_logprobs or [])
-    offset = len(ids) - len(entries)  # positions served from the prefix cache come first and are missing
-    out = np.empty(len(response), dtype=np.float32)
-    for j, token in enumerate(response):
-        index = len(prompt) + j - offset
-        if index < 0 or entries[index] is None or token not in entries[index]:
-            return None
-        out[j] = _position_logprob(entries[index], int(token), temperature)
-    return out
+def replay_logprobs(llm: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                    temperature: float = 1.0) -> list[np.ndarray]:
+    """log p_T(response[k] | prompt + response[:k]) for each sequence, as float64 arrays of len(response).
 
-
-def _generate(llm: Any, pairs: Sequence[Pair], params: Any) -> list[Any]:
-    from vllm.inputs import TokensPrompt
-
-    prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in r]) for p, r in pairs]
-    return llm.generate(prompts, params, use_tqdm=False)
-
-
-def replay_logprobs(llm: Any, sequences: Sequence[Pair], temperature: float, *, one_at_a_time: bool = False,
-                    read_prefix_cache: bool = False, on_done: Callable[[int], None] | None = None,
-                    stats: dict[str, int] | None = None) -> list[np.ndarray]:
-    """Log-probs (float32 `[R_i]`, at `temperature`) of each response under `llm`, by prefill of prompt + response.
-
-    `llm` must be built with `max_logprobs=-1` when temperature ≠ 1 (`rcdiag.engine.EngineSettings` does).
-    `one_at_a_time` sends each sequence alone (a batch of one: the engine-side batch-invariance probe);
-    `on_done(n)` is called with the number of response tokens finished; `stats` (if given) accumulates
-    `tokens` (prompt + response tokens sent) and `cached_tokens` (read from the prefix cache, vLLM's
-    `num_cached_tokens`). Empty list → `[]`; an empty response gives an empty array.
+    `llm` must be built with max_logprobs=-1 (rcdiag.engine does). An empty response gives an empty array.
+    Raises ConfigError for temperature ≤ 0 and ValueError for mismatched list lengths or an empty prompt.
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    step = 1 if one_at_a_time else REQUESTS_PER_CALL
-    results: list[np.ndarray] = []
-    for start in range(0, len(sequences), step):
-        chunk = sequences[start:start + step]
-        outputs = _generate(llm, chunk, _params(temperature, read_prefix_cache))
-        for index, ((prompt, response), output) in enumerate(zip(chunk, outputs, strict=True), start):
-            values = response_logprobs(output.prompt_logprobs, prompt, response, temperature)
-            if stats is not None:
-                stats["tokens"] = stats.get("tokens", 0) + len(prompt) + len(response)
-                stats["cached_tokens"] = stats.get("cached_tokens", 0) + int(output.num_cached_tokens or 0)
-            if values is None:  # part of the response came from the prefix cache: score it without reading
-                again = _generate(llm, [(prompt, response)], _params(temperature, False))[0]
-                values = response_logprobs(again.prompt_logprobs, prompt, response, temperature)
-            if values is None:
-                raise RuntimeError(f"vLLM returned no log-prob for a response token of sequence {index}; is the "
-                                   "engine built with max_logprobs=-1 (rcdiag.engine.EngineSettings)?")
-            results.append(values)
-            if on_done is not None:
-                on_done(len(response))
-    return results
-
-
-def warm_prefix_cache(llm: Any, prompts: Sequence[Sequence[int]]) -> None:
-    """Run each distinct prompt once (one generated token) so its full KV blocks sit in the prefix cache, as
-    they do when a rollout engine samples n responses per prompt."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
-    distinct = list(dict.fromkeys(tuple(int(t) for t in p) for p in prompts))
-    if distinct:
-        llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in distinct],
-                     SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"replay temperature must be > 0, got {temperature}")
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token (the first response token is scored after it)")
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0 if temperature == 1.0 else -1)
+    todo = [i for i, r in enumerate(response_ids) if len(r)]
+    requests = [{"prompt_token_ids": [*map(int, prompt_ids[i]), *map(int, response_ids[i])]} for i in todo]
+    outputs = llm.generate(requests, params, use_tqdm=False) if requests else []
+    result = [np.zeros(0, dtype=np.float64) for _ in response_ids]
+    for i, output in zip(todo, outputs, strict=True):
+        start, ids = len(prompt_ids[i]), output.prompt_token_ids
+        result[i] = np.array([_position_logprob(output.prompt_logprobs[p], ids[p], temperature)
+                              for p in range(start, len(ids))], dtype=np.float64)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------- run
+def _shard_inputs(tokens: pa.Table, sequences: pa.Table, file: Path) -> tuple[list[list[int]], list[list[int]]]:
+    seq_ids = np.asarray(tokens.column("seq_id"))
+    pos = np.asarray(tokens.column("pos"))
+    token_ids = tokens.column("token_id")
+    if token_ids.null_count:
+        raise RunDirError(f"{file}: token_id is null on {token_ids.null_count} row(s); replay needs token ids")
+    prompts = dict(zip(sequences.column("seq_id").to_pylist(), sequences.column("prompt_token_ids").to_pylist(),
+                       strict=True))
+    ids = np.asarray(token_ids)
+    bounds = np.flatnonzero(np.diff(seq_ids)) + 1
+    prompt_ids, responses = [], []
+    for start, stop in zip([0, *bounds], [*bounds, len(seq_ids)], strict=True):
+        seq = int(seq_ids[start])
+        if not np.array_equal(pos[start:stop], np.arange(stop - start)):
+            raise RunDirError(f"{file}: seq {seq} has positions that are not 0…{stop - start - 1}; replay needs "
+                              "every response token")
+        if not prompts.get(seq):
+            raise RunDirError(f"{file}: seq {seq} has no prompt_token_ids; replay needs the prompt's token ids "
+                              "(import them with --prompt-ids-field)")
+        prompt_ids.append(prompts[seq])
+        responses.append(ids[start:stop].tolist())
+    return prompt_ids, responses
+
+
+def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig | None = None, *, llm: Any = None,
+               overwrite: bool = False, silent: bool = False) -> dict[str, Any]:
+    """Fill `rollout_logprob` of every token of a run by replaying its tokens through vLLM at
+    `config.temperature`; returns the updated manifest. Shards already replayed with the same settings are
+    skipped (resumable). Refuses a run that has rollout log-probs unless `overwrite`, and a temperature that
+    differs from the one the manifest records."""
+    config = config or GenerateConfig()
+    run = open_run(run_path)
+    recorded = (run.manifest.get("engine") or {}).get("temperature")
+    if recorded is not None and float(recorded) != config.temperature:
+        raise ConfigError(f"{run.path}: the manifest records sampling temperature {recorded}; replay with "
+                          f"--temperature {recorded}")
+    model_dir = check_model_dir(model)
+    settings = {"model": str(model_dir), "model_hash": model_files_hash(model_dir), "vllm_version": _vllm_version(),
+                "temperature": config.temperature, "engine_dtype": config.engine_dtype}
+    marker = json.dumps(settings, sort_keys=True).encode()
+    files = [f for f in run.token_files if (pq.read_schema(f).metadata or {}).get(REPLAYED_KEY) != marker]
+    if not overwrite:
+        for file in files:
+            if pq.read_table(file, columns=["rollout_logprob"]).column(0).null_count != pq.read_metadata(
+                    file).num_rows:
+                raise RunDirError(f"{file}: already holds rollout log-probs; pass --overwrite to replace them "
+                                  "with the replay")
+    with engine_session(config.engine_settings(str(model_dir)), llm) as engine, \
+            progress(desc="replay", unit="tok", unit_scale=True, silent=silent) as bar:
+        for file in files:
+            _replay_shard(engine, run.path, file, config.temperature, marker)
+            bar.update(pq.read_metadata(file).num_rows)
+        facts = engine_facts(engine)
+    engine_section = {"name": "vllm", "version": _vllm_version(), "model": str(model_dir),
+                      "logprobs_mode": LOGPROBS_MODE, "replayed": True, "temperature": config.temperature,
+                      "top_p": 1.0, "top_k": None, "engine_dtype": config.engine_dtype,
+                      "replay_method": "raw prompt log-probs → log_softmax(raw / T)", **facts}
+    return update_manifest(run.path, {"engine": engine_section,
+                                      "models": {"engine": {"path": str(model_dir), "hash": settings["model_hash"]}}})
+
+
+def _replay_shard(engine: Any, run_path: Path, file: Path, temperature: float, marker: bytes) -> None:
+    table = pq.read_table(file)
+    sequences = pq.read_table(run_path / "sequences" / file.name, columns=["seq_id", "prompt_token_ids"])
+    prompts, responses = _shard_inputs(table, sequences, Path(TOKENS_DIR) / file.name)
+    values = replay_logprobs(engine, prompts, responses, temperature)
+    column = pa.array(np.concatenate(values) if values else np.zeros(0), type=pa.float32())
+    table = table.set_column(table.schema.get_field_index("rollout_logprob"), "rollout_logprob", column)
+    metadata = {**(table.schema.metadata or {}), REPLAYED_KEY: marker}
+    write_parquet_atomic(table.replace_schema_metadata(metadata), file)

@@ -41,6 +41,30 @@ def _summary(run: Path) -> str:
             f"{counts.get('shards')} shard(s) ({stages})")
 
 
+_ENGINE_OPTIONS = ("temperature", "seed", "engine_dtype", "gpu_memory_utilization", "enable_prefix_caching",
+                   "max_model_len", "trust_remote_code")
+
+
+def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {name: options[name] for name in _ENGINE_OPTIONS}
+
+
+def _rescore_both(run: Path, model: Path | None, train: dict[str, Any], config: GenerateConfig, overwrite: bool,
+                  quiet: bool) -> None:
+    """Replay the run's tokens through vLLM for rollout_logprob (closing it after), then rescore them."""
+    from rcdiag.replay import replay_run
+    from rcdiag.rescore import engine_model_path
+    from rcdiag.runstore import open_run
+
+    engine_model = model or engine_model_path(open_run(run).manifest)
+    if engine_model is None:
+        raise ConfigError(f"{run}: the manifest names no engine model; pass --model")
+    _rescore_config(train)
+    replay_run(run, engine_model, config, overwrite=overwrite, silent=quiet)
+    _rescore(run, {**train, "train_model": train["train_model"] or str(engine_model)}, quiet)
+    typer.echo(_summary(run))
+
+
 def command(
     model: Annotated[Path | None, typer.Option("--model", "-m", help="Local model directory for vLLM.",
                                                rich_help_panel=_RUN)] = None,
@@ -89,6 +113,9 @@ def command(
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Stop after stage 1.")] = False,
     rescore_only: Annotated[Path | None, typer.Option(
         "--rescore-only", metavar="RUN", help="Skip stage 1: rescore an existing run.")] = None,
+    rescore_both: Annotated[Path | None, typer.Option(
+        "--rescore-both", metavar="RUN", help="Imported/retokenized run: replay its tokens through vLLM (--model, "
+        "--temperature) for rollout_logprob, then rescore.")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code",
                                                     help="Run model code shipped with the model.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run made with other settings.")] = False,
@@ -111,6 +138,8 @@ def command(
         rcdiag score -m ./model -p data/train_split/ -o runs/gen --limit 64 --generate-only
 
         rcdiag score --rescore-only runs/gen --train-dtype bfloat16
+
+        rcdiag score --rescore-both runs/trl --model ./model --temperature 0.7    # after `rcdiag import trl …`
     """
     if quiet:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -121,15 +150,15 @@ def command(
         _rescore(rescore_only, train, quiet)
         typer.echo(_summary(rescore_only))
         return
+    if rescore_both is not None:
+        _rescore_both(rescore_both, model, train, GenerateConfig(**_engine_options(locals())), overwrite, quiet)
+        return
     missing = [flag for flag, value in (("--model", model), ("--prompts", prompts), ("--out", out)) if value is None]
     if missing:
         raise ConfigError(f"{', '.join(missing)} required (or --rescore-only RUN to rescore an existing run)")
-    config = GenerateConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                            seed=seed, engine_dtype=engine_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+    config = GenerateConfig(**_engine_options(locals()), n=n, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                             allow_truncated_sampling=allow_truncated_sampling, limit=limit,
-                            prompt_field=prompt_field, shard_prompts=shard_prompts,
-                            trust_remote_code=trust_remote_code)
+                            prompt_field=prompt_field, shard_prompts=shard_prompts)
     if not generate_only:
         _rescore_config(train)  # refuse bad stage-2 options before stage 1 runs
     from rcdiag.generate import generate_run

@@ -59,7 +59,11 @@ CONVENTIONS: dict[str, Convention] = {
         float32_counts=frozenset({"fraction_high", "fraction_low"}), high_low_rows="all"),
     "trl": Convention("trl", token_clamp=None, is_seq_ratio="product", seq_extrema="per_sequence"),
 }
-"""canonical = METRICS.md definitions; swift = ms-swift ≥ 3.11; verl = 0.9.x rollout_corr_helper; trl = GRPO."""
+"""canonical = METRICS.md definitions; swift = ms-swift ≥ 3.11; verl = 0.9.x rollout_corr_helper; trl = GRPO.
+
+trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl gives the canonical values; its
+convention changes only the IS simulation (no ±20 clamp, product sequence ratio, per-sequence ratio statistics).
+verl's unclamped k3 is computed in float64 (inf only past ~709 nats; verl's float32 overflows past ~88)."""
 
 DEFAULT_CONVENTION = "canonical"
 

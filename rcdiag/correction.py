@@ -83,7 +83,8 @@ class ISAccumulator:
     """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(B)`.
 
     Rejection options are applied first (rows they reject are not scored and count as not kept); weights and
-    sequence ratios come from the original mask. State is O(1) per mode (+ the weights when kept).
+    sequence ratios come from the original mask; kept_token_frac / kept_seq_frac are shares of all valid tokens /
+    of sequences with T_i > 0. State is O(1) per mode (+ the weights when kept).
     """
 
     def __init__(self, modes: Sequence[CorrectionMode], convention: str | Convention = DEFAULT_CONVENTION, *,

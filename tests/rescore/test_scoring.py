@@ -122,3 +122,16 @@ def test_refusals_name_row_and_field(model) -> None:
         load_model("/nonexistent")
     with pytest.raises(ConfigError, match="unknown attention"):
         load_model("/nonexistent", attn="magic")
+
+
+def test_results_do_not_depend_on_packing(model) -> None:
+    """Budget 1 (every sequence alone, each with a warning), a middle budget and one row for all give the same
+    values: packing only changes which rows the sequences share, never what they attend to."""
+    pairs = random_pairs(np.random.default_rng(9), 12)
+    one_row = score_sequences(model, pairs, token_budget=10_000)
+    middle = score_sequences(model, pairs, token_budget=50)
+    with pytest.warns(RescoreWarning, match="exceed the token budget 1"):
+        alone = score_sequences(model, pairs, token_budget=1)
+    for other in (middle, alone):
+        np.testing.assert_allclose(other.logprobs, one_row.logprobs, rtol=0, atol=5e-6)
+        np.testing.assert_allclose(other.entropies, one_row.entropies, rtol=0, atol=5e-6)

@@ -38,10 +38,12 @@ def free_port() -> int:
 
 
 def streamlit_command(app: Path, runs: list[Path], port: int) -> list[str]:
-    """The `streamlit run` command line: bound to 127.0.0.1, headless, no telemetry; run paths after `--`."""
+    """The `streamlit run` command line: bound to 127.0.0.1, headless, no telemetry, no tracebacks or deploy
+    button in the page; run paths after `--`."""
     return [sys.executable, "-m", "streamlit", "run", str(app),
             "--server.address", HOST, "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--client.showErrorDetails", "false",
+            "--browser.gatherUsageStats", "false", "--client.showErrorDetails", "none",
+            "--client.toolbarMode", "minimal", "--server.fileWatcherType", "none",
             "--", *(str(r) for r in runs)]
 
 

@@ -108,9 +108,9 @@ def shots(tmp_path_factory) -> Path:
 
 
 def settle(page, text: str) -> None:
-    """Wait until `text` shows and the script has finished running (no status widget), then let charts draw."""
+    """Wait until `text` shows and the script has finished running (stApp's script state), then let charts draw."""
     page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(timeout=120_000)
     page.wait_for_timeout(1200)
 
 
@@ -127,6 +127,7 @@ def test_every_page_in_chromium(server, page, shots, served):
 
     page.goto(server)
     settle(page, f"Overview · {run.name}")
+    page.locator(".rcdiag-card").nth(7).wait_for(timeout=30_000)  # st.html renders after the script ends
     assert page.locator(".rcdiag-card").count() == 8
     kl_card = page.locator(".rcdiag-card").filter(has_text="· kl").first.inner_text()
     assert ui.fmt(metrics["kl"]) in kl_card, kl_card
@@ -161,6 +162,7 @@ def test_every_page_in_chromium(server, page, shots, served):
     option.click()
     settle(page, chosen.replace("seq", "Sequence"))
     token = page.locator("#rcdiag-token-strip .rcdiag-tok").first
+    token.wait_for(timeout=30_000)
     title = token.get_attribute("title")
     assert "train a =" in title and "rollout b =" in title and "entropy =" in title, title
     _check_token_text(run, int(chosen.split()[1]), token.inner_text())

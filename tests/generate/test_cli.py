@@ -121,3 +121,25 @@ def test_sigkill_then_resume_gives_identical_rows(tmp_path: Path, sample_model: 
     assert got.sequence_table().equals(want.sequence_table())
     assert got.manifest["spec"] == json.loads(json.dumps(want.manifest["spec"]))
     assert not list(out.glob("*/.*.tmp")) and not (out / "pending.json").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_score_both_stages_end_to_end(tmp_path: Path, sample_model: Path) -> None:
+    """The README command: stage 1 then stage 2 in one process (vLLM shut down before the trainer loads). Same
+    weights in float32 on both sides, so train and rollout log-probs agree to float32 noise."""
+    from rcdiag.sample import SAMPLE_PROMPTS
+
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "rcdiag", "score", "-m", str(sample_model), "-p",
+                             str(SAMPLE_PROMPTS), "-o", str(out), "--limit", "3", "--n", "2", "--max-tokens", "8",
+                             "--engine-dtype", "float32", "-q"], cwd=REPO, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = open_run(out)
+    tokens = run.tokens()
+    assert result.stdout.strip().endswith(f"{out}: 6 sequences, {len(tokens)} tokens in 1 shard(s) "
+                                          "(generated + rescored)")
+    assert run.manifest["trainer"]["temperature"] == run.manifest["engine"]["temperature"] == 1.0
+    diff = (tokens.train_logprob - tokens.rollout_logprob).abs()
+    assert tokens.train_logprob.notna().all() and diff.max() < 1e-3, f"max |Δ| {diff.max():.3g}"

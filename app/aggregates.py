@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
+from app import data
 from rcdiag.checks import sequence_lengths
 from rcdiag.checks_verdicts import findings as verdicts
 from rcdiag.runstore import open_run
@@ -23,20 +24,23 @@ from rcdiag.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
 
 SHOWN_STRATA = ("position", "rollout_prob", "entropy")
 """The rcdiag.strata stratifications the Distributions page draws (the others are in the report)."""
+Filters = tuple[tuple[str, ...] | None, tuple[float, float] | None, tuple[float, float] | None]
+"""(finish reasons, reward range, response-length range) of data.seq_ids_where; None in a slot: no filter."""
 DENSITY_CELLS = 60
 """The b-vs-a density is drawn as at most DENSITY_CELLS² cells (rebinned from the accumulator's fine grid)."""
 
 
 @st.cache_data(show_spinner="Scanning the run…", max_entries=64)
-def distributions(path: str, mtime: float, keep: tuple[int, ...] | None) -> dict[str, Any]:
-    """One scan over the sequences in `keep` (None: all): {"tails": TailAccumulator, "tail_stats": dict
+def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str, Any]:
+    """One scan over the sequences passing `filters` (data.seq_ids_where's (finish reasons, reward range, length
+    range); None: all): {"tails": TailAccumulator, "tail_stats": dict
     (rcdiag.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.strata rows}}, plus "findings" (the checks of
-    `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `keep` explicitly:
-    the cache key is made from the arguments as given."""
+    `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `filters` explicitly:
+    the cache key is made from the arguments as given (small, whatever the run's size)."""
     run = open_run(path)
     info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
     scan = new_scan(info, 2.0, None)
-    keep_ids = None if keep is None else np.asarray(keep, dtype=np.int64)
+    keep_ids = None if filters is None else data.seq_ids_where(data.sequence_index(path, mtime), *filters)
     offsets: dict[str, int] = {}
     for file, batch in run.iter_batches(list(SCAN_COLUMNS)):
         row0 = offsets.get(file, 0)
@@ -47,7 +51,7 @@ def distributions(path: str, mtime: float, keep: tuple[int, ...] | None) -> dict
             update(scan, batch, file, row0)
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
     out = {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
-    if keep is None:  # the whole run: the same pass gathered the checks' evidence
+    if filters is None:  # the whole run: the same pass gathered the checks' evidence
         findings = verdicts(scan.checks, sequence_lengths(run), run.manifest, (2.0,))
         out["findings"] = [json.loads(json.dumps(f.to_dict(), default=str)) for f in findings]
     return out

@@ -10,11 +10,12 @@ from app import aggregates, charts, data, ui
 
 def render(ref: data.RunRef) -> None:
     index = data.sequence_index(*ref.key)
-    keep = _filters(index)
+    filters = _filters(index)
+    keep = None if filters is None else data.seq_ids_where(index, *filters)
     if keep is not None and keep.size == 0:
         st.warning("No sequence passes these filters.")
         return
-    result = aggregates.distributions(*ref.key, None if keep is None else tuple(int(i) for i in keep))
+    result = aggregates.distributions(*ref.key, filters)
     tails = result["tails"]
     if tails.n == 0:
         st.warning("No valid token (mask true, both log-probs finite) in the selected sequences.")
@@ -40,15 +41,15 @@ def render(ref: data.RunRef) -> None:
             st.dataframe(frame, hide_index=True, key=f"dist_table_{name}")
 
 
-def _filters(index: pd.DataFrame) -> np.ndarray | None:
-    """Filter widgets; the passing seq_ids (sorted int64), or None when nothing is filtered out."""
+def _filters(index: pd.DataFrame) -> aggregates.Filters | None:
+    """Filter widgets; their (finish reasons, reward range, length range), or None when nothing is filtered out."""
     cols = st.columns(3)
     reasons = sorted(index["finish_reason"].fillna("(none)").unique())
     finish = cols[0].multiselect("Finish reason", reasons, default=reasons, key="dist_finish")
     reward = _range(cols[1], "Reward", index["reward"], "dist_reward", float)
     length = _range(cols[2], "Response length", index["response_len"], "dist_length", int)
-    keep = data.seq_ids_where(index, tuple(finish), reward, length)
-    return None if keep.size == len(index) else keep
+    chosen = (None if set(finish) == set(reasons) else tuple(finish), reward, length)
+    return None if chosen == (None, None, None) else chosen
 
 
 def _range(col, label: str, values: pd.Series, key: str, kind: type) -> tuple[float, float] | None:

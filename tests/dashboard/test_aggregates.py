@@ -55,8 +55,9 @@ def test_histogram_and_strata_counts(noisy_run):
 
 def test_filtered_scan_matches_a_filtered_reference(noisy_run):
     index = data.sequence_index(str(noisy_run.path), 0.0)
-    keep = data.seq_ids_where(index, ("length",), None, (10, 40))
-    result = aggregates.distributions(str(noisy_run.path), 0.0, tuple(int(i) for i in keep))
+    filters = (("length",), None, (10.0, 40.0))
+    keep = data.seq_ids_where(index, *filters)
+    result = aggregates.distributions(str(noisy_run.path), 0.0, filters)
     tokens = _valid(noisy_run)
     chosen = tokens[tokens["seq_id"].isin(keep)]
     assert result["tails"].n == len(chosen) > 0

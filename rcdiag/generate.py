@@ -266,18 +266,19 @@ def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config
     """
     config = config or GenerateConfig()
     model_dir = check_model_dir(model)
+    if llm is not None:
+        _check_engine(llm, model_dir)
     tokenizer = _load_tokenizer(model_dir, config.trust_remote_code)
     loaded = load_prompts(prompts, prompt_field=config.prompt_field, limit=config.limit)
     rendered = render_prompts(loaded, tokenizer, source=str(prompts), max_len=_context_length(model_dir, config))
     model_hash = model_files_hash(model_dir)
     writer = RunWriter(out, spec=run_spec(config, model_dir, model_hash, rendered), overwrite=overwrite)
     size = config.shard_prompts
-    todo = [k for k in range(math.ceil(len(rendered) / size)) if k not in set(writer.complete_shards())]
+    done = set(writer.complete_shards())
+    todo = [k for k in range(math.ceil(len(rendered) / size)) if k not in done]
     if not todo and (writer.path / MANIFEST_NAME).exists():
         return read_manifest(writer.path)
     reward = _reward_function(rendered)
-    if llm is not None:
-        _check_engine(llm, model_dir)
     with engine_session(config.engine_settings(str(model_dir)), llm) as engine, \
             progress(desc="generate", unit="tok", unit_scale=True, silent=silent) as bar:
         for k in todo:

@@ -187,3 +187,33 @@ def test_finding_rejects_unknown_severity():
         Finding("x", "fatal", "m")
     assert Finding("x", "ok", "m", {"v": 1.5}, "fix").to_dict() == {
         "name": "x", "severity": "ok", "message": "m", "evidence": {"v": 1.5}, "fix": "fix"}
+
+
+def test_identical_stacks_and_certain_tokens_stay_silent(tmp_path):
+    """a == b everywhere, with some tokens certain on both sides (exact 0.0 twice): nothing may fire."""
+    tokens, sequences = defect_frames("clean")
+    tokens["train_logprob"] = tokens["rollout_logprob"]
+    certain = tokens.index % 11 == 0
+    tokens.loc[certain, ["train_logprob", "rollout_logprob"]] = np.float32(0.0)
+    run = rcdiag.write_run(tmp_path / "same", tokens, sequences, manifest=defect_manifest("clean"))
+    found = run_checks(run, thresholds=(1.1, 2.0))
+    assert {f.severity for f in found} <= {"ok", "info"}, [f.message for f in found if f.severity != "ok"]
+
+
+def test_scan_is_batch_invariant(synthetic_runs):
+    """Tails, strata and per-sequence sums do not depend on the record-batch size (sequences cut by batches)."""
+    from rcdiag.scan import scan_run
+
+    run = synthetic_runs["top_p"]
+    whole, small = scan_run(run), scan_run(run, batch_size=53)
+    for name, value in whole.tails.finish().items():
+        assert small.tails.finish()[name] == pytest.approx(value, rel=1e-12, nan_ok=True), name
+    for stratum, rows in whole.strata.finish().items():
+        other = small.strata.finish()[stratum]
+        assert [r["bucket"] for r in rows] == [r["bucket"] for r in other]
+        for r, o in zip(rows, other, strict=True):
+            assert r["tokens"] == o["tokens"] and r["max_abs"] == o["max_abs"]
+            assert r["mean_abs"] == pytest.approx(o["mean_abs"], rel=1e-12)
+    np.testing.assert_allclose(small.sums.table()[1], whole.sums.table()[1], rtol=1e-12, atol=1e-15)
+    assert whole.tails.worst_tokens() == small.tails.worst_tokens()
+    assert np.array_equal(whole.tails.density, small.tails.density)

@@ -17,6 +17,7 @@ import streamlit as st
 from app import data
 from rcdiag.checks import sequence_lengths
 from rcdiag.checks_verdicts import findings as verdicts
+from rcdiag.correction import DEFAULT_THRESHOLD
 from rcdiag.runstore import open_run
 from rcdiag.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
 from rcdiag.strata import SequenceInfo, titles
@@ -39,7 +40,7 @@ def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str,
     the cache key is made from the arguments as given (small, whatever the run's size)."""
     run = open_run(path)
     info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
-    scan = new_scan(info, 2.0, None)
+    scan = new_scan(info, DEFAULT_THRESHOLD, None)
     keep_ids = None if filters is None else data.seq_ids_where(data.sequence_index(path, mtime), *filters)
     offsets: dict[str, int] = {}
     for file, batch in run.iter_batches(list(SCAN_COLUMNS)):
@@ -52,7 +53,7 @@ def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str,
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
     out = {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
     if filters is None:  # the whole run: the same pass gathered the checks' evidence
-        findings = verdicts(scan.checks, sequence_lengths(run), run.manifest, (2.0,))
+        findings = verdicts(scan.checks, sequence_lengths(run), run.manifest, (DEFAULT_THRESHOLD,))
         out["findings"] = [json.loads(json.dumps(f.to_dict(), default=str)) for f in findings]
     return out
 

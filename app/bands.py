@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rcdiag.correction import DEFAULT_THRESHOLD
+
 HEALTHY, WARNING, ALARM, UNKNOWN = "healthy", "warning", "alarm", "n/a"
 COLOURS = {HEALTHY: "#1a7f37", WARNING: "#b7791f", ALARM: "#c62828", UNKNOWN: "#6b7280"}
 
@@ -62,7 +64,7 @@ BANDS: tuple[Band, ...] = (
          "verl warns outside [0.5, 2]"),
 )
 """The Overview cards, in display order."""
-OVERVIEW_MODE, OVERVIEW_THRESHOLD = "token_truncate", 2.0
+OVERVIEW_MODE, OVERVIEW_THRESHOLD = "token_truncate", DEFAULT_THRESHOLD
 """ess and is_weight_mean on the Overview come from this IS simulation."""
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import streamlit as st
 
+from rcdiag.conventions import DEFAULT_CONVENTION
 from rcdiag.errors import RunDirError
 from rcdiag.runstore import MANIFEST_NAME, open_run
 
@@ -107,7 +108,7 @@ def _null_count(parquet: pq.ParquetFile, file: Path) -> int:
 
 # --------------------------------------------------------------------------------------------------- metrics
 @st.cache_data(show_spinner="Computing metrics…", max_entries=64)
-def metrics(path: str, mtime: float, convention: str = "canonical") -> dict[str, float]:
+def metrics(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
     """`rcdiag.compute_metrics` of the run (METRICS.md names plus tokens/sequences/empty_sequences)."""
     from rcdiag.metrics import compute_metrics
 
@@ -116,7 +117,7 @@ def metrics(path: str, mtime: float, convention: str = "canonical") -> dict[str,
 
 @st.cache_data(show_spinner="Simulating the correction…", max_entries=256)
 def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float | None,
-             convention: str = "canonical") -> dict[str, float]:
+             convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
     """`rcdiag.simulate` for one (mode, threshold, lower bound, convention)."""
     from rcdiag.correction import simulate as simulate_
 
@@ -125,7 +126,7 @@ def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float 
 
 
 @st.cache_data(show_spinner="Sweeping thresholds…", max_entries=32)
-def sweep(path: str, mtime: float, convention: str = "canonical") -> pd.DataFrame:
+def sweep(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
     """`rcdiag.sweep` over the default modes and thresholds: one row per mode × threshold."""
     from rcdiag.correction import sweep as sweep_
 

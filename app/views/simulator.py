@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from app import data, ui
+from rcdiag.conventions import CONVENTIONS
+from rcdiag.correction import DEFAULT_THRESHOLD, MODES
 
-MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-CONVENTIONS = ("canonical", "swift", "verl", "trl")
 SHOWN = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high",
          "fraction_low", "is_weight_std", "is_weight_min", "is_weight_max")
 CURVES = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac")
@@ -16,10 +16,10 @@ CURVES = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac")
 
 def render(ref: data.RunRef) -> None:
     left, mid, right = st.columns(3)
-    mode = left.selectbox("Mode", MODES, key="sim_mode")
-    convention = left.selectbox("Convention", CONVENTIONS, key="sim_convention",
+    mode = left.selectbox("Mode", list(MODES), key="sim_mode")
+    convention = left.selectbox("Convention", list(CONVENTIONS), key="sim_convention",
                                 help="canonical = METRICS.md; the others reproduce each framework's own numbers")
-    threshold = mid.slider("Threshold C", min_value=1.01, max_value=10.0, value=2.0, step=0.01,
+    threshold = mid.slider("Threshold C", min_value=1.01, max_value=10.0, value=DEFAULT_THRESHOLD, step=0.01,
                            key="sim_threshold")
     use_lower = right.checkbox("Lower bound L", key="sim_use_lower")
     lower = right.number_input("L", min_value=0.0, max_value=1.0, value=0.5, step=0.01, key="sim_lower",

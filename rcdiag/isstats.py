@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
+from rcdiag import kernels
 from rcdiag.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.conventions import LOG_RATIO_CLAMP, Convention
 from rcdiag.tokendata import TokenChunk
@@ -46,14 +48,13 @@ SEQ_LOG_RATIO = {"geometric": _geometric, "swift": _swift, "product_clamped": _p
 
 @dataclass
 class ChunkView:
-    """What all modes of one chunk share. Scored rows = valid and not rejected by a rejection option; `lr`, `rho`
-    hold only those rows (compressed), `starts` their per-sequence segments for sequences with T'_i > 0
-    (`scored`), `stat` the row flags (None when every row is scored)."""
+    """What all modes of one chunk share. Scored rows = valid and not rejected by a rejection option: `stat` the row
+    flags (None when every row is scored), `stat_counts` T'_i per sequence, `scored` T'_i > 0; `lr_rows`, `rho_rows`
+    ℓ̂ and ρ on every row; `lr`, `rho`, `starts` the same compressed to the scored rows (built on first use)."""
 
     chunk: TokenChunk
-    lr: np.ndarray
-    rho: np.ndarray
-    starts: np.ndarray
+    lr_rows: np.ndarray
+    rho_rows: np.ndarray
     stat: np.ndarray | None
     stat_counts: np.ndarray
     scored: np.ndarray
@@ -62,19 +63,35 @@ class ChunkView:
 
     @classmethod
     def build(cls, chunk: TokenChunk, conv: Convention, keep: np.ndarray | None) -> ChunkView:
-        lr, rho = chunk.log_ratio(conv.token_clamp), chunk.ratio(conv.token_clamp)
+        lr, rho = chunk.token_rows(conv.token_clamp)
         stat = None if keep is None and chunk.all_valid else (chunk.mask if keep is None else chunk.mask & keep)
-        if stat is None:
-            counts, starts = chunk.counts, chunk.starts
-        else:
-            rows = np.flatnonzero(stat)
-            lr, rho = lr[rows], rho[rows]
-            counts = np.add.reduceat(stat.view(np.int8), chunk.starts, dtype=np.int64)
-            starts = (np.cumsum(counts) - counts)[counts > 0]
+        counts = chunk.counts if keep is None else np.add.reduceat(stat.view(np.int8), chunk.starts, dtype=np.int64)
         s = chunk.sum_ell
-        sh = chunk.seq_sum(chunk.log_ratio(LOG_RATIO_CLAMP)) if conv.is_seq_ratio == "swift" else s
-        return cls(chunk, lr, rho, starts, stat, counts, counts > 0,
-                   SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
+        sh = chunk.seq_column("ell_hat") if conv.is_seq_ratio == "swift" else s
+        return cls(chunk, lr, rho, stat, counts, counts > 0, SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
+
+    @property
+    def stat_rows(self) -> np.ndarray:
+        """bool [n]: the scored rows (the chunk's all-True mask when every row is scored)."""
+        return self.chunk.mask if self.stat is None else self.stat
+
+    @cached_property
+    def _rows(self) -> np.ndarray | None:
+        return None if self.stat is None else np.flatnonzero(self.stat)
+
+    @cached_property
+    def lr(self) -> np.ndarray:
+        return self.lr_rows if self._rows is None else self.lr_rows[self._rows]
+
+    @cached_property
+    def rho(self) -> np.ndarray:
+        return self.rho_rows if self._rows is None else self.rho_rows[self._rows]
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """First compressed row of each sequence with T'_i > 0."""
+        counts = self.stat_counts
+        return self.chunk.starts if self.stat is None else (np.cumsum(counts) - counts)[counts > 0]
 
     def scored_rows(self, per_sequence: np.ndarray) -> np.ndarray:
         """Broadcast a per-sequence array to the scored rows."""
@@ -104,6 +121,14 @@ class WeightStats:
             self.total.add(per_sequence)
             self.moments.add(values, float(per_sequence.sum()) / values.size)
             self.ext.add(values)
+
+    def add_reduced(self, per_sequence: np.ndarray, n: int, mean: float, m2: float, lo: float, hi: float) -> None:
+        """Add n values already reduced by a kernel: per-sequence sums, their mean, M2 about it, min and max."""
+        if n:
+            self.total.add(per_sequence)
+            self.moments.merge(Moments(n, mean, m2))
+            self.ext.add_scalar(lo)
+            self.ext.add_scalar(hi)
 
     def add_repeated(self, values: np.ndarray, counts: np.ndarray) -> None:
         if values.size:
@@ -197,27 +222,24 @@ class ModeStats:
             self.ess.add_rows(np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper), starts)
 
     def _update_tokens(self, view: ChunkView) -> None:
-        high, below, low = self._flags(view.lr)
-        w, out = self._weigh(view.rho, high, below)
-        self.tok.add_rows(w, view.starts)
-        self._ess_rows(w, view.starts)
+        """One fused kernel pass over the chunk's rows (kernels.token_mode)."""
+        b = self.bounds
+        per_w, per_e, out, w_rows = kernels.token_mode(
+            view.lr_rows, view.rho_rows, view.stat_rows, view.chunk.starts, b.upper, b.lower or 0.0, b.log_upper,
+            b.log_lower, b.log_lo, self.action == "mask", self.ess is not None)
+        f = dict(zip(kernels.TOKEN_MODE_FIELDS, out.tolist(), strict=True))
+        self.tok.add_reduced(per_w, int(f["n"]), f["mean"], f["m2"], f["lo"], f["hi"])
+        if self.ess is not None:
+            self.ess.add_reduced(per_e, int(f["n"]), f["ess_mean"], f["ess_m2"], f["ess_lo"], f["ess_hi"])
         c = self.counts
-        n_high = int(np.count_nonzero(high))
-        c["high"] += n_high
-        c["low"] += int(np.count_nonzero(low))
-        c["clipped"] += n_high if out is high else int(np.count_nonzero(out))
+        for key in ("high", "low", "clipped", "kept_tokens", "kept_seqs"):
+            c[key] += int(f[key])
         if "fraction_high" in self.conv.float32_counts:
             c["high_f32"], c["low_f32"] = c["high"], c["low"]
-        if self.action == "mask":
-            c["kept_tokens"] += int(w.size - np.count_nonzero(out))
-            if w.size:
-                c["kept_seqs"] += int(np.count_nonzero(np.add.reduceat((~out).view(np.int8), view.starts,
-                                                                       dtype=np.int64)))
-        else:
-            c["kept_tokens"] += int(w.size)
-            c["kept_seqs"] += int(np.count_nonzero(view.scored))
         if self.weights is not None:
-            self.weights.append(view.full_rows(w, 0.0))
+            if not view.chunk.all_valid:
+                w_rows[~view.chunk.mask] = np.nan
+            self.weights.append(w_rows)
 
     def _update_sequences(self, view: ChunkView) -> None:
         conv, chunk, scored = self.conv, view.chunk, view.scored

@@ -24,21 +24,8 @@ _EMPTY_ROW_VALUE = {"train_log_ppl": 0.0, "train_ppl": 1.0, "rollout_log_ppl": 0
                     "diff": 0.0, "abs_diff": 0.0, "ppl_ratio": 1.0, "chi2_seq": 0.0}
 
 
-def _k3_clamped(chunk: TokenChunk) -> np.ndarray:
-    return chunk.ratio_m1(LOG_RATIO_CLAMP) - chunk.log_ratio(LOG_RATIO_CLAMP)
-
-
-def _k3_clamped10(chunk: TokenChunk) -> np.ndarray:
-    return np.clip(_k3_clamped(chunk), -10.0, 10.0)
-
-
-def _k3_raw(chunk: TokenChunk) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.expm1(chunk.ell) - chunk.ell
-
-
-_K3 = {"clamped": _k3_clamped, "clamped10": _k3_clamped10, "raw": _k3_raw}
-"""Per-row k3 term by Convention.k3 (0 on masked rows)."""
+_K3 = {"clamped": "k3", "clamped10": "k3_10", "raw": "k3_raw"}
+"""Per-sequence k3 sum column (kernels.SEQ_SUM_COLUMNS) by Convention.k3."""
 
 
 def _chi2_seq_geometric(mean_ell: np.ndarray, sum_ell: np.ndarray) -> np.ndarray:
@@ -98,14 +85,13 @@ class MetricsAccumulator:
         add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
         sum_ell = chunk.sum_ell
         self.sums["ell"].add(sum_ell)
-        self.sums["k3"].add(chunk.seq_sum(_K3[conv.k3](chunk)))
-        rho_m1 = chunk.ratio_m1(LOG_RATIO_CLAMP)
-        self.sums["chi2"].add(chunk.seq_sum(rho_m1 * (rho_m1 + 2.0)))  # ρ² − 1, accurate for tiny ℓ
+        self.sums["k3"].add(chunk.seq_column(_K3[conv.k3]))
+        self.sums["chi2"].add(chunk.seq_column("chi2"))  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
         t = counts[valid].astype(np.float64)
-        mean_a = chunk.seq_sum(chunk.a)[valid] / t
-        mean_b = chunk.seq_sum(chunk.b)[valid] / t
+        mean_a = chunk.seq_column("a")[valid] / t
+        mean_b = chunk.seq_column("b")[valid] / t
         mean_ell = sum_ell[valid] / t
         with np.errstate(over="ignore"):  # a PPL beyond 1e308 is reported as inf
             terms = {"train_log_ppl": -mean_a, "train_ppl": np.exp(-mean_a), "rollout_log_ppl": -mean_b,
@@ -210,11 +196,10 @@ class _SequenceCollector:
         self.parts: list[dict[str, np.ndarray]] = []
 
     def update_chunk(self, chunk: TokenChunk) -> None:
-        abs_ell = np.abs(chunk.ell)
         self.parts.append({
             "seq_id": chunk.seq_ids, "n_valid": chunk.counts, "sum_log_ratio": chunk.sum_ell,
-            "sum_abs": chunk.seq_sum(abs_ell), "max_abs_log_ratio": chunk.seq_max(abs_ell),
-            "sum_a": chunk.seq_sum(chunk.a), "sum_b": chunk.seq_sum(chunk.b)})
+            "sum_abs": chunk.seq_column("abs_ell"), "max_abs_log_ratio": chunk.sums[2],
+            "sum_a": chunk.seq_column("a"), "sum_b": chunk.seq_column("b")})
 
     def frame(self) -> Any:
         import pandas as pd

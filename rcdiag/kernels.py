@@ -1,0 +1,206 @@
+"""Fused numba kernels: one pass per token chunk for validation, per-sequence sums and token-level IS weights.
+
+Each kernel replaces a dozen numpy passes (and their temporaries) with one loop over the rows. Per-sequence sums
+use Neumaier compensated summation, so a sequence's sum is (nearly) correctly rounded and depends only on that
+sequence's values — never on how the rows were batched; callers feed these per-sequence values to the exact
+accumulators of rcdiag.accum. Compiled on first use and cached on disk (`cache=True`).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+_JIT = {"cache": True, "nogil": True}
+
+# prepare_rows error codes (the caller re-runs the numpy checks to raise the exact InputError)
+OK, BAD_KEY, BAD_VALUE = 0, 1, 2
+
+# columns of seq_sums' per-sequence output
+SEQ_SUM_COLUMNS = ("a", "b", "ell", "k3", "k3_10", "k3_raw", "chi2", "ell_hat", "abs_ell")
+S_A, S_B, S_ELL, S_K3, S_K3_10, S_K3_RAW, S_CHI2, S_ELL_HAT, S_ABS = range(len(SEQ_SUM_COLUMNS))
+
+# token_mode's scalar output
+TOKEN_MODE_FIELDS = ("n", "mean", "m2", "lo", "hi", "ess_mean", "ess_m2", "ess_lo", "ess_hi", "high", "low",
+                     "clipped", "kept_tokens", "kept_seqs")
+
+
+@numba.njit(**_JIT)
+def prepare_rows(seq, pos, a, b, mask, has_prev, prev_seq, prev_pos):
+    """One batch: check keys (pos ≥ 0, (seq_id, pos) strictly increasing, also after the previous batch's last key)
+    and finite log-probs on valid rows; return (code, a64, b64) with masked rows set to 0.0 (code OK, BAD_KEY or
+    BAD_VALUE; on an error the arrays are incomplete)."""
+    n = seq.size
+    a64 = np.empty(n, np.float64)
+    b64 = np.empty(n, np.float64)
+    last_s, last_p, have = prev_seq, prev_pos, has_prev
+    for i in range(n):
+        s, p = seq[i], np.int64(pos[i])
+        if p < 0 or (have and (s < last_s or (s == last_s and p <= last_p))):
+            return BAD_KEY, a64, b64
+        last_s, last_p, have = s, p, True
+        if mask[i]:
+            x, y = np.float64(a[i]), np.float64(b[i])
+            if not (math.isfinite(x) and math.isfinite(y)):
+                return BAD_VALUE, a64, b64
+            a64[i], b64[i] = x, y
+        else:
+            a64[i], b64[i] = 0.0, 0.0
+    return OK, a64, b64
+
+
+@numba.njit(**_JIT)
+def segment_starts(seq):
+    """First row of each run of equal seq_id (int64 [S]); empty input → empty."""
+    n = seq.size
+    out = np.empty(n, np.int64)
+    k = 0
+    for i in range(n):
+        if i == 0 or seq[i] != seq[i - 1]:
+            out[k] = i
+            k += 1
+    return out[:k]
+
+
+@numba.njit(inline="always")
+def _two_sum(s, c, x):
+    """(s + x, c + its rounding error): branch-free compensated step (Knuth's TwoSum)."""
+    t = s + x
+    z = t - s
+    return t, c + ((s - (t - z)) + (x - z))
+
+
+@numba.njit(inline="always")
+def _total(s, c):
+    """s + c, or s alone when s is ±inf/NaN (the compensation term is then NaN)."""
+    return s + c if math.isfinite(s) else s
+
+
+@numba.njit(**_JIT)
+def seq_sums(a, b, mask, starts, clamp):
+    """Per-sequence sums over the rows of a chunk (a, b float64 with masked rows 0), one pass.
+
+    Returns float64 [9, S] in SEQ_SUM_COLUMNS order (Σa, Σb, Σℓ, Σk3(ℓ̂), Σclamp(k3(ℓ̂), ±10), Σk3(ℓ), Σ(ρ̂²−1),
+    Σℓ̂, Σ|ℓ|), int64 [S] counts T_i, float64 [S] max |ℓ| over valid rows (−inf without one), and the rows ℓ̂ and
+    ρ̂ = exp(ℓ̂) (float64 [n]), where ℓ̂ = clamp(ℓ, ±clamp). The sums that cancel (Σℓ, Σ(ρ̂²−1), Σℓ̂) are
+    compensated; the others add terms of one sign.
+    """
+    n_seq = starts.size
+    n = a.size
+    out = np.empty((len(SEQ_SUM_COLUMNS), n_seq), np.float64)
+    counts = np.empty(n_seq, np.int64)
+    max_abs = np.empty(n_seq)
+    lr = np.empty(n, np.float64)
+    rho = np.empty(n, np.float64)
+    for k in range(n_seq):
+        sa = sb = k3 = k3_10 = k3_raw = s_abs = 0.0
+        s_ell = c_ell = s_chi = c_chi = s_hat = c_hat = 0.0
+        t = 0
+        top = -np.inf
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            x, y = a[i], b[i]
+            ell = x - y
+            lh = min(max(ell, -clamp), clamp)
+            rm1 = math.expm1(lh)
+            lr[i] = lh
+            rho[i] = rm1 + 1.0 if lh > -0.6931471805599453 else math.exp(lh)
+            term = rm1 - lh
+            sa += x
+            sb += y
+            k3 += term
+            k3_10 += min(term, 10.0)
+            k3_raw += term if lh == ell else math.expm1(ell) - ell
+            s_abs += abs(ell)
+            s_ell, c_ell = _two_sum(s_ell, c_ell, ell)
+            s_chi, c_chi = _two_sum(s_chi, c_chi, rm1 * (rm1 + 2.0))
+            s_hat, c_hat = _two_sum(s_hat, c_hat, lh)
+            if mask[i]:
+                t += 1
+                top = max(top, abs(ell))
+        out[S_A, k], out[S_B, k], out[S_ELL, k] = sa, sb, _total(s_ell, c_ell)
+        out[S_K3, k], out[S_K3_10, k], out[S_K3_RAW, k] = k3, k3_10, k3_raw
+        out[S_CHI2, k], out[S_ELL_HAT, k], out[S_ABS, k] = _total(s_chi, c_chi), _total(s_hat, c_hat), s_abs
+        counts[k] = t
+        max_abs[k] = top
+    return out, counts, max_abs, lr, rho
+
+
+@numba.njit(**_JIT)
+def token_rows(a, b, clamp):
+    """Row arrays ℓ̂ = clamp(a − b, ±clamp) and ρ = exp(ℓ̂) (float64 [n]; clamp = inf for none)."""
+    n = a.size
+    lr = np.empty(n, np.float64)
+    rho = np.empty(n, np.float64)
+    for i in range(n):
+        lh = min(max(a[i] - b[i], -clamp), clamp)
+        lr[i] = lh
+        rho[i] = math.exp(lh)
+    return lr, rho
+
+
+@numba.njit(**_JIT)
+def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo, mask_action, swift_ess):
+    """One token-level IS mode over the scored rows (`stat` True) of a chunk.
+
+    Weight w = clamp(ρ, [L, C]) (truncate) or ρ·[L ≤ ρ ≤ C] (mask, compared in log space); swift's ESS weight
+    w̃ = clamp(w, 1/C, C). Returns per-sequence Σw and Σw̃ (float64 [S], 0 for a sequence without scored rows),
+    the float64 [14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min, max of w and of w̃, counts) and
+    w on every row (0 on unscored rows)."""
+    n_seq = starts.size
+    n = lr.size
+    per_w = np.zeros(n_seq, np.float64)
+    per_e = np.zeros(n_seq, np.float64)
+    w_rows = np.zeros(n, np.float64)
+    out = np.zeros(len(TOKEN_MODE_FIELDS), np.float64)
+    count = 0
+    lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
+    n_high = n_low = n_out = kept_tok = kept_seq = 0
+    inv = 1.0 / upper
+    for k in range(n_seq):
+        first = starts[k]
+        last = starts[k + 1] if k + 1 < n_seq else n
+        s_w = c_w = s_e = c_e = 0.0
+        scored = kept = 0
+        for i in range(first, last):
+            if not stat[i]:
+                continue
+            x, r = lr[i], rho[i]
+            high = x > log_upper
+            below = x < log_lower
+            n_high += high
+            n_low += x < log_lo
+            out_flag = high or below
+            n_out += out_flag
+            if mask_action:
+                w = 0.0 if out_flag else r
+            else:
+                w = max(min(r, upper), lower)
+            kept += not (mask_action and out_flag)
+            scored += 1
+            w_rows[i] = w
+            s_w, c_w = _two_sum(s_w, c_w, w)
+            lo_w, hi_w = min(lo_w, w), max(hi_w, w)
+            if swift_ess:
+                e = min(max(w, inv), upper)
+                s_e, c_e = _two_sum(s_e, c_e, e)
+                lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+        per_w[k] = _total(s_w, c_w)
+        per_e[k] = _total(s_e, c_e)
+        count += scored
+        kept_tok += kept
+        kept_seq += kept > 0
+    m2 = m2e = mean_w = mean_e = 0.0
+    if count:
+        mean_w, mean_e = per_w.sum() / count, per_e.sum() / count
+        for i in range(n):
+            if stat[i]:
+                d = w_rows[i] - mean_w
+                m2 += d * d
+                if swift_ess:
+                    e = min(max(w_rows[i], inv), upper) - mean_e
+                    m2e += e * e
+    out[0], out[1], out[2], out[3], out[4] = count, mean_w, m2, lo_w, hi_w
+    out[5], out[6], out[7], out[8] = mean_e, m2e, lo_e, hi_e
+    out[9], out[10], out[11], out[12], out[13] = n_high, n_low, n_out, kept_tok, kept_seq
+    return per_w, per_e, out, w_rows

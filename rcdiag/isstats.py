@@ -226,7 +226,7 @@ class ModeStats:
         b = self.bounds
         per_w, per_e, out, w_rows = kernels.token_mode(
             view.lr_rows, view.rho_rows, view.stat_rows, view.chunk.starts, b.upper, b.lower or 0.0, b.log_upper,
-            b.log_lower, b.log_lo, self.action == "mask", self.ess is not None)
+            b.log_lower, b.log_lo, self.action == "mask", self.ess is not None, self.weights is not None)
         f = dict(zip(kernels.TOKEN_MODE_FIELDS, out.tolist(), strict=True))
         self.tok.add_reduced(per_w, int(f["n"]), f["mean"], f["m2"], f["lo"], f["hi"])
         if self.ess is not None:

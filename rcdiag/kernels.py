@@ -139,19 +139,28 @@ def token_rows(a, b, clamp):
     return lr, rho
 
 
+@numba.njit(inline="always")
+def _weight(x, r, upper, lower, log_upper, log_lower, mask_action):
+    """(w, out of [L, C]) of one row: ℓ̂ = x, ρ = r."""
+    out_flag = x > log_upper or x < log_lower
+    if mask_action:
+        return (0.0 if out_flag else r), out_flag
+    return max(min(r, upper), lower), out_flag
+
+
 @numba.njit(**_JIT)
-def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo, mask_action, swift_ess):
+def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo, mask_action, swift_ess, rows):
     """One token-level IS mode over the scored rows (`stat` True) of a chunk.
 
     Weight w = clamp(ρ, [L, C]) (truncate) or ρ·[L ≤ ρ ≤ C] (mask, compared in log space); swift's ESS weight
     w̃ = clamp(w, 1/C, C). Returns per-sequence Σw and Σw̃ (float64 [S], 0 for a sequence without scored rows),
-    the float64 [14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min, max of w and of w̃, counts) and
-    w on every row (0 on unscored rows)."""
+    the float64 [14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min, max of w and of w̃, counts) and,
+    when `rows`, w on every row (0 on unscored rows; else an empty array)."""
     n_seq = starts.size
     n = lr.size
     per_w = np.zeros(n_seq, np.float64)
     per_e = np.zeros(n_seq, np.float64)
-    w_rows = np.zeros(n, np.float64)
+    w_rows = np.zeros(n if rows else 0, np.float64)
     out = np.zeros(len(TOKEN_MODE_FIELDS), np.float64)
     count = 0
     lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
@@ -165,20 +174,15 @@ def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo
         for i in range(first, last):
             if not stat[i]:
                 continue
-            x, r = lr[i], rho[i]
-            high = x > log_upper
-            below = x < log_lower
-            n_high += high
+            x = lr[i]
+            w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
+            n_high += x > log_upper
             n_low += x < log_lo
-            out_flag = high or below
             n_out += out_flag
-            if mask_action:
-                w = 0.0 if out_flag else r
-            else:
-                w = max(min(r, upper), lower)
             kept += not (mask_action and out_flag)
             scored += 1
-            w_rows[i] = w
+            if rows:
+                w_rows[i] = w
             s_w, c_w = _two_sum(s_w, c_w, w)
             lo_w, hi_w = min(lo_w, w), max(hi_w, w)
             if swift_ess:
@@ -195,10 +199,11 @@ def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo
         mean_w, mean_e = per_w.sum() / count, per_e.sum() / count
         for i in range(n):
             if stat[i]:
-                d = w_rows[i] - mean_w
+                w = _weight(lr[i], rho[i], upper, lower, log_upper, log_lower, mask_action)[0]
+                d = w - mean_w
                 m2 += d * d
                 if swift_ess:
-                    e = min(max(w_rows[i], inv), upper) - mean_e
+                    e = min(max(w, inv), upper) - mean_e
                     m2e += e * e
     out[0], out[1], out[2], out[3], out[4] = count, mean_w, m2, lo_w, hi_w
     out[5], out[6], out[7], out[8] = mean_e, m2e, lo_e, hi_e

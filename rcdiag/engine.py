@@ -76,6 +76,34 @@ def check_model_dir(path: str | Path) -> Path:
     return directory.resolve()
 
 
+def _breaks_vllm_scan(module: Any) -> bool:
+    """True when vLLM's CPU kernel-override scan (`vars(value).get("kernel")` over every module attribute) would
+    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported."""
+    for value in list((getattr(module, "__dict__", None) or {}).values()):
+        try:
+            if hasattr(value, "__dict__"):
+                vars(value).get("kernel")
+        except Exception:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _scan_safe_modules() -> Iterator[None]:
+    """Hide the modules that break vLLM's start-up scan from sys.modules while the engine is built; they stay
+    loaded and usable through their parents, and are put back afterwards."""
+    import sys
+
+    hidden = {name: module for name, module in list(sys.modules.items()) if _breaks_vllm_scan(module)}
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
+
+
 def build_engine(settings: EngineSettings) -> Any:
     """A `vllm.LLM` returning processed log-probs. Sets ENV_DEFAULTS first (where unset)."""
     for key, value in ENV_DEFAULTS.items():
@@ -84,11 +112,12 @@ def build_engine(settings: EngineSettings) -> Any:
         from vllm import LLM
     except ImportError as exc:
         raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
-    return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
-               logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
-               enable_prefix_caching=settings.enable_prefix_caching,
-               gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
-               trust_remote_code=settings.trust_remote_code, disable_log_stats=True)
+    with _scan_safe_modules():
+        return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
+                   logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
+                   enable_prefix_caching=settings.enable_prefix_caching,
+                   gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
+                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True)
 
 
 def engine_facts(llm: Any) -> dict[str, Any]:

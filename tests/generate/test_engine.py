@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from rcdiag.engine import EngineSettings, _breaks_vllm_scan, _scan_safe_modules, check_model_dir, model_files_hash
+from rcdiag.engine import (
+    EngineSettings,
+    _breaks_vllm_scan,
+    _scan_safe_modules,
+    check_model_dir,
+    model_files_hash,
+)
 from rcdiag.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ engine settings (`rcdiag.probe_factors`), then store per-token results and a sum
 
 Trainer settings reuse `rcdiag.scoring` (load_model / score_sequences); engine settings build one vLLM engine
 per (dtype, prefix caching) with `rcdiag.engine` — one at a time, each closed before the next — and replay the
-tokens with `rcdiag.replay.replay_logprobs`. Metrics and the budget are in `rcdiag.probe_summary`.
+tokens with `rcdiag.probe_replay` (over `rcdiag.replay.replay_logprobs`). Metrics and the budget are in `rcdiag.probe_summary`.
 """
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
     """(replayed log-probs per engine setting, engine facts per setting: dtype, prefix caching, tokens and
     prefix-cache hits). One engine per (dtype, prefix caching), each closed before the next. `llm` (optional,
     caller-owned) serves the settings matching the run's own engine."""
-    from rcdiag.replay import replay_logprobs, warm_prefix_cache
+    from rcdiag.probe_replay import replay_cached, replay_pairs
 
     engine = run.manifest.get("engine") or {}
     model = engine_model(run)
@@ -180,13 +180,14 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
                               gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)))
         with engine_session(spec, own) as session:
             for setting in members:
-                if setting.read_prefix_cache:
-                    warm_prefix_cache(session, [p for p, _ in pairs])
-                stats: dict[str, Any] = {}
+                stats: dict[str, Any] = {"tokens": sum(len(p) + len(r) for p, r in pairs), "cached_tokens": 0}
                 with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar:
-                    values = replay_logprobs(session, pairs, temperature, one_at_a_time=setting.one_at_a_time,
-                                             read_prefix_cache=setting.read_prefix_cache, on_done=bar.update,
-                                             stats=stats)
+                    if setting.read_prefix_cache:
+                        stats = {}
+                        values = replay_cached(session, pairs, temperature, on_done=bar.update, stats=stats)
+                    else:
+                        values = replay_pairs(session, pairs, temperature, one_at_a_time=setting.one_at_a_time,
+                                              on_done=bar.update)
                 out[setting.name] = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
                 facts[setting.name] = {**stats, "dtype": dtype if dtype != "auto" else resolved,
                                        "enable_prefix_caching": caching, "built": own is None,
@@ -233,12 +234,15 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
         import torch
 
         torch.set_num_threads(config.threads)
-    train = [s for s in settings if isinstance(s, TrainSetting)]
-    values = trainer_pass(model_path, train, pairs, temperature, config.device, silent, say)
+    # vLLM first: building a vLLM CPU engine after transformers has loaded a model in the same process fails in
+    # vLLM 0.32's kernel dispatcher (AttributeError in register_triton_kernel_overrides); `rcdiag score` has the
+    # same order.
+    values: dict[str, np.ndarray] = {}
     facts: dict[str, dict[str, Any]] = {}
     if engine:
-        replayed, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
-        values.update(replayed)
+        values, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
+    train = [s for s in settings if isinstance(s, TrainSetting)]
+    values.update(trainer_pass(model_path, train, pairs, temperature, config.device, silent, say))
     for setting in settings:
         frame[setting.name] = values[setting.name]
     summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,

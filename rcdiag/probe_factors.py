@@ -40,7 +40,7 @@ class TrainSetting:
 
 @dataclass(frozen=True)
 class EngineSetting:
-    """vLLM replaying the fixed tokens by prefill (`rcdiag.replay.replay_logprobs`).
+    """vLLM replaying the fixed tokens by prefill (`rcdiag.probe_replay`).
 
     dtype None: the run's engine dtype; prefix_caching None: the run's setting; read_prefix_cache: prompts are
     first cached, then the responses are scored against that cached prompt KV (as in n-samples-per-prompt
@@ -77,13 +77,11 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
                     TrainSetting("train_fp16", "train_dtype", dtype="float16")),
     "attention": (TrainSetting("attn_sdpa", "attention", attn="sdpa", token_budget=1024),
                   TrainSetting("attn_eager", "attention", attn="eager", token_budget=1024)),
-    "packing": (TrainSetting("packed_512", "packing", token_budget=512),
-                TrainSetting("packed_4096", "packing", token_budget=4096),
+    "packing": (TrainSetting("packed_4096", "packing", token_budget=4096),
                 TrainSetting("train_bf16_packed_4096", "packing", baseline="train_bf16", dtype="bfloat16",
                              token_budget=4096)),
-    "chunk": (TrainSetting("chunk_16", "chunk", chunk_tokens=16),
-              TrainSetting("train_bf16_chunk_16", "chunk", baseline="train_bf16", dtype="bfloat16",
-                           chunk_tokens=16)),
+    "chunk": (TrainSetting("chunk_16", "chunk", chunk_tokens=16),),
+    "packing_small": (TrainSetting("packed_512", "packing_small", token_budget=512),),
     "engine_numerics": (EngineSetting(ENGINE_RUN, "engine_numerics", baseline=REFERENCE),),
     "decode_vs_prefill": (),  # rollout vs engine_replay: computed from the run's stored log-probs
     "engine_dtype": (EngineSetting("engine_float32", "engine_dtype", dtype="float32"),),
@@ -94,7 +92,8 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
 """Every factor and its settings. `decode_vs_prefill` needs `engine_numerics` (its replay)."""
 DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numerics", "decode_vs_prefill",
                    "engine_dtype", "prefix_caching", "batch_invariance")
-"""`attention_flex` is left out by default: flex attention compiles on first use (slow on CPU)."""
+"""Left out by default: `attention_flex` (flex attention compiles on first use, slow on CPU) and `packing_small`
+(a second token budget, 512)."""
 TRAINER_FACTORS = tuple(k for k, v in FACTORS.items() if all(isinstance(s, TrainSetting) for s in v) and v)
 
 

@@ -42,30 +42,34 @@ def _pairs(run: Run) -> tuple[list[tuple[list[int], list[int]]], np.ndarray]:
 
 def test_replay_reproduces_sampled_logprobs(vllm_engine: Any, generated: Run) -> None:
     """Prefill replay at the run's settings (temperature applied to the raw prompt log-probs) ≈ decode."""
-    from rcdiag.replay import replay_logprobs
+    from rcdiag.probe_replay import replay_pairs
 
     pairs, sampled = _pairs(generated)
-    replayed = np.concatenate(replay_logprobs(vllm_engine, pairs, 0.8)).astype(np.float64)
+    replayed = np.concatenate(replay_pairs(vllm_engine, pairs, 0.8)).astype(np.float64)
     diff = np.abs(replayed - sampled)
     assert diff.max() <= REPLAY_TOL, f"max |replay − sampled| {diff.max():.3g} at token {int(diff.argmax())}"
-    alone = np.concatenate(replay_logprobs(vllm_engine, pairs[:3], 0.8, one_at_a_time=True))
+    alone = np.concatenate(replay_pairs(vllm_engine, pairs[:3], 0.8, one_at_a_time=True))
     n = sum(len(r) for _, r in pairs[:3])
     assert np.abs(alone - replayed[:n]).max() <= REPLAY_TOL
 
 
-def test_replay_temperature_one_and_edges(vllm_engine: Any, generated: Run) -> None:
-    """T = 1 uses the cheap path (only the scored token); it must equal the full-vocabulary formula at T = 1,
-    i.e. the T = 0.8 replay rescaled. Empty input → []; an empty response → an empty array."""
-    from rcdiag.replay import replay_logprobs
+def test_replay_cached_and_edges(vllm_engine: Any, generated: Run) -> None:
+    """Scoring against a cached prompt agrees with the plain replay (float32 engine) and counts its tokens;
+    empty input → []; an empty response → an empty array; temperature 0 is refused."""
+    from rcdiag.errors import ConfigError
+    from rcdiag.probe_replay import replay_cached, replay_pairs
 
     pairs, _ = _pairs(generated)
-    assert replay_logprobs(vllm_engine, [], 1.0) == []
-    out = replay_logprobs(vllm_engine, [(pairs[0][0], [])], 0.8)
+    stats: dict[str, int] = {}
+    cached = np.concatenate(replay_cached(vllm_engine, pairs[:4], 0.8, stats=stats))
+    plain = np.concatenate(replay_pairs(vllm_engine, pairs[:4], 0.8))
+    assert np.abs(cached - plain).max() <= REPLAY_TOL
+    assert stats["tokens"] == sum(len(p) + len(r) for p, r in pairs[:4]) and stats["cached_tokens"] >= 0
+    assert replay_pairs(vllm_engine, [], 1.0) == []
+    out = replay_pairs(vllm_engine, [(pairs[0][0], [])], 0.8)
     assert len(out) == 1 and out[0].size == 0
-    t1 = replay_logprobs(vllm_engine, pairs[:2], 1.0)
-    assert all(np.all(v <= 0) and np.all(np.isfinite(v)) for v in t1)
-    with pytest.raises(ValueError, match="temperature"):
-        replay_logprobs(vllm_engine, pairs[:1], 0.0)
+    with pytest.raises(ConfigError, match="temperature"):
+        replay_pairs(vllm_engine, pairs[:1], 0.0)
 
 
 def test_probe_engine_factors_with_shared_engine(vllm_engine: Any, generated: Run) -> None:

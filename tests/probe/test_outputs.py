@@ -35,7 +35,7 @@ def test_cli_probe_writes_files_and_prints_budget(cli_probe, capsys: pytest.Capt
     assert f"mean |ℓ| {summary['gap']['mean_abs']:.4g}" in out
     bf16 = next(r for r in summary["budget"] if r["setting"] == "train_bf16")
     assert f"{'train_dtype':<18} {'train_bf16':<24} {bf16['mean_abs']:>10.3g} {bf16['share']:>8.1%}" in out
-    assert "float32 packed_512 vs alone: max |Δ| 0" in out
+    assert "float32 packed_4096 vs alone: max |Δ| 0" in out
     assert (run.path / "probes" / "cli.parquet").is_file()
 
 
@@ -121,4 +121,4 @@ def test_dashboard_probes_page(cli_probe, monkeypatch: pytest.MonkeyPatch) -> No
     budget = app.dataframe[0].value  # the budget table comes first
     assert budget["setting"].tolist() == [r["setting"] for r in summary["budget"]]
     assert budget["share"].tolist() == pytest.approx([r["share"] for r in summary["budget"]])
-    assert any("decode" in i.value or "packed_512" in i.value for i in app.info)
+    assert any("decode" in i.value or "packed_4096" in i.value for i in app.info)

@@ -21,7 +21,7 @@ KERNEL_REL_TOL = 4e-6
 
 @pytest.fixture(scope="module")
 def probed(probe_run: Run):
-    config = ProbeConfig(sample=10, factors=("train_dtype", "packing", "chunk", "attention"), name="trainer",
+    config = ProbeConfig(sample=10, factors=("train_dtype", "packing", "packing_small", "chunk", "attention"), name="trainer",
                          threads=1)
     result = run_probe(probe_run.path, config, silent=True)
     return result, pd.read_parquet(probe_run.path / "probes" / "trainer.parquet")

@@ -1,4 +1,4 @@
-"""`response_logprobs` (prompt log-probs → response log-probs at a temperature) against float64 references, on
+"""`rcdiag.probe_replay.response_logprobs` (prompt log-probs → response log-probs at a temperature) against float64 references, on
 random full-vocabulary raw log-probs and on the prefix-cache layouts vLLM returns (no vLLM engine needed)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from vllm.logprobs import Logprob
 
-from rcdiag.replay import response_logprobs
+from rcdiag.probe_replay import response_logprobs
 
 
 def _raw_entries(rng: np.random.Generator, n: int, vocab: int) -> tuple[list, np.ndarray]:
@@ -28,7 +28,7 @@ def test_temperature_applied_to_raw_logprobs(temperature: float) -> None:
     scaled = logits / temperature
     expected = [scaled[len(prompt) + j, tok] - np.logaddexp.reduce(scaled[len(prompt) + j])
                 for j, tok in enumerate(response)]
-    assert got.dtype == np.float32
+    assert got.dtype == np.float64
     # raw log-probs are float32-rounded by vLLM; the bound is float32 rounding × 1/T
     np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6 / temperature * max(1, np.abs(expected).max()))
 

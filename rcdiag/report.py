@@ -23,7 +23,7 @@ from rcdiag.conventions import CONVENTIONS as CONVENTION_TABLE
 from rcdiag.correction import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
 from rcdiag.correction import MODES as CORRECTION_MODES
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.scan import Scan, scan_run
+from rcdiag.scan import Scan
 from rcdiag.strata import titles
 
 MODES = tuple(CORRECTION_MODES)
@@ -99,14 +99,18 @@ def _validate(options: ReportOptions) -> None:
         raise ConfigError(f"--lower must lie in (0, {smallest:g}) (below every threshold), got {options.lower!r}")
 
 
-def build_report(run: Any, options: ReportOptions = ReportOptions()) -> RunReport:
-    """The full report of a Run: one streaming pass, then the library's metrics/IS simulation on the same data.
+def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
+    """The full report of a Run: per token file, the scan and the library's metrics/IS accumulators, merged in
+    file order (rcdiag.distributed.partials; `map_files` maps the files, default the builtin map, Ray tasks with
+    --ray: the same numbers either way).
 
     NaN/±inf log-probs on valid positions do not stop the report: the checks locate them and `metrics_error`
     says why the metrics (which refuse such input) are missing.
     """
+    from rcdiag.distributed.partials import run_passes
+
     _validate(options)
-    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=options.silent)
+    scan, library = run_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
     thresholds = (*options.thresholds, options.threshold)
     report = RunReport(run.name, str(run.path), run.manifest, options,
@@ -120,7 +124,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions()) -> RunRepor
     report.worst_sequences = _worst_sequences(run, ids, sums)
     report.prompts = worst_prompts(scan.info.prompt_id, sums)
     try:
-        _library_numbers(run, report)
+        _library_numbers(report, library)
     except InputError as exc:
         report.metrics_error = str(exc)
     report.recommendation = recommend(report)
@@ -135,25 +139,57 @@ def rejection_bound(option: str, threshold: float) -> tuple[str, float]:
     return option, bound
 
 
-def _library_numbers(run: Any, report: RunReport) -> None:
-    """metrics, IS modes, rejection options and the sweep, by rcdiag.metrics / rcdiag.correction accumulators fed
-    in ONE pass (the same numbers as compute_metrics / simulate / sweep, which each make their own pass)."""
-    import pandas as pd
+@dataclass
+class Library:
+    """The library accumulators of the report (metrics, the IS sweep grid, verl's rejection options), mergeable
+    over disjoint files; `rows` = B, the rows of the sequences table."""
 
-    from rcdiag.correction import IS_METRIC_NAMES, ISAccumulator, get_mode
+    grid: list[Any]
+    metrics: Any
+    sweep: Any
+    rejections: dict[str, Any]
+    rows: int = 0
+
+    @property
+    def consumers(self) -> list[Any]:
+        return [self.metrics, self.sweep, *self.rejections.values()]
+
+    def merge(self, other: Library) -> Library:
+        self.metrics.merge(other.metrics)
+        self.sweep.merge(other.sweep)
+        for name, acc in self.rejections.items():
+            acc.merge(other.rejections[name])
+        self.rows = max(self.rows, other.rows)
+        return self
+
+
+def library_accumulators(options: ReportOptions) -> Library:
+    """Fresh accumulators for `options` (fed in ONE pass; the same numbers as compute_metrics / simulate / sweep,
+    which each make their own pass)."""
+    from rcdiag.correction import ISAccumulator, get_mode
     from rcdiag.metrics import MetricsAccumulator
-    from rcdiag.tokendata import stream
 
-    o = report.options
+    o = options
     thresholds = tuple(dict.fromkeys((*o.thresholds, o.threshold)))
     grid = [get_mode(m).with_bounds(c, o.lower) for m in MODES for c in thresholds]
-    metrics = MetricsAccumulator(o.convention)
-    sweep = ISAccumulator(grid, o.convention)
     tis = [get_mode("token_truncate").with_bounds(o.threshold, o.lower)]
     rejections = {opt: ISAccumulator(tis, o.convention, rejection=[rejection_bound(opt, o.threshold)])
                   for opt in REJECTION_OPTIONS}
-    rows = stream(run, [metrics, sweep, *rejections.values()], silent=o.silent or run.num_tokens < 2_000_000,
-                  desc="metrics")
+    return Library(grid, MetricsAccumulator(o.convention), ISAccumulator(grid, o.convention), rejections)
+
+
+def _library_numbers(report: RunReport, library: Library | InputError) -> None:
+    """metrics, IS modes, rejection options and the sweep from the merged accumulators (raises the InputError the
+    metrics refused the data with)."""
+    import pandas as pd
+
+    from rcdiag.correction import IS_METRIC_NAMES
+
+    if isinstance(library, InputError):
+        raise library
+    o = report.options
+    grid, metrics, sweep, rejections, rows = (library.grid, library.metrics, library.sweep, library.rejections,
+                                              library.rows)
     report.metrics = metrics.finish(rows)
     results = sweep.finish(rows)
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
@@ -295,7 +331,8 @@ class ReportResult:
 
 
 def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
-                options: ReportOptions = ReportOptions(), fail_if: Sequence[str] = ()) -> ReportResult:
+                options: ReportOptions = ReportOptions(), fail_if: Sequence[str] = (),
+                map_files: Any = None) -> ReportResult:
     """Report one run (into `out`, default RUN/report/) or compare several (default ./rcdiag-report/, each run's
     own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work."""
     from rcdiag import gate
@@ -312,7 +349,7 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     target = Path(out) if out is not None else (
         opened[0].path / "report" if len(opened) == 1 else Path(DEFAULT_COMPARISON_DIR))
     check_out_dir(target)
-    reports = [build_report(run, options) for run in opened]
+    reports = [build_report(run, options, map_files) for run in opened]
     files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)
     written = write_files(target, files)
     failures = [f"{r.name}: {line}" for r in reports for line in gate.evaluate(conditions, gate.gate_values(r))]

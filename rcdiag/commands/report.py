@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.report import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions, make_report
 
@@ -39,6 +40,7 @@ def command(
     fail_if: Annotated[list[str] | None, typer.Option(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 
@@ -59,10 +61,17 @@ def command(
         rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16
 
         rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"
+
+        rcdiag report runs/big --ray auto    # per-file accumulators as Ray tasks; the same numbers
     """
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
                             thresholds=_thresholds(thresholds), silent=quiet)
-    result = make_report([str(r) for r in runs], out, options, fail_if or ())
+    if ray is not None:
+        from rcdiag.distributed.report import make_report_on_ray
+
+        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray)
+    else:
+        result = make_report([str(r) for r in runs], out, options, fail_if or ())
     if not quiet:
         for report in result.reports:
             bad = [f for f in report.checks if f.severity in ("warning", "error")]

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.generate import GenerateConfig
 
@@ -120,6 +121,10 @@ def command(
                                                     help="Run model code shipped with the model.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run made with other settings.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, vLLM warnings only.")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP,
+                                            rich_help_panel=_RUN)] = None,
+    engines: Annotated[int, typer.Option(help="With --ray: vLLM engine actors (and as many rescorers; one GPU "
+                                         "each when the cluster has GPUs).", rich_help_panel=_RUN)] = 1,
 ) -> None:
     """Sample rollouts with vLLM and store every token with its processed log-prob (stage 1), then rescore the
     same tokens with the training model, padding-free (stage 2).
@@ -140,6 +145,8 @@ def command(
         rcdiag score --rescore-only runs/gen --train-dtype bfloat16
 
         rcdiag score --rescore-both runs/trl --model ./model --temperature 0.7    # after `rcdiag import trl …`
+
+        rcdiag score -m ./model -p prompts.jsonl -o s3://bucket/runs/q05 --ray auto --engines 8   # on a Ray cluster
     """
     if quiet:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -161,6 +168,12 @@ def command(
                             prompt_field=prompt_field, shard_prompts=shard_prompts)
     if not generate_only:
         _rescore_config(train)  # refuse bad stage-2 options before stage 1 runs
+    if ray is not None:
+        from rcdiag.distributed.score import score_command
+
+        typer.echo(score_command(model, prompts, out, config, _rescore_config(train), ray, engines, overwrite,
+                                 quiet, generate_only))
+        return
     from rcdiag.generate import generate_run
 
     generate_run(model, prompts, out, config, overwrite=overwrite, silent=quiet)

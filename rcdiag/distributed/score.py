@@ -1,0 +1,238 @@
+"""`rcdiag score --ray`: generation and rescoring as one Ray Data pipeline over prompt shards.
+
+One row per shard k (prompts k·S … k·S+S−1, as the local path): `map_batches` with an actor pool of vLLM
+engines (one per GPU, or per worker on CPU) generates it with the same per-request seeds (rcdiag.generate),
+then an actor pool of training models rescores it (rcdiag.scoring) and writes the finished shard (tokens, then
+sequences, each atomically) into the run directory — a local path or a pyarrow filesystem URI. The driver only
+plans shards and writes the manifest last. A rerun skips complete shards; a killed actor is restarted by Ray
+Data and its shard retried, and since a shard is written whole under its fixed name nothing is lost or doubled.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from rcdiag.distributed.store import ShardSink, open_writer
+from rcdiag.engine import ENV_DEFAULTS, check_model_dir, model_files_hash
+from rcdiag.errors import ConfigError
+from rcdiag.generate import GenerateConfig
+from rcdiag.progress import progress
+
+ENV_FORWARDED = (*ENV_DEFAULTS, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
+"""Environment variables the driver forwards to the actors (runtime_env), so a remote cluster behaves alike."""
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+class EngineActor:
+    """One vLLM engine; turns a batch of shard rows (shard, prompts) into (shard, tokens, sequences, facts)."""
+
+    def __init__(self, model_dir: str, config: GenerateConfig):
+        from rcdiag.engine import build_engine, engine_facts
+
+        self.config = config
+        self.llm = build_engine(config.engine_settings(model_dir))
+        self.facts = json.dumps(engine_facts(self.llm), default=str)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        from rcdiag.generate import _reward_function, run_requests, shard_tables
+
+        out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": []}
+        for shard, blob in zip(batch["shard"], batch["prompts"], strict=True):
+            chunk = pickle.loads(blob)
+            results = run_requests(self.llm, chunk, self.config)
+            tokens, sequences = shard_tables(chunk, results, self.config.n, _reward_function(chunk))
+            for key, value in (("shard", int(shard)), ("tokens", _ipc(tokens)), ("sequences", _ipc(sequences)),
+                               ("facts", self.facts)):
+                out[key].append(value)
+        return out
+
+
+class RescoreActor:
+    """One training model; rescores generated shards and writes each finished shard into the run directory."""
+
+    def __init__(self, out: str, config: Any, temperature: float, epilogue_tokens: int):
+        from rcdiag.logprobs import choose_epilogue
+        from rcdiag.rescore import trainer_settings
+        from rcdiag.scoring import load_model, model_limits
+
+        self.sink, self.config, self.temperature = ShardSink(out), config, temperature
+        self.model = load_model(config.train_model, dtype=config.train_dtype, device=config.device,
+                                attn=config.attn, trust_remote_code=config.trust_remote_code)
+        self.limits = model_limits(self.model.config)
+        name, self.epilogue = choose_epilogue(epilogue_tokens, self.limits[0], config.device)
+        self.settings = trainer_settings(config.train_model, self.model, config, temperature, name)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": [], "trainer": []}
+        for shard, tok_blob, seq_blob, facts in zip(batch["shard"], batch["tokens"], batch["sequences"],
+                                                    batch["facts"], strict=True):
+            tokens, sequences = self._score(int(shard), _from_ipc(tok_blob), _from_ipc(seq_blob))
+            self.sink.write(int(shard), tokens, sequences)
+            for key, value in (("shard", int(shard)), ("tokens", tokens.num_rows),
+                               ("sequences", sequences.num_rows), ("facts", facts),
+                               ("trainer", json.dumps(self.settings, default=str))):
+                out[key].append(value)
+        return out
+
+    def _score(self, shard: int, tokens: pa.Table, sequences: pa.Table) -> tuple[pa.Table, pa.Table]:
+        from rcdiag.rescore import RESCORED_KEY, shard_pairs
+        from rcdiag.runstore import shard_name
+        from rcdiag.scoring import score_sequences
+
+        name = shard_name(shard)
+        pairs = shard_pairs(tokens, sequences, source=f"tokens/{name}", vocab_size=self.limits[0],
+                            max_context=self.limits[1])
+        scored = score_sequences(self.model, pairs, temperature=self.temperature,
+                                 token_budget=self.config.token_budget, chunk_tokens=self.config.chunk_tokens,
+                                 epilogue=self.epilogue, source=f"sequences/{name}")
+        for column, values in (("train_logprob", scored.logprobs), ("train_entropy", scored.entropies)):
+            index = tokens.schema.get_field_index(column)
+            tokens = tokens.set_column(index, pa.field(column, pa.float32()), pa.array(values, type=pa.float32()))
+        marker = {**(tokens.schema.metadata or {}), RESCORED_KEY: json.dumps(self.settings, sort_keys=True).encode()}
+        return tokens.replace_schema_metadata(marker), sequences
+
+
+def actor_resources(ray: Any, pools: int) -> dict[str, float]:
+    """Per-actor resources: one GPU each when the cluster has GPUs, else an equal share of its CPUs."""
+    total = ray.cluster_resources()
+    if total.get("GPU", 0) >= 1:
+        return {"num_gpus": 1}
+    return {"num_cpus": max(0.01, math.floor(100 * float(total.get("CPU", 1)) / pools) / 100)}
+
+
+def _runtime_env() -> dict[str, Any]:
+    env = {**ENV_DEFAULTS, **{k: os.environ[k] for k in ENV_FORWARDED if k in os.environ}}
+    return {"env_vars": env}
+
+
+def _plan(model: str | Path, prompts: str | Path, config: GenerateConfig, rescore: Any
+          ) -> tuple[Path, list[Any], dict[str, Any], Any]:
+    """(model dir, rendered prompts, run spec, rescore config with train_model set); refusals happen here."""
+    from rcdiag.generate import _context_length, _load_tokenizer, _tokenizer_section, run_spec
+    from rcdiag.prompts import load_prompts, render_prompts
+    from rcdiag.scoring import load_config
+    from rcdiag.tokenizer_check import check_vocabulary
+
+    model_dir = check_model_dir(model)
+    tokenizer = _load_tokenizer(model_dir, config.trust_remote_code)
+    loaded = load_prompts(prompts, prompt_field=config.prompt_field, limit=config.limit)
+    rendered = render_prompts(loaded, tokenizer, source=str(prompts), max_len=_context_length(model_dir, config))
+    rescore = replace(rescore, train_model=str(rescore.train_model or model_dir))
+    check_vocabulary({"tokenizer": _tokenizer_section(model_dir)}, str(model_dir), rescore.train_model,
+                     load_config(rescore.train_model, trust_remote_code=rescore.trust_remote_code))
+    spec = run_spec(config, model_dir, model_files_hash(model_dir), rendered)
+    spec["stage"] = "generate+rescore (ray)"
+    spec["trainer"] = {k: v for k, v in asdict(rescore).items() if k != "trust_remote_code"}
+    return model_dir, rendered, spec, rescore
+
+
+def score_on_ray(model: str | Path, prompts: str | Path, out: str, config: GenerateConfig | None = None,
+                 rescore: Any = None, *, ray_address: str = "auto", engines: int = 1, rescorers: int | None = None,
+                 overwrite: bool = False, silent: bool = False, engine_class: type = EngineActor
+                 ) -> dict[str, Any]:
+    """Generate and rescore (or resume) a run at `out` on a Ray cluster; returns its manifest.
+
+    `engines` vLLM actors and `rescorers` (default: as many) training-model actors run at once, each with a GPU
+    when the cluster has them. `engine_class` exists for tests (e.g. a subclass that lets a test kill it).
+    """
+    from rcdiag.distributed import ray_session
+    from rcdiag.rescore import RescoreConfig
+
+    config = config or GenerateConfig()
+    if engines < 1 or (rescorers is not None and rescorers < 1):
+        raise ConfigError(f"--engines must be ≥ 1, got {engines}")
+    model_dir, rendered, spec, rescore = _plan(model, prompts, config, rescore or RescoreConfig())
+    writer = open_writer(str(out), spec, overwrite=overwrite)
+    size = config.shard_prompts
+    done = set(writer.complete_shards())
+    todo = [k for k in range(math.ceil(len(rendered) / size)) if k not in done]
+    with ray_session(ray_address) as ray:
+        rows = _pipeline(ray, model_dir, rendered, todo, out, config, rescore, engines, rescorers or engines,
+                         engine_class, silent)
+    return _finish(writer, config, model_dir, prompts, rendered, rows, str(out))
+
+
+def _pipeline(ray: Any, model_dir: Path, rendered: list[Any], todo: list[int], out: str, config: GenerateConfig,
+              rescore: Any, engines: int, rescorers: int, engine_class: type, silent: bool) -> list[dict]:
+    """Run the two actor pools over the shards in `todo`; returns one summary row per written shard."""
+    if not todo:
+        return []
+    size = config.shard_prompts
+    items = [{"shard": k, "prompts": pickle.dumps(rendered[k * size:(k + 1) * size])} for k in todo]
+    resources = actor_resources(ray, engines + rescorers)
+    env = _runtime_env()
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    generated = dataset.map_batches(engine_class, batch_size=1, concurrency=engines, runtime_env=env,
+                                    fn_constructor_kwargs={"model_dir": str(model_dir), "config": config},
+                                    **resources)
+    expected = len(rendered) * config.n * config.max_tokens
+    scored = generated.map_batches(RescoreActor, batch_size=1, concurrency=rescorers, runtime_env=env,
+                                   fn_constructor_kwargs={"out": str(out), "config": rescore,
+                                                          "temperature": config.temperature,
+                                                          "epilogue_tokens": expected}, **resources)
+    rows = []
+    with progress(total=len(todo), desc="score (ray)", unit="shard", silent=silent) as bar:
+        for row in scored.iter_rows():
+            rows.append(row)
+            bar.update(1)
+            bar.set_postfix_str(f"{sum(r['tokens'] for r in rows)} tok")
+    return rows
+
+
+def _finish(writer: Any, config: GenerateConfig, model_dir: Path, prompts: str | Path, rendered: list[Any],
+            rows: list[dict], out: str) -> dict[str, Any]:
+    """Write the manifest last: the local path's sections, plus the trainer section and the cluster's shape."""
+    from rcdiag.generate import _manifest, _reward_function, _tokenizer_section
+
+    first = rows[0] if rows else _recorded(out)
+    facts, trainer = json.loads(first["facts"]), json.loads(first["trainer"])
+    manifest = _manifest(config, model_dir, model_files_hash(model_dir), Path(prompts), rendered, facts,
+                         _tokenizer_section(model_dir), _reward_function(rendered) is not None)
+    manifest["trainer"] = trainer
+    manifest["distributed"] = {"backend": "ray", "shards_this_run": sorted(int(r["shard"]) for r in rows)}
+    return writer.finish(manifest)
+
+
+def _recorded(out: str) -> dict[str, str]:
+    """Engine facts and trainer settings of a run whose shards are all written but whose manifest is not."""
+    import pyarrow.parquet as pq
+
+    from rcdiag.distributed.store import filesystem
+    from rcdiag.rescore import RESCORED_KEY
+    from rcdiag.runstore import TOKENS_DIR, shard_name
+
+    fs, base = filesystem(out)
+    metadata = pq.read_schema(f"{base}/{TOKENS_DIR}/{shard_name(0)}", filesystem=fs).metadata or {}
+    return {"facts": json.dumps({}), "trainer": metadata.get(RESCORED_KEY, b"{}").decode()}
+
+
+def score_command(model: Path, prompts: Path, out: Any, config: GenerateConfig, rescore: Any, ray_address: str,
+                  engines: int, overwrite: bool, quiet: bool, generate_only: bool) -> str:
+    """`rcdiag score --ray`: run the pipeline and return the one-line summary the CLI prints."""
+    from rcdiag.distributed.store import normalize_out
+
+    if generate_only:
+        raise ConfigError("--ray runs generation and rescoring as one pipeline; drop --generate-only (or --ray)")
+    target = normalize_out(str(out))
+    manifest = score_on_ray(model, prompts, target, config, rescore, ray_address=ray_address, engines=engines,
+                            overwrite=overwrite, silent=quiet)
+    counts = manifest["counts"]
+    return (f"{target}: {counts['sequences']} sequences, {counts['tokens']} tokens in {counts['shards']} shard(s) "
+            f"(generated + rescored on Ray, {engines} engine(s))")

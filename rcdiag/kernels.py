@@ -14,7 +14,7 @@ import numpy as np
 
 _JIT = {"cache": True, "nogil": True}
 
-# prepare_rows error codes (the caller re-runs the numpy checks to raise the exact InputError)
+# check_rows error codes (the caller re-runs the numpy checks to raise the exact InputError)
 OK, BAD_KEY, BAD_VALUE = 0, 1, 2
 
 # columns of seq_sums' per-sequence output
@@ -27,27 +27,26 @@ TOKEN_MODE_FIELDS = ("n", "mean", "m2", "lo", "hi", "ess_mean", "ess_m2", "ess_l
 
 
 @numba.njit(**_JIT)
-def prepare_rows(seq, pos, a, b, mask, has_prev, prev_seq, prev_pos):
-    """One batch: check keys (pos ≥ 0, (seq_id, pos) strictly increasing, also after the previous batch's last key)
-    and finite log-probs on valid rows; return (code, a64, b64) with masked rows set to 0.0 (code OK, BAD_KEY or
-    BAD_VALUE; on an error the arrays are incomplete)."""
-    n = seq.size
-    a64 = np.empty(n, np.float64)
-    b64 = np.empty(n, np.float64)
+def check_rows(seq, pos, a, b, mask, has_prev, prev_seq, prev_pos):
+    """One batch: OK when pos ≥ 0, (seq_id, pos) strictly increases (also after the previous batch's last key) and
+    the log-probs a, b are finite on valid rows; else BAD_KEY or BAD_VALUE at the first failure."""
     last_s, last_p, have = prev_seq, prev_pos, has_prev
-    for i in range(n):
+    for i in range(seq.size):
         s, p = seq[i], np.int64(pos[i])
         if p < 0 or (have and (s < last_s or (s == last_s and p <= last_p))):
-            return BAD_KEY, a64, b64
+            return BAD_KEY
         last_s, last_p, have = s, p, True
-        if mask[i]:
-            x, y = np.float64(a[i]), np.float64(b[i])
-            if not (math.isfinite(x) and math.isfinite(y)):
-                return BAD_VALUE, a64, b64
-            a64[i], b64[i] = x, y
-        else:
-            a64[i], b64[i] = 0.0, 0.0
-    return OK, a64, b64
+        if mask[i] and not (math.isfinite(a[i]) and math.isfinite(b[i])):
+            return BAD_VALUE
+    return OK
+
+
+@numba.njit(inline="always")
+def _row(a, b, mask, i):
+    """(a, b) of row i as float64, (0, 0) on a masked row."""
+    if mask[i]:
+        return np.float64(a[i]), np.float64(b[i])
+    return 0.0, 0.0
 
 
 @numba.njit(**_JIT)
@@ -79,7 +78,7 @@ def _total(s, c):
 
 @numba.njit(**_JIT)
 def seq_sums(a, b, mask, starts, clamp):
-    """Per-sequence sums over the rows of a chunk (a, b float64 with masked rows 0), one pass.
+    """Per-sequence sums over the rows of a chunk (a, b float32/64 read as 0 on masked rows), one pass.
 
     Returns float64 [9, S] in SEQ_SUM_COLUMNS order (Σa, Σb, Σℓ, Σk3(ℓ̂), Σclamp(k3(ℓ̂), ±10), Σk3(ℓ), Σ(ρ̂²−1),
     Σℓ̂, Σ|ℓ|), int64 [S] counts T_i, float64 [S] max |ℓ| over valid rows (−inf without one), and the rows ℓ̂ and
@@ -99,7 +98,7 @@ def seq_sums(a, b, mask, starts, clamp):
         t = 0
         top = -np.inf
         for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
-            x, y = a[i], b[i]
+            x, y = _row(a, b, mask, i)
             ell = x - y
             lh = min(max(ell, -clamp), clamp)
             rm1 = math.expm1(lh)
@@ -127,13 +126,15 @@ def seq_sums(a, b, mask, starts, clamp):
 
 
 @numba.njit(**_JIT)
-def token_rows(a, b, clamp):
-    """Row arrays ℓ̂ = clamp(a − b, ±clamp) and ρ = exp(ℓ̂) (float64 [n]; clamp = inf for none)."""
+def token_rows(a, b, mask, clamp):
+    """Row arrays ℓ̂ = clamp(a − b, ±clamp) and ρ = exp(ℓ̂) (float64 [n]; 0 and 1 on masked rows; clamp = inf for
+    none)."""
     n = a.size
     lr = np.empty(n, np.float64)
     rho = np.empty(n, np.float64)
     for i in range(n):
-        lh = min(max(a[i] - b[i], -clamp), clamp)
+        x, y = _row(a, b, mask, i)
+        lh = min(max(x - y, -clamp), clamp)
         lr[i] = lh
         rho[i] = math.exp(lh)
     return lr, rho

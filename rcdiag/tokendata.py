@@ -35,25 +35,37 @@ _HINTS = {
 
 @dataclass
 class TokenChunk:
-    """Whole sequences of token rows, float64, sorted by (seq_id, pos).
+    """Whole sequences of token rows, sorted by (seq_id, pos).
 
-    Arrays of length n (rows): `pos` int64, `a` (train) and `b` (rollout) float64 set to 0.0 on masked rows,
-    `mask` bool. Arrays of length S (sequences with ≥ 1 row): `seq_ids` int64, `starts` (first row), `lengths`.
+    Arrays of length n (rows): `pos` int, `train` and `rollout` log-probs as read (float32 or float64; any value on
+    masked rows), `mask` bool; `a` (train) and `b` (rollout) float64 with 0.0 on masked rows are built on first
+    use (the kernels read `train`/`rollout` directly). Arrays of length S (sequences with ≥ 1 row): `seq_ids` int64,
+    `starts` (first row), `lengths`.
     """
 
     seq_ids: np.ndarray
     starts: np.ndarray
     lengths: np.ndarray
     pos: np.ndarray
-    a: np.ndarray
-    b: np.ndarray
+    train: np.ndarray
+    rollout: np.ndarray
     mask: np.ndarray
     all_valid: bool
     cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
-        return int(self.a.size)
+        return int(self.mask.size)
+
+    @cached_property
+    def a(self) -> np.ndarray:
+        """Train log-probs, float64 [n], 0.0 on masked rows."""
+        return np.where(self.mask, self.train, 0.0)
+
+    @cached_property
+    def b(self) -> np.ndarray:
+        """Rollout log-probs, float64 [n], 0.0 on masked rows."""
+        return np.where(self.mask, self.rollout, 0.0)
 
     @cached_property
     def ell(self) -> np.ndarray:
@@ -65,7 +77,7 @@ class TokenChunk:
         """Per-sequence sums in one fused pass: (float64 [9, S] in kernels.SEQ_SUM_COLUMNS order, int64 [S]
         counts T_i, float64 [S] max |ℓ| over valid rows, rows ℓ̂ and exp(ℓ̂) at the ±20 clamp); see
         kernels.seq_sums."""
-        return kernels.seq_sums(self.a, self.b, self.mask, self.starts, LOG_RATIO_CLAMP)
+        return kernels.seq_sums(self.train, self.rollout, self.mask, self.starts, LOG_RATIO_CLAMP)
 
     def seq_column(self, name: str) -> np.ndarray:
         """One per-sequence sum (float64 [S]) by kernels.SEQ_SUM_COLUMNS name, e.g. "ell" → S_i = Σ m_t ℓ_t."""
@@ -114,7 +126,8 @@ class TokenChunk:
             return self.sums[3], self.sums[4]
         key = ("token_rows", clamp)
         if key not in self.cache:
-            self.cache[key] = kernels.token_rows(self.a, self.b, np.inf if clamp is None else float(clamp))
+            self.cache[key] = kernels.token_rows(self.train, self.rollout, self.mask,
+                                                 np.inf if clamp is None else float(clamp))
         return self.cache[key]
 
     def log_ratio(self, clamp: float | None) -> np.ndarray:
@@ -196,11 +209,10 @@ class _Validator:
         train, rollout = _float_column(batch, "train_logprob"), _float_column(batch, "rollout_logprob")
         has_prev = self.previous is not None
         prev = self.previous or (0, 0)
-        code, a, b = kernels.prepare_rows(seq, pos, train, rollout, mask, has_prev, prev[0], prev[1])
-        if code != kernels.OK:  # the numpy checks name the first offending row and column
+        if kernels.check_rows(seq, pos, train, rollout, mask, has_prev, prev[0], prev[1]) != kernels.OK:  # the numpy checks name the first offending row and column
             self._raise(source, offset, seq, pos, mask, {"train_logprob": train, "rollout_logprob": rollout})
         self.previous = int(seq[-1]), int(pos[-1])
-        return seq, pos, a, b, mask
+        return seq, pos, train, rollout, mask
 
     def _raise(self, source: str, offset: int, seq: np.ndarray, pos: np.ndarray, mask: np.ndarray,
                values: dict[str, np.ndarray]) -> None:
@@ -208,7 +220,7 @@ class _Validator:
         for name, x in values.items():
             check_finite(x.astype(np.float64), mask, column=name, seq_id=seq, pos=pos, source=source,
                          row_offset=offset, hint=_HINTS[name])
-        raise AssertionError("kernels.prepare_rows refused a batch that the numpy checks accept")
+        raise AssertionError("kernels.check_rows refused a batch that the numpy checks accept")
 
 
 def _float_column(batch: pa.RecordBatch, name: str) -> np.ndarray:
@@ -274,12 +286,13 @@ class Chunker:
         return _make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5)))
 
 
-def _make_chunk(seq: np.ndarray, pos: np.ndarray, a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> TokenChunk:
-    """A TokenChunk of whole sequences (a, b already 0.0 on masked rows)."""
+def _make_chunk(seq: np.ndarray, pos: np.ndarray, train: np.ndarray, rollout: np.ndarray,
+                mask: np.ndarray) -> TokenChunk:
+    """A TokenChunk of whole sequences (validated rows)."""
     starts = kernels.segment_starts(seq)
     lengths = np.diff(np.append(starts, seq.size))
-    return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, a=a, b=b, mask=mask,
-                      all_valid=bool(mask.all()))
+    return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, train=train, rollout=rollout,
+                      mask=mask, all_valid=bool(mask.all()))
 
 
 # --------------------------------------------------------------------------------------------------- universe

@@ -18,7 +18,7 @@ import numpy as np
 
 from rcdiag.conventions import DEFAULT_CONVENTION, Convention, get_convention
 from rcdiag.errors import ConfigError
-from rcdiag.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats
+from rcdiag.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
 from rcdiag.rejection import Rejection, keep_rows, parse_rejections
 from rcdiag.tokendata import DEFAULT_BATCH_ROWS, TokenChunk, stream
 
@@ -101,9 +101,7 @@ class ISAccumulator:
     def update_chunk(self, chunk: TokenChunk) -> None:
         if chunk.n == 0:
             return
-        view = ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk))
-        for stats in self.stats:
-            stats.update(view)
+        update_modes(self.stats, ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk)))
         if self.keys is not None:
             self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos))
 

@@ -194,11 +194,12 @@ class ModeStats:
         self.weights: list[np.ndarray] | None = [] if keep_weights else None
 
     # ------------------------------------------------------------------ update
-    def update(self, view: ChunkView) -> None:
+    def update(self, view: ChunkView, token_result: tuple[np.ndarray, ...] | None = None) -> None:
+        """Add a chunk (token modes: with their slice of kernels.token_modes' result, see update_modes)."""
         self.n_valid_tokens += int(view.chunk.counts.sum())
         self.n_valid_seqs += int(np.count_nonzero(view.chunk.counts))
         if self.level == "token":
-            self._update_tokens(view)
+            self._update_tokens(view, token_result)
         else:
             self._update_sequences(view)
 
@@ -221,12 +222,14 @@ class ModeStats:
         if self.ess is not None:
             self.ess.add_rows(np.clip(w, 1.0 / self.bounds.upper, self.bounds.upper), starts)
 
-    def _update_tokens(self, view: ChunkView) -> None:
-        """One fused kernel pass over the chunk's rows (kernels.token_mode)."""
+    def kernel_params(self) -> tuple[float, ...]:
+        """This token mode's row of kernels.token_modes' `params`."""
         b = self.bounds
-        per_w, per_e, out, w_rows = kernels.token_mode(
-            view.lr_rows, view.rho_rows, view.stat_rows, view.chunk.starts, b.upper, b.lower or 0.0, b.log_upper,
-            b.log_lower, b.log_lo, self.action == "mask", self.ess is not None, self.weights is not None)
+        return b.upper, b.lower or 0.0, b.log_upper, b.log_lower, b.log_lo, float(self.action == "mask")
+
+    def _update_tokens(self, view: ChunkView, result: tuple[np.ndarray, ...]) -> None:
+        """Add this mode's slice of kernels.token_modes' result (per_w, per_e, fields, weights)."""
+        per_w, per_e, out, w_rows = result
         f = dict(zip(kernels.TOKEN_MODE_FIELDS, out.tolist(), strict=True))
         self.tok.add_reduced(per_w, int(f["n"]), f["mean"], f["m2"], f["lo"], f["hi"])
         if self.ess is not None:
@@ -237,6 +240,7 @@ class ModeStats:
         if "fraction_high" in self.conv.float32_counts:
             c["high_f32"], c["low_f32"] = c["high"], c["low"]
         if self.weights is not None:
+            w_rows = w_rows.copy()
             if not view.chunk.all_valid:
                 w_rows[~view.chunk.mask] = np.nan
             self.weights.append(w_rows)
@@ -347,6 +351,20 @@ class ModeStats:
         return {"clipped_frac": clipped, "fraction_high": high, "fraction_low": low,
                 "kept_token_frac": ratio(c["kept_tokens"], self.n_valid_tokens),
                 "kept_seq_frac": ratio(c["kept_seqs"], self.n_valid_seqs)}
+
+
+def update_modes(stats: list[ModeStats], view: ChunkView) -> None:
+    """Add one chunk to every mode: all token-level modes from ONE fused kernel pass over the rows."""
+    token = [s for s in stats if s.level == "token"]
+    if token:
+        result = kernels.token_modes(view.lr_rows, view.rho_rows, view.stat_rows, view.chunk.starts,
+                                     np.array([s.kernel_params() for s in token], dtype=np.float64),
+                                     token[0].ess is not None, token[0].weights is not None)
+        for j, mode in enumerate(token):
+            mode.update(view, tuple(r[j] for r in result))
+    for mode in stats:
+        if mode.level != "token":
+            mode.update(view)
 
 
 def _f32(k: int, n: int) -> float:

@@ -150,63 +150,72 @@ def _weight(x, r, upper, lower, log_upper, log_lower, mask_action):
 
 
 @numba.njit(**_JIT)
-def token_mode(lr, rho, stat, starts, upper, lower, log_upper, log_lower, log_lo, mask_action, swift_ess, rows):
-    """One token-level IS mode over the scored rows (`stat` True) of a chunk.
+def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
+    """Token-level IS modes over the scored rows (`stat` True) of a chunk, all modes in one pass over the rows.
 
-    Weight w = clamp(ρ, [L, C]) (truncate) or ρ·[L ≤ ρ ≤ C] (mask, compared in log space); swift's ESS weight
-    w̃ = clamp(w, 1/C, C). Returns per-sequence Σw and Σw̃ (float64 [S], 0 for a sequence without scored rows),
-    the float64 [14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min, max of w and of w̃, counts) and,
-    when `rows`, w on every row (0 on unscored rows; else an empty array)."""
-    n_seq = starts.size
-    n = lr.size
-    per_w = np.zeros(n_seq, np.float64)
-    per_e = np.zeros(n_seq, np.float64)
-    w_rows = np.zeros(n if rows else 0, np.float64)
-    out = np.zeros(len(TOKEN_MODE_FIELDS), np.float64)
+    `params` float64 [M, 6]: per mode C, L (0 for none), log C, log L (−inf for none), log of the "low" bound,
+    mask (1) or truncate (0). Weight w = clamp(ρ, [L, C]) (truncate) or ρ·[L ≤ ρ ≤ C] (mask, compared in log
+    space); swift's ESS weight w̃ = clamp(w, 1/C, C). Returns per-sequence Σw and Σw̃ (float64 [M, S], 0 for a
+    sequence without scored rows), float64 [M, 14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min,
+    max of w and of w̃, counts) and, when `rows`, w on every row (float64 [M, n], 0 on unscored rows; else
+    [M, 0]).
+    """
+    n_modes, n_seq, n = params.shape[0], starts.size, lr.size
+    per_w = np.zeros((n_modes, n_seq))
+    per_e = np.zeros((n_modes, n_seq))
+    w_rows = np.zeros((n_modes, n if rows else 0))
+    out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
     count = 0
-    lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
-    n_high = n_low = n_out = kept_tok = kept_seq = 0
-    inv = 1.0 / upper
-    for k in range(n_seq):
-        first = starts[k]
-        last = starts[k + 1] if k + 1 < n_seq else n
-        s_w = c_w = s_e = c_e = 0.0
-        scored = kept = 0
-        for i in range(first, last):
-            if not stat[i]:
-                continue
-            x = lr[i]
-            w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
-            n_high += x > log_upper
-            n_low += x < log_lo
-            n_out += out_flag
-            kept += not (mask_action and out_flag)
-            scored += 1
-            if rows:
-                w_rows[i] = w
-            s_w, c_w = _two_sum(s_w, c_w, w)
-            lo_w, hi_w = min(lo_w, w), max(hi_w, w)
-            if swift_ess:
-                e = min(max(w, inv), upper)
-                s_e, c_e = _two_sum(s_e, c_e, e)
-                lo_e, hi_e = min(lo_e, e), max(hi_e, e)
-        per_w[k] = _total(s_w, c_w)
-        per_e[k] = _total(s_e, c_e)
-        count += scored
-        kept_tok += kept
-        kept_seq += kept > 0
-    m2 = m2e = mean_w = mean_e = 0.0
-    if count:
-        mean_w, mean_e = per_w.sum() / count, per_e.sum() / count
-        for i in range(n):
-            if stat[i]:
-                w = _weight(lr[i], rho[i], upper, lower, log_upper, log_lower, mask_action)[0]
-                d = w - mean_w
-                m2 += d * d
+    for i in range(n):
+        count += stat[i]
+    for j in range(n_modes):  # modes outer, a sequence's rows inner: the accumulators stay in registers
+        upper, lower, log_upper, log_lower, log_lo = params[j, 0], params[j, 1], params[j, 2], params[j, 3], params[j, 4]
+        mask_action = params[j, 5] > 0
+        lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
+        n_high = n_low = n_out = kept_tok = kept_seq = 0
+        for k in range(n_seq):
+            s_w = c_w = s_e = c_e = 0.0
+            kept = 0
+            for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+                if not stat[i]:
+                    continue
+                x = lr[i]
+                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
+                n_high += x > log_upper
+                n_low += x < log_lo
+                n_out += out_flag
+                kept += not (mask_action and out_flag)
+                if rows:
+                    w_rows[j, i] = w
+                s_w, c_w = _two_sum(s_w, c_w, w)
+                lo_w, hi_w = min(lo_w, w), max(hi_w, w)
                 if swift_ess:
-                    e = min(max(w, inv), upper) - mean_e
-                    m2e += e * e
-    out[0], out[1], out[2], out[3], out[4] = count, mean_w, m2, lo_w, hi_w
-    out[5], out[6], out[7], out[8] = mean_e, m2e, lo_e, hi_e
-    out[9], out[10], out[11], out[12], out[13] = n_high, n_low, n_out, kept_tok, kept_seq
+                    e = min(max(w, 1.0 / upper), upper)
+                    s_e, c_e = _two_sum(s_e, c_e, e)
+                    lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+            per_w[j, k] = _total(s_w, c_w)
+            per_e[j, k] = _total(s_e, c_e)
+            kept_tok += kept
+            kept_seq += kept > 0
+        out[j, 0] = count
+        out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w, hi_w, lo_e, hi_e
+        out[j, 9], out[j, 10], out[j, 11], out[j, 12], out[j, 13] = n_high, n_low, n_out, kept_tok, kept_seq
+        if count:
+            out[j, 1], out[j, 5] = per_w[j].sum() / count, per_e[j].sum() / count
+            out[j, 2], out[j, 6] = _second_pass(lr, rho, stat, params[j], swift_ess, out[j, 1], out[j, 5])
     return per_w, per_e, out, w_rows
+
+
+@numba.njit(inline="always")
+def _second_pass(lr, rho, stat, p, swift_ess, mean_w, mean_e):
+    """(M2 of w about mean_w, M2 of w̃ about mean_e) over the scored rows, for one mode's params row `p`."""
+    m2 = m2e = 0.0
+    upper, mask_action = p[0], p[5] > 0
+    for i in range(lr.size):
+        if stat[i]:
+            w = _weight(lr[i], rho[i], upper, p[1], p[2], p[3], mask_action)[0]
+            m2 += (w - mean_w) * (w - mean_w)
+            if swift_ess:
+                e = min(max(w, 1.0 / upper), upper) - mean_e
+                m2e += e * e
+    return m2, m2e

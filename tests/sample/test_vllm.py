@@ -18,7 +18,8 @@ SCRIPT = r"""
 import json, sys
 from vllm import LLM, SamplingParams
 model, chats = sys.argv[1], json.loads(sys.stdin.read())
-llm = LLM(model=model, dtype="bfloat16", max_model_len=512, seed=0, disable_log_stats=True)
+llm = LLM(model=model, dtype="bfloat16", max_model_len=512, seed=0, disable_log_stats=True,
+          enforce_eager=True, compilation_config={"mode": 0})  # skip the inductor compile (most of the start-up)
 greedy = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=220), use_tqdm=False)
 sampled = llm.chat(chats[:2], SamplingParams(temperature=1.0, max_tokens=220, logprobs=0, seed=0), use_tqdm=False)
 print("RESULT " + json.dumps({

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -104,14 +105,15 @@ def lr_at(step: int, a: argparse.Namespace) -> float:
     return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def train(model: Qwen2ForCausalLM, packer: Packer, a: argparse.Namespace) -> list[tuple[int, float]]:
-    """Plain AdamW loop in float32 on packed rows; prints and returns the loss curve [(step, loss)]."""
+def train(model: Qwen2ForCausalLM, packer: Packer, a: argparse.Namespace) -> tuple[list[tuple[int, float]], float]:
+    """Plain AdamW loop in float32 on packed rows; prints the loss curve and returns it [(step, loss)] with the
+    machine's mean 1-minute load average over the run (training time depends on it on shared machines)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0}],
                             lr=a.lr, betas=(0.9, 0.95))
     model.train()
-    curve, run, t0 = [], 0.0, time.time()
+    curve, loads, run, t0 = [], [], 0.0, time.time()
     for step in range(a.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
@@ -123,10 +125,11 @@ def train(model: Qwen2ForCausalLM, packer: Packer, a: argparse.Namespace) -> lis
         run = loss.item() if step == 0 else 0.9 * run + 0.1 * loss.item()
         if step % 10 == 0 or step == a.steps - 1:
             curve.append((step, round(loss.item(), 4)))
+            loads.append(os.getloadavg()[0])
             print(f"step {step:5d}  loss {loss.item():.4f}  (ema {run:.4f})  lr {lr_at(step, a):.2e}  "
                   f"{time.time() - t0:6.0f}s", flush=True)
     model.eval()
-    return curve
+    return curve, sum(loads) / max(1, len(loads))
 
 
 def write_prompts(path: Path, examples: list[task.Example]) -> None:
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model: {n_params:,} parameters; training {a.steps} steps x {a.rows} x {a.row_len} tokens", flush=True)
     packer = Packer(raw, task.stream(a.seed + 2, exclude), a.row_len, hf_tok.eos_token_id, hf_tok.pad_token_id)
     t_train = time.time()
-    curve = train(model, packer, a)
+    curve, load = train(model, packer, a)
     train_s = time.time() - t_train
     model.generation_config = GenerationConfig(eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id)
     stats = evaluate(model, hf_tok, held[: a.eval_n], seed=a.seed)
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     model.to(torch.bfloat16).save_pretrained(tmp)
     hf_tok.save_pretrained(tmp)
     write_card(tmp / "README.md", args=vars(a), n_params=n_params, vocab=len(hf_tok), curve=curve, stats=stats,
-               train_s=train_s, total_s=time.time() - t_start)
+               train_s=train_s, total_s=time.time() - t_start, load=load)
     shutil.rmtree(a.out, ignore_errors=True)
     tmp.rename(a.out)
     print(f"saved {a.out} in {time.time() - t_start:.0f}s", flush=True)

@@ -64,11 +64,12 @@ def evaluate(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, examples: li
 
 
 def write_card(path: Path, *, args: dict, n_params: int, vocab: int, curve: list[tuple[int, float]],
-               stats: dict[str, float], train_s: float, total_s: float) -> None:
+               stats: dict[str, float], train_s: float, total_s: float, load: float) -> None:
     """The model card README.md: task, training recipe, size, measured numbers, rebuild command."""
     size_mb = sum(f.stat().st_size for f in path.parent.iterdir() if f.is_file()) / 1e6
     tokens = args["steps"] * args["rows"] * args["row_len"]
-    loss = ", ".join(f"{s}: {v:.3f}" for s, v in curve[:: max(1, len(curve) // 12)] + curve[-1:])
+    shown = curve[:: max(1, len(curve) // 12)]
+    loss = ", ".join(f"{s}: {v:.3f}" for s, v in shown + ([curve[-1]] if curve and shown[-1] != curve[-1] else []))
     text = f"""# rcdiag sample model: tiny Qwen2 arithmetic word-problem policy
 
 A {n_params / 1e6:.2f} M-parameter `Qwen2ForCausalLM` trained from scratch by `sample_data/build_model.py` on
@@ -95,7 +96,8 @@ AdamW (β 0.9/0.95, weight decay {args['weight_decay']}, grad clip 1.0), peak lr
 warm-up steps then cosine to {args['min_lr_frac']}× peak; {args['steps']} steps of {args['rows']} packed rows ×
 {args['row_len']} tokens ({tokens / 1e6:.1f} M tokens; position ids restart per example; loss on response tokens
 only). Seeds fixed (`--seed {args['seed']}`). Training took {train_s / 60:.1f} min ({total_s / 60:.1f} min in all)
-with {args['threads']} torch threads on a shared 2-core CPU. Saved in bf16.
+with {args['threads']} torch thread(s) on a shared 2-core CPU whose 1-minute load average was {load:.1f} on average
+while it trained (other jobs; on free cores it runs several times faster). Saved in bf16.
 
 Loss curve (step: loss): {loss}.
 

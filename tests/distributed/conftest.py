@@ -19,7 +19,16 @@ PROMPTS = Path(__file__).resolve().parents[2] / "sample_data" / "prompts.jsonl"
 def build_tiny_model(directory: Path) -> Path:
     """A 2-layer Qwen2 (head_dim 64: vLLM's CPU attention needs it; vocab ≈ 600) with a Qwen2-pipeline BPE tokenizer and a chat template, in float32."""
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 

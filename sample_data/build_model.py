@@ -1,6 +1,6 @@
 """Build rcdiag's sample policy: held-out prompts, a Qwen2-style BPE tokenizer and a tiny trained Qwen2 causal LM.
 
-    python sample_data/build_model.py --out sample_data/tiny-model          # ~15 min on 2 free cores
+    python sample_data/build_model.py --out sample_data/tiny-model          # ~10-15 min on 2 free cores (45 min at load ~12)
     python sample_data/build_model.py --out /tmp/m --steps 20 --eval-n 16   # smoke run
 
 Writes `--prompts` (held-out task prompts, never trained on) and `--out` (bf16 safetensors, tokenizer, generation

@@ -7,28 +7,47 @@ from itertools import chain
 import numpy as np
 
 _COMPRESS_AT = 64
+_PENDING_AT = 8192
+"""Values an ExactSum holds as numpy arrays before reducing them (one fsum per many small per-chunk adds)."""
 
 
 class ExactSum:
     """A float64 sum that is exact up to ~eps² of the running total, so any batching gives the same value.
 
-    Each `add(values)` stores the correctly rounded sum of `values` plus its rounded remainder (math.fsum twice);
-    `value()` is the correctly rounded sum of everything stored. Merging concatenates the stored parts. An empty
-    sum is 0.0; an inf/NaN value makes the sum inf/NaN (no exception).
+    `add(values)` keeps the array; every ~8k values (and before `value`/`merge`) the kept values are reduced to
+    their correctly rounded sum plus its rounded remainder (math.fsum twice); `value()` is the correctly rounded
+    sum of everything stored. Merging concatenates the stored parts. An empty sum is 0.0; an inf/NaN value makes
+    the sum inf/NaN (no exception). Arrays passed to `add` must not be modified afterwards.
     """
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "pending", "pending_n")
 
     def __init__(self) -> None:
         self.parts: list[float] = []
+        self.pending: list[np.ndarray] = []
+        self.pending_n = 0
 
     def add(self, values: np.ndarray | list[float]) -> None:
-        items = values.tolist() if isinstance(values, np.ndarray) else list(values)
-        if not items:
+        if not isinstance(values, np.ndarray):
+            items = list(values)
+            if items:
+                self._store(items)
             return
-        self._store(items)
+        if values.size:
+            self.pending.append(values)
+            self.pending_n += values.size
+            if self.pending_n >= _PENDING_AT:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Reduce the kept arrays into `parts`."""
+        if self.pending:
+            items = (self.pending[0] if len(self.pending) == 1 else np.concatenate(self.pending)).tolist()
+            self.pending, self.pending_n = [], 0
+            self._store(items)
 
     def add_scalar(self, value: float) -> None:
+        self._drain()
         self.parts.append(float(value))
         if len(self.parts) > _COMPRESS_AT:
             self._store(self.parts, replace=True)
@@ -51,11 +70,14 @@ class ExactSum:
             self._store(self.parts, replace=True)
 
     def merge(self, other: ExactSum) -> None:
+        self._drain()
+        other._drain()
         self.parts.extend(other.parts)
         if len(self.parts) > _COMPRESS_AT:
             self._store(self.parts, replace=True)
 
     def value(self) -> float:
+        self._drain()
         if not self.parts:
             return 0.0
         try:

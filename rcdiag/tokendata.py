@@ -1,9 +1,10 @@
-"""Token rows (Run, DataFrame or Arrow) as validated float64 chunks of whole sequences, plus the sequence universe.
+"""Token rows (Run, DataFrame or Arrow) as validated chunks of whole sequences, plus the sequence universe.
 
 Every metric and IS simulation reads its input through `iter_chunks`: it streams record batches, checks them
-(columns, dtypes, sorted unique (seq_id, pos), finite log-probs on valid positions), converts to float64 and
+(columns, dtypes, sorted unique (seq_id, pos), finite log-probs on valid positions, in one fused kernel pass) and
 carries the rows of a sequence cut by a batch boundary into the next chunk, so every chunk holds whole sequences
-and per-sequence reductions are identical however the input was batched.
+and per-sequence reductions are identical however the input was batched. Log-probs stay in their stored dtype
+(float32 or float64); the kernels widen them to float64 per row.
 """
 from __future__ import annotations
 

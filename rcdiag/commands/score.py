@@ -123,8 +123,10 @@ def command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, vLLM warnings only.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP,
                                             rich_help_panel=_RUN)] = None,
-    engines: Annotated[int, typer.Option(help="With --ray: vLLM engine actors (and as many rescorers; one GPU "
-                                         "each when the cluster has GPUs).", rich_help_panel=_RUN)] = 1,
+    engines: Annotated[int, typer.Option(help="With --ray: vLLM engine actors (one GPU each when the cluster "
+                                         "has GPUs).", rich_help_panel=_RUN)] = 1,
+    rescorers: Annotated[int | None, typer.Option(help="With --ray: training-model actors [default: one per 8 "
+                                                  "engines].", rich_help_panel=_RUN)] = None,
 ) -> None:
     """Sample rollouts with vLLM and store every token with its processed log-prob (stage 1), then rescore the
     same tokens with the training model, padding-free (stage 2).
@@ -171,8 +173,8 @@ def command(
     if ray is not None:
         from rcdiag.distributed.score import score_command
 
-        typer.echo(score_command(model, prompts, out, config, _rescore_config(train), ray, engines, overwrite,
-                                 quiet, generate_only))
+        typer.echo(score_command(model, prompts, out, config, _rescore_config(train), ray, (engines, rescorers),
+                                 overwrite, quiet, generate_only))
         return
     from rcdiag.generate import generate_run
 

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import pickle
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ from rcdiag.progress import progress
 
 ENV_FORWARDED = (*ENV_DEFAULTS, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
 """Environment variables the driver forwards to the actors (runtime_env), so a remote cluster behaves alike."""
+
+
+SUMMARY_COLUMNS = ("shard", "tokens", "sequences", "facts", "trainer", "generate_s", "rescore_s")
+"""One row per written shard, as the driver receives it (response tokens, busy seconds of each stage)."""
+DEFAULT_ENGINES_PER_RESCORER = 8
+"""Rescoring (one forward pass) is ~10× faster per GPU than sampling: by default one rescorer per 8 engines."""
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -53,13 +60,15 @@ class EngineActor:
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         from rcdiag.generate import _reward_function, run_requests, shard_tables
 
-        out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": []}
+        out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": [], "generate_s": []}
         for shard, blob in zip(batch["shard"], batch["prompts"], strict=True):
             chunk = pickle.loads(blob)
+            start = time.perf_counter()
             results = run_requests(self.llm, chunk, self.config)
+            seconds = time.perf_counter() - start
             tokens, sequences = shard_tables(chunk, results, self.config.n, _reward_function(chunk))
             for key, value in (("shard", int(shard)), ("tokens", _ipc(tokens)), ("sequences", _ipc(sequences)),
-                               ("facts", self.facts)):
+                               ("facts", self.facts), ("generate_s", seconds)):
                 out[key].append(value)
         return out
 
@@ -80,14 +89,17 @@ class RescoreActor:
         self.settings = trainer_settings(config.train_model, self.model, config, temperature, name)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": [], "trainer": []}
-        for shard, tok_blob, seq_blob, facts in zip(batch["shard"], batch["tokens"], batch["sequences"],
-                                                    batch["facts"], strict=True):
+        out: dict[str, list[Any]] = {name: [] for name in SUMMARY_COLUMNS}
+        for shard, tok_blob, seq_blob, facts, generate_s in zip(
+                batch["shard"], batch["tokens"], batch["sequences"], batch["facts"], batch["generate_s"], strict=True):
+            start = time.perf_counter()
             tokens, sequences = self._score(int(shard), _from_ipc(tok_blob), _from_ipc(seq_blob))
+            seconds = time.perf_counter() - start
             self.sink.write(int(shard), tokens, sequences)
             for key, value in (("shard", int(shard)), ("tokens", tokens.num_rows),
                                ("sequences", sequences.num_rows), ("facts", facts),
-                               ("trainer", json.dumps(self.settings, default=str))):
+                               ("trainer", json.dumps(self.settings, default=str)), ("generate_s", generate_s),
+                               ("rescore_s", seconds)):
                 out[key].append(value)
         return out
 
@@ -149,8 +161,8 @@ def score_on_ray(model: str | Path, prompts: str | Path, out: str, config: Gener
                  ) -> dict[str, Any]:
     """Generate and rescore (or resume) a run at `out` on a Ray cluster; returns its manifest.
 
-    `engines` vLLM actors and `rescorers` (default: as many) training-model actors run at once, each with a GPU
-    when the cluster has them. `engine_class` exists for tests (e.g. a subclass that lets a test kill it).
+    `engines` vLLM actors and `rescorers` (default: one per DEFAULT_ENGINES_PER_RESCORER engines, at least one)
+    training-model actors run at once, each with a GPU when the cluster has them. `engine_class` exists for tests (e.g. a subclass that lets a test kill it).
     """
     from rcdiag.distributed import ray_session
     from rcdiag.rescore import RescoreConfig
@@ -164,7 +176,8 @@ def score_on_ray(model: str | Path, prompts: str | Path, out: str, config: Gener
     done = set(writer.complete_shards())
     todo = [k for k in range(math.ceil(len(rendered) / size)) if k not in done]
     with ray_session(ray_address) as ray:
-        rows = _pipeline(ray, model_dir, rendered, todo, out, config, rescore, engines, rescorers or engines,
+        rescorers = rescorers or math.ceil(engines / DEFAULT_ENGINES_PER_RESCORER)
+        rows = _pipeline(ray, model_dir, rendered, todo, out, config, rescore, engines, rescorers,
                          engine_class, silent)
     return _finish(writer, config, model_dir, prompts, rendered, rows, str(out))
 
@@ -206,7 +219,8 @@ def _finish(writer: Any, config: GenerateConfig, model_dir: Path, prompts: str |
     manifest = _manifest(config, model_dir, model_files_hash(model_dir), Path(prompts), rendered, facts,
                          _tokenizer_section(model_dir), _reward_function(rendered) is not None)
     manifest["trainer"] = trainer
-    manifest["distributed"] = {"backend": "ray", "shards_this_run": sorted(int(r["shard"]) for r in rows)}
+    manifest["distributed"] = {"backend": "ray", "shards_this_run": sorted(int(r["shard"]) for r in rows),
+                               **throughput(rows)}
     return writer.finish(manifest)
 
 
@@ -224,15 +238,28 @@ def _recorded(out: str) -> dict[str, str]:
 
 
 def score_command(model: Path, prompts: Path, out: Any, config: GenerateConfig, rescore: Any, ray_address: str,
-                  engines: int, overwrite: bool, quiet: bool, generate_only: bool) -> str:
-    """`rcdiag score --ray`: run the pipeline and return the one-line summary the CLI prints."""
+                  actors: tuple[int, int | None], overwrite: bool, quiet: bool, generate_only: bool) -> str:
+    """`rcdiag score --ray`: run the pipeline and return the one-line summary the CLI prints. `actors`:
+    (engines, rescorers or None for the default)."""
     from rcdiag.distributed.store import normalize_out
 
     if generate_only:
         raise ConfigError("--ray runs generation and rescoring as one pipeline; drop --generate-only (or --ray)")
     target = normalize_out(str(out))
+    engines, rescorers = actors
     manifest = score_on_ray(model, prompts, target, config, rescore, ray_address=ray_address, engines=engines,
-                            overwrite=overwrite, silent=quiet)
+                            rescorers=rescorers, overwrite=overwrite, silent=quiet)
     counts = manifest["counts"]
     return (f"{target}: {counts['sequences']} sequences, {counts['tokens']} tokens in {counts['shards']} shard(s) "
             f"(generated + rescored on Ray, {engines} engine(s))")
+
+
+def throughput(rows: list[dict]) -> dict[str, float | None]:
+    """Response tokens per busy second of one engine and of one rescorer, over the shards of this invocation
+    (None when nothing ran): the figures to size a cluster with (docs/scaling.md)."""
+    tokens = sum(int(r["tokens"]) for r in rows)
+    result: dict[str, float | None] = {}
+    for stage in ("generate", "rescore"):
+        seconds = sum(float(r[f"{stage}_s"]) for r in rows)
+        result[f"{stage}_tokens_per_s_per_actor"] = round(tokens / seconds, 1) if seconds > 0 else None
+    return result

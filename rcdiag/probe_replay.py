@@ -62,9 +62,9 @@ def replay_cached(llm: Any, pairs: Sequence[Pair], temperature: float, *,
     `cached_tokens` (vLLM's num_cached_tokens; 0 when prompts are shorter than a KV block)."""
     from vllm import SamplingParams
 
-    _generate(llm, list(dict.fromkeys(tuple(int(t) for t in p) for p, _ in pairs)), SamplingParams(max_tokens=1))
+    _generate(llm, list(dict.fromkeys(tuple(int(t) for t in p) for p, _ in pairs)), SamplingParams(max_tokens=1, detokenize=False))
     params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0 if temperature == 1.0 else -1,
-                            skip_reading_prefix_cache=False)
+                            skip_reading_prefix_cache=False, detokenize=False)  # cached ids come back as -1
     out: list[np.ndarray] = []
     for start in range(0, len(pairs), REQUESTS_PER_CALL):
         chunk = pairs[start:start + REQUESTS_PER_CALL]

@@ -244,6 +244,10 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     train = [s for s in settings if isinstance(s, TrainSetting)]
     values.update(trainer_pass(model_path, train, pairs, temperature, config.device, silent, say))
     for setting in settings:
+        bad = int((~np.isfinite(values[setting.name])).sum())
+        if bad:
+            raise RuntimeError(f"probe setting {setting.name} produced {bad} non-finite log-prob(s) of "
+                               f"{len(frame):,}; please report it with the run's manifest")
         frame[setting.name] = values[setting.name]
     summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,
                         seconds=time.time() - started)

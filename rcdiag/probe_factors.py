@@ -91,8 +91,9 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
 }
 """Every factor and its settings. `decode_vs_prefill` needs `engine_numerics` (its replay)."""
 DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numerics", "decode_vs_prefill",
-                   "engine_dtype", "prefix_caching", "batch_invariance")
-"""Left out by default: `attention_flex` (flex attention compiles on first use, slow on CPU) and `packing_small`
+                   "engine_dtype", "batch_invariance")
+"""Left out by default: `prefix_caching` (experimental: a non-finite value was seen once on a bf16 engine at
+T = 0.9, not yet explained), `attention_flex` (flex attention compiles on first use, slow on CPU) and `packing_small`
 (a second token budget, 512)."""
 TRAINER_FACTORS = tuple(k for k, v in FACTORS.items() if all(isinstance(s, TrainSetting) for s in v) and v)
 

@@ -26,6 +26,9 @@ def test_engine_dtype_compares_against_the_other_dtype(run_dtype: str, other: st
 def test_default_grid_needs_two_engines() -> None:
     settings = select_settings(DEFAULT_FACTORS, "bfloat16")
     keys = {s.engine_key("auto", False) for s in settings if isinstance(s, EngineSetting)}
+    assert keys == {("auto", False), ("float32", False)}
+    settings = select_settings((*DEFAULT_FACTORS, "prefix_caching"), "bfloat16")
+    keys = {s.engine_key("auto", False) for s in settings if isinstance(s, EngineSetting)}
     assert keys == {("auto", False), ("float32", False), ("auto", True)}
     keys = {s.engine_key("auto", True) for s in settings if isinstance(s, EngineSetting)}
     assert keys == {("auto", True), ("float32", True)}, "a run with prefix caching on shares one engine"

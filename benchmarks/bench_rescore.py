@@ -238,12 +238,13 @@ def report(timing: dict, memory: list[dict], chunks: list[dict], vocab: int) -> 
              f"plain float32 matmul {timing['matmul_gflops']:.0f} GFLOP/s; variants agree to "
              f"{timing['max_abs_diff_vs_packed']:.2g}; compiling the epilogue took "
              f"{timing['epilogue_compile_seconds']:.1f} s (not in the timings)", "",
-             "| variant | s (min) | tokens/s | × packed speed | GFLOP/s | % of matmul | peak RSS over base (MB) |",
-             "|---|---|---|---|---|---|---|"]
+             "| variant | s (min) | CPU s/thread | tokens/s | × packed speed | GFLOP/s (CPU) | % of matmul | "
+             "peak RSS over base (MB) |", "|---|---|---|---|---|---|---|---|"]
     peaks = {m["variant"]: m["peak_mb"] - m["base_mb"] for m in memory}
     for name, seconds in sec.items():
-        rate = timing["gflop"] / seconds
-        lines.append(f"| {name} | {seconds:.2f} | {timing['input_tokens'] / seconds:,.0f} | "
+        cpu = timing["cpu_seconds_per_thread"][name]
+        rate = timing["gflop"] / cpu
+        lines.append(f"| {name} | {seconds:.2f} | {cpu:.2f} | {timing['input_tokens'] / seconds:,.0f} | "
                      f"{sec['packed'] / seconds:.2f} | {rate:.1f} | {100 * rate / timing['matmul_gflops']:.0f}% | "
                      f"{peaks.get(name, float('nan')):,.0f} |")
     full_padded = 3 * timing["padded_tokens"] * vocab * 4 / 2**20

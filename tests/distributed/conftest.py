@@ -17,43 +17,24 @@ PROMPTS = Path(__file__).resolve().parents[2] / "sample_data" / "prompts.jsonl"
 
 
 def build_tiny_model(directory: Path) -> Path:
-    """A 2-layer Qwen2 (head_dim 64: vLLM's CPU attention needs it; vocab ≈ 600) with a Qwen2-pipeline BPE tokenizer and a chat template, in float32."""
+    """A 2-layer Qwen2 (head_dim 64: vLLM's CPU attention needs it) with the sample model's tokenizer recipe
+    (sample_data/build_model.build_tokenizer: Qwen2's pipeline, ChatML template) trained on the sample prompts."""
+    import sys
+
     import torch
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    sys.path.insert(0, str(PROMPTS.parent))
+    from build_model import IM_END, PAD, build_tokenizer
 
     texts = [json.loads(line)["messages"][0]["content"] for line in PROMPTS.read_text().splitlines()[:400]]
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B",
-                                                       special_tokens=[("<|bos|>", tok.token_to_id("<|bos|>"))])
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                     pad_token="<|pad|>", additional_special_tokens=specials[3:],
-                                     model_max_length=512)
-    hf_tok.chat_template = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    hf_tok.save_pretrained(directory)
+    tokenizer = build_tokenizer(texts, 600)
+    tokenizer.save_pretrained(directory)
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+                         tie_word_embeddings=False, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+                         pad_token_id=tokenizer.convert_tokens_to_ids(PAD))
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # sharper distributions, as a trained policy has

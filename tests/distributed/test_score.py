@@ -7,7 +7,7 @@ the same requests; but the actors run torch with 1 thread (Ray's OMP_NUM_THREADS
 local engine with 2, so reduction order may differ in the last bits and, rarely, flip a sampled token after
 which the sequence diverges. Hence: identical keys, near-identical log-probs on identical token sequences, and
 metrics inside the local run's 95% bootstrap intervals. Then a resume through a `file://` URI rewrites only the
-shards that were missing.
+shards that were missing (it runs before the local path's in-process engine is built: one vLLM user at a time).
 """
 from __future__ import annotations
 
@@ -112,6 +112,32 @@ def test_killed_engine_run_completes_without_lost_or_doubled_sequences(ray_run: 
     assert run.manifest["trainer"]["dtype"] == "float32" and run.manifest["engine"]["n"] == CONFIG.n
 
 
+def test_resume_through_file_uri_rewrites_only_missing_shards(ray_cluster: Any, ray_run: tuple[Any, list],
+                                                              model_dir: Path, tmp_path: Path) -> None:
+    """An interrupted run (pending.json, no manifest, shards 2 and 4 missing) resumed via file://."""
+    original = ray_run[0]
+    copy = tmp_path / "run"
+    shutil.copytree(original.path, copy)
+    spec = json.loads((copy / MANIFEST_NAME).read_text())["spec"]
+    (copy / MANIFEST_NAME).unlink()
+    (copy / PENDING_NAME).write_text(json.dumps({"spec": spec}))
+    for k in (2, 4):
+        (copy / SEQUENCES_DIR / shard_name(k)).unlink()
+    manifest = score_on_ray(model_dir, PROMPTS, f"file://{copy}", CONFIG, RescoreConfig(), engines=1, silent=True)
+    assert manifest["distributed"]["shards_this_run"] == [2, 4]
+    rates = {k: v for k, v in manifest["distributed"].items() if k.endswith("_per_actor")}
+    print(f"\nthroughput (response tokens/s per actor, 1-thread actors): {rates}")
+    assert all(v is not None and v > 0 for v in rates.values()) and len(rates) == 2
+    assert not (copy / PENDING_NAME).exists()
+    resumed = open_run(copy)
+    assert resumed.manifest["counts"]["sequences"] == 12
+    before, after = original.sequences(), resumed.sequences()
+    assert after["seq_id"].tolist() == before["seq_id"].tolist()
+    assert not resumed.tokens().duplicated(["seq_id", "pos"]).any()
+    again = score_on_ray(model_dir, PROMPTS, f"file://{copy}", CONFIG, RescoreConfig(), engines=1, silent=True)
+    assert again["distributed"]["shards_this_run"] == []  # complete: nothing regenerated, no engine started
+
+
 def test_same_sequences_as_local_path(ray_run: tuple[Any, list], local_run: Any) -> None:
     ray_seqs = ray_run[0].sequences().set_index("seq_id").sort_index()
     local_seqs = local_run.sequences().set_index("seq_id").sort_index()
@@ -139,26 +165,3 @@ def test_metrics_within_local_bootstrap_intervals(ray_run: tuple[Any, list], loc
             assert interval["low"] - slack <= remote.metrics[name] <= interval["high"] + slack, name
             checked += 1
     assert checked >= 3
-
-
-def test_resume_through_file_uri_rewrites_only_missing_shards(ray_cluster: Any, ray_run: tuple[Any, list],
-                                                              model_dir: Path, tmp_path: Path) -> None:
-    """An interrupted run (pending.json, no manifest, shards 2 and 4 missing) resumed via file://."""
-    original = ray_run[0]
-    copy = tmp_path / "run"
-    shutil.copytree(original.path, copy)
-    spec = json.loads((copy / MANIFEST_NAME).read_text())["spec"]
-    (copy / MANIFEST_NAME).unlink()
-    (copy / PENDING_NAME).write_text(json.dumps({"spec": spec}))
-    for k in (2, 4):
-        (copy / SEQUENCES_DIR / shard_name(k)).unlink()
-    manifest = score_on_ray(model_dir, PROMPTS, f"file://{copy}", CONFIG, RescoreConfig(), engines=1, silent=True)
-    assert manifest["distributed"]["shards_this_run"] == [2, 4]
-    assert not (copy / PENDING_NAME).exists()
-    resumed = open_run(copy)
-    assert resumed.manifest["counts"]["sequences"] == 12
-    before, after = original.sequences(), resumed.sequences()
-    assert after["seq_id"].tolist() == before["seq_id"].tolist()
-    assert not resumed.tokens().duplicated(["seq_id", "pos"]).any()
-    again = score_on_ray(model_dir, PROMPTS, f"file://{copy}", CONFIG, RescoreConfig(), engines=1, silent=True)
-    assert again["distributed"]["shards_this_run"] == []  # complete: nothing regenerated, no engine started

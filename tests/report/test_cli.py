@@ -16,7 +16,8 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_help_shows_examples(capsys):
+def test_help_shows_examples(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps option help at the terminal width (80 without a TTY)
     code, out, _ = _run(capsys, "report", "--help")
     assert code == 0
     flat = " ".join(out.split())

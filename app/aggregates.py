@@ -14,17 +14,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from app import data
-from rcdiag.checks import sequence_lengths
-from rcdiag.checks_verdicts import findings as verdicts
-from rcdiag.correction import DEFAULT_THRESHOLD
-from rcdiag.runstore import open_run
-from rcdiag.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
-from rcdiag.strata import SequenceInfo, titles
-from rcdiag.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+from app import bands, data
+from rcdiag.analysis.correction import DEFAULT_THRESHOLD
+from rcdiag.analysis.strata import SequenceInfo, titles
+from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+from rcdiag.checks.evidence import sequence_lengths
+from rcdiag.checks.verdicts import findings as verdicts
+from rcdiag.report.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
+from rcdiag.store.run import open_run
 
 SHOWN_STRATA = ("position", "rollout_prob", "entropy")
-"""The rcdiag.strata stratifications the Distributions page draws (the others are in the report)."""
+"""The rcdiag.analysis.strata stratifications the Distributions page draws (the others are in the report)."""
 Filters = tuple[tuple[str, ...] | None, tuple[float, float] | None, tuple[float, float] | None]
 """(finish reasons, reward range, response-length range) of data.seq_ids_where; None in a slot: no filter."""
 DENSITY_CELLS = 60
@@ -35,7 +35,7 @@ DENSITY_CELLS = 60
 def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str, Any]:
     """One scan over the sequences passing `filters` (data.seq_ids_where's (finish reasons, reward range, length
     range); None: all): {"tails": TailAccumulator, "tail_stats": dict
-    (rcdiag.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.strata rows}}, plus "findings" (the checks of
+    (rcdiag.analysis.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.analysis.strata rows}}, plus "findings" (the checks of
     `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `filters` explicitly:
     the cache key is made from the arguments as given (small, whatever the run's size)."""
     run = open_run(path)
@@ -97,3 +97,17 @@ def density(tails: TailAccumulator) -> pd.DataFrame:
 def is_member(seq_ids: pa.Array, keep: np.ndarray) -> pa.Array:
     """Boolean Arrow mask of the rows whose seq_id is in `keep`."""
     return pc.is_in(seq_ids, value_set=pa.array(keep, pa.int64()))
+
+
+def findings(path: str, mtime: float) -> list[dict[str, Any]]:
+    """The checks of `rcdiag report` (rcdiag.checks.evidence), worst first, as dicts (name, severity, message, evidence, fix);
+    gathered by the same cached scan as the distributions."""
+    return distributions(path, mtime, None)["findings"]
+
+
+def headline(path: str, mtime: float) -> dict[str, float]:
+    """Canonical metrics, tail statistics of ℓ (rcdiag.analysis.tails) and the Overview's IS point (bands.OVERVIEW_*)."""
+    values = dict(data.metrics(path, mtime))
+    values.update(distributions(path, mtime, None)["tail_stats"])
+    values.update(data.simulate(path, mtime, bands.OVERVIEW_MODE, bands.OVERVIEW_THRESHOLD, None))
+    return values

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rcdiag.correction import DEFAULT_THRESHOLD
+from rcdiag.analysis.correction import DEFAULT_THRESHOLD
 
 HEALTHY, WARNING, ALARM, UNKNOWN = "healthy", "warning", "alarm", "n/a"
 COLOURS = {HEALTHY: "#1a7f37", WARNING: "#b7791f", ALARM: "#c62828", UNKNOWN: "#6b7280"}

@@ -31,7 +31,7 @@ def density(frame: pd.DataFrame) -> alt.Chart:
 
 def strata(frame: pd.DataFrame, title: str, colour: str | None = None) -> alt.Chart:
     """Mean ℓ and mean |ℓ| per bucket, buckets in row order: frame (bucket, tokens, mean_log_ratio, mean_abs[, run])
-    as rcdiag.strata rows."""
+    as rcdiag.analysis.strata rows."""
     long = frame.melt(id_vars=[c for c in ("bucket", "tokens", colour) if c],
                       value_vars=["mean_log_ratio", "mean_abs"], var_name="statistic", value_name="value")
     order = list(dict.fromkeys(frame["bucket"]))

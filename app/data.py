@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import streamlit as st
 
-from rcdiag.conventions import DEFAULT_CONVENTION
+from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.errors import RunDirError
-from rcdiag.runstore import MANIFEST_NAME, open_run
+from rcdiag.store.files import MANIFEST_NAME
+from rcdiag.store.run import open_run
 
 REQUIRED_TOKEN_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
 INDEX_COLUMNS = ("seq_id", "prompt_id", "sample_index", "response_len", "finish_reason", "reward", "step")
@@ -110,7 +111,7 @@ def _null_count(parquet: pq.ParquetFile, file: Path) -> int:
 @st.cache_data(show_spinner="Computing metrics…", max_entries=64)
 def metrics(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
     """`rcdiag.compute_metrics` of the run (METRICS.md names plus tokens/sequences/empty_sequences)."""
-    from rcdiag.metrics import compute_metrics
+    from rcdiag.analysis.metrics import compute_metrics
 
     return {k: float(v) for k, v in compute_metrics(open_run(path), convention=convention).items()}
 
@@ -119,48 +120,30 @@ def metrics(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> di
 def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float | None,
              convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
     """`rcdiag.simulate` for one (mode, threshold, lower bound, convention)."""
-    from rcdiag.correction import simulate as simulate_
+    from rcdiag.analysis.correction import simulate as simulate_
 
     result = simulate_(open_run(path), mode, threshold=threshold, lower=lower, convention=convention)
-    return {k: float(v) for k, v in result.items() if _is_number(v)}
+    return {k: float(v) for k, v in result.items() if is_number(v)}
 
 
 @st.cache_data(show_spinner="Sweeping thresholds…", max_entries=32)
 def sweep(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
     """`rcdiag.sweep` over the default modes and thresholds: one row per mode × threshold."""
-    from rcdiag.correction import sweep as sweep_
+    from rcdiag.analysis.correction import sweep as sweep_
 
     return sweep_(open_run(path), convention=convention)
 
 
-def findings(path: str, mtime: float) -> list[dict[str, Any]]:
-    """The checks of `rcdiag report` (rcdiag.checks), worst first, as dicts (name, severity, message, evidence, fix);
-    gathered by the same cached scan as the distributions."""
-    from app import aggregates
-
-    return aggregates.distributions(path, mtime, None)["findings"]
-
-
-def headline(path: str, mtime: float) -> dict[str, float]:
-    """Canonical metrics, tail statistics of ℓ (rcdiag.tails) and the Overview's IS point (bands.OVERVIEW_*)."""
-    from app import aggregates, bands
-
-    values = dict(metrics(path, mtime))
-    values.update(aggregates.distributions(path, mtime, None)["tail_stats"])
-    values.update(simulate(path, mtime, bands.OVERVIEW_MODE, bands.OVERVIEW_THRESHOLD, None))
-    return values
-
-
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------------------------- sequences
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, mtime: float) -> pd.DataFrame:
-    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.metrics.sequence_stats` joined with the
+    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats` joined with the
     sequence metadata (INDEX_COLUMNS, no texts). Sequences without valid tokens have n_valid 0 and NaN stats."""
-    from rcdiag.metrics import sequence_stats
+    from rcdiag.analysis.metrics import sequence_stats
 
     run = open_run(path)
     meta = run.sequences(list(INDEX_COLUMNS))

@@ -6,7 +6,7 @@
 
 Builds the run shard by shard with RunWriter (never the whole table in memory), then measures, each in a fresh
 subprocess so that peak RSS is per method (imports and rcdiag's kernel loading are set-up, reported apart):
-(a) rcdiag.correction.analyze (every METRICS.md metric and the four IS modes at one threshold, one streaming pass);
+(a) rcdiag.analysis.correction.analyze (every METRICS.md metric and the four IS modes at one threshold, one streaming pass);
 (b) pandas: load all token files, then groupby; (c) pyarrow: read the needed columns file by file and drop them
 (the floor). (a) also runs on a run of 1/5 the size: a flat peak RSS shows
 that memory does not grow with the data. Prints tokens/s, the ratios b/a (speed-up) and a/c, and peak RSS.
@@ -32,8 +32,9 @@ COLUMNS = ["seq_id", "pos", "rollout_logprob", "train_logprob", "mask"]
 # ------------------------------------------------------------------------------------------------ build
 def build_run(path: Path, n_tokens: int, shard_tokens: int, seed: int = 0) -> None:
     """A synthetic run of ≈ n_tokens token rows: lengths 1…1000, ℓ ~ N(0, 0.02²) plus rare outliers, 2 % masked."""
-    from rcdiag.runstore import RunWriter, new_manifest, prepare_sequences
-    from rcdiag.schema import TOKEN_SCHEMA
+    from rcdiag.store.manifest import new_manifest
+    from rcdiag.store.schema import TOKEN_SCHEMA
+    from rcdiag.store.writer import RunWriter, prepare_sequences
 
     rng = np.random.default_rng(seed)
     writer = RunWriter(path, {"bench": n_tokens, "seed": seed}, overwrite=True)
@@ -59,7 +60,7 @@ def build_run(path: Path, n_tokens: int, shard_tokens: int, seed: int = 0) -> No
 # ------------------------------------------------------------------------------------------------ methods
 def method_rcdiag(run_path: str, threshold: float) -> int:
     import rcdiag
-    from rcdiag.correction import analyze
+    from rcdiag.analysis.correction import analyze
 
     run = rcdiag.open_run(run_path)
     metrics, table = analyze(run, modes=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
@@ -129,8 +130,8 @@ def _child(name: str, run_path: str, threshold: float) -> None:
     import pandas  # noqa: F401  (imports are set-up, not measured: every method needs pandas/pyarrow)
     import pyarrow.parquet  # noqa: F401
 
-    import rcdiag.correction  # noqa: F401
-    import rcdiag.metrics  # noqa: F401
+    import rcdiag.analysis.correction  # noqa: F401
+    import rcdiag.analysis.metrics  # noqa: F401
 
     jit = time.process_time()
     if name == "rcdiag":
@@ -148,7 +149,7 @@ def _load_kernels() -> None:
     cost like the imports, reported apart (`jit_cpu`) rather than spread over the tokens/s."""
     import pandas as pd
 
-    from rcdiag.correction import analyze
+    from rcdiag.analysis.correction import analyze
 
     frame = pd.DataFrame({"seq_id": np.array([0, 0, 1], dtype=np.int64), "pos": np.array([0, 1, 0], dtype=np.int32),
                           "rollout_logprob": np.full(3, -1.0, np.float32),

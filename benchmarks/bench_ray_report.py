@@ -4,7 +4,7 @@
     python benchmarks/bench_ray_report.py --tokens 2e6 --shard-tokens 250000
 
 Builds the run with benchmarks/bench_metrics.build_run, then, in one process: the local report
-(rcdiag.report.build_report: per-file partials with the builtin map, merged in file order) and the same report
+(rcdiag.report.build.build_report: per-file partials with the builtin map, merged in file order) and the same report
 with the per-file partials as Ray tasks on a local 2-CPU cluster (cluster start-up is timed apart), each twice,
 keeping the faster. Checks the two reports are identical and prints wall seconds, tokens/s and the ratio
 local/ray (> 1: Ray faster). On a shared machine the ratio is what matters, not the absolute times.
@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     import ray
 
     from rcdiag.distributed.report import ray_map
-    from rcdiag.report import ReportOptions, build_report
-    from rcdiag.runstore import open_run
+    from rcdiag.report.build import build_report
+    from rcdiag.report.options import ReportOptions
+    from rcdiag.store.run import open_run
 
     path = args.dir / f"run-{int(args.tokens)}-{args.shard_tokens}"
     if not (path / "manifest.json").exists():

@@ -5,7 +5,7 @@
     python benchmarks/bench_report.py --tokens 2e6 --keep --dir /tmp/rcdiag-bench
 
 The run comes from benchmarks/bench_metrics.py's shard-by-shard builder (same --dir layout, so a kept run is
-reused). Each method runs in a fresh interpreter so peak RSS is its own: (a) rcdiag.report.make_report — the
+reused). Each method runs in a fresh interpreter so peak RSS is its own: (a) rcdiag.report.build.make_report — the
 report's streaming scan, the metrics/IS/sweep/rejection pass, the bootstrap, the plots and the files; (c) pyarrow:
 read the token columns both passes need, file by file (the floor). (a) also runs on a run 1/5 the size: similar
 peak RSS shows that memory does not grow with the run. Prints seconds, tokens/s, a/c and peak RSS.
@@ -29,7 +29,8 @@ COLUMNS = ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "tra
 
 def method_report(run_path: str, replicates: int) -> int:
     import rcdiag
-    from rcdiag.report import ReportOptions, make_report
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
 
     run = rcdiag.open_run(run_path)
     result = make_report([run], Path(run_path) / "report", ReportOptions(replicates=replicates))

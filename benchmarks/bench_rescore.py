@@ -3,7 +3,7 @@
 Same model (a Qwen2 built from a config, vocab 32k, random weights) and same data (64 sequences, lengths spread
 32…1024) for every variant:
 
-  (a) packed      rcdiag.scoring.score_sequences: rows ≤ 4096 tokens, sdpa_varlen, chunked LM head
+  (a) packed      rcdiag.score.scoring.score_sequences: rows ≤ 4096 tokens, sdpa_varlen, chunked LM head
   (a') packed_compiled  the same with the torch.compile'd epilogue (rescore uses it for ≥ 1e9 tokens × vocab)
   (b) padded      one padded batch [64, L_max] + attention mask, logits of every padded position + float32
                   log_softmax (LM head and softmax taken 4 rows at a time so the shared 24 GB machine survives —
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rcdiag.logprobs import chunked_logprobs, compiled_epilogue, epilogue_inplace
-from rcdiag.scoring import load_model, score_sequences
+from rcdiag.score.logprobs import chunked_logprobs, compiled_epilogue, epilogue_inplace
+from rcdiag.score.scoring import load_model, score_sequences
 
 BUDGET = 4096
 PROMPT = 16

@@ -9,39 +9,26 @@ Public API (imported lazily, so `import rcdiag` stays cheap)::
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rcdiag.lazy import lazy_face
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "open_run": "rcdiag.runstore",
-    "Run": "rcdiag.runstore",
-    "write_run": "rcdiag.runstore",
-    "compute_metrics": "rcdiag.metrics",
-    "simulate": "rcdiag.correction",
-    "sweep": "rcdiag.correction",
-    "CorrectionMode": "rcdiag.correction",
-    "sequence_stats": "rcdiag.metrics",
-    "analyze": "rcdiag.correction",
-    "compare": "rcdiag.notebook",
+    **dict.fromkeys(("open_run", "Run", "write_run", "compare"), "rcdiag.notebook"),
+    **dict.fromkeys(("compute_metrics", "sequence_stats"), "rcdiag.analysis.metrics"),
+    **dict.fromkeys(("simulate", "sweep", "CorrectionMode", "analyze"), "rcdiag.analysis.correction"),
     "import_run": "rcdiag.importers",
-    "rescore_run": "rcdiag.rescore",
-    "RescoreConfig": "rcdiag.rescore",
-    "load_model": "rcdiag.scoring",
-    "score_sequences": "rcdiag.scoring",
-    "pad_to_batch": "rcdiag.packing",
-    "unpad_from_batch": "rcdiag.packing",
-    "InputError": "rcdiag.errors",
-    "RunDirError": "rcdiag.errors",
-    "RcdiagError": "rcdiag.errors",
+    "rescore_run": "rcdiag.score.rescore",
+    "RescoreConfig": "rcdiag.score.config",
+    **dict.fromkeys(("load_model", "score_sequences"), "rcdiag.score.scoring"),
+    **dict.fromkeys(("pad_to_batch", "unpad_from_batch"), "rcdiag.score.packing"),
+    **dict.fromkeys(("InputError", "RunDirError", "RcdiagError", "ConfigError"), "rcdiag.errors"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+__getattr__, _dir = lazy_face(__name__, _EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rcdiag' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+def __dir__() -> list[str]:
+    """The public API only (tab completion in Jupyter), not the subpackages."""
+    return __all__

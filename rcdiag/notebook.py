@@ -1,4 +1,4 @@
-"""The Jupyter layer: what `Run`'s notebook methods delegate to, rich HTML for runs and results, a plot accessor.
+"""The Jupyter layer: `Run` with notebook methods (what rcdiag.open_run returns), rich HTML, a plot accessor.
 
     run = rcdiag.open_run("runs/sample")
     run                                   # HTML card: source, settings, counts, headline metrics
@@ -7,10 +7,11 @@
     run.sweep()                           # DataFrame (mode × threshold)
     run.worst_sequences(5)                # DataFrame with prompt/response text
     run.sequence(17)                      # token-by-token view coloured by ℓ = a − b
-    run.plot.histogram(other_run)         # matplotlib Figures (rcdiag.plots)
+    run.plot.histogram(other_run)         # matplotlib Figures (rcdiag.report.plots)
     rcdiag.notebook.compare({"bf16": run, "fp32": other_run})
 
-Everything heavy is imported on first use, so `import rcdiag` stays cheap.
+Everything heavy (the numba kernels, pandas, matplotlib) is imported on first use, so `rcdiag.open_run` stays
+cheap; the store below knows nothing of this layer.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rcdiag.errors import RcdiagError
+from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.store import run as store_run
+from rcdiag.store import writer as store_writer
+from rcdiag.tokenizers import run_tokenizer
 
 HTML_METRICS_MAX_TOKENS = 2_000_000
 """A Run's HTML card computes headline metrics only up to this many token rows (one streaming pass)."""
@@ -72,8 +76,8 @@ class Result(dict):
 # ------------------------------------------------------------------------------------------- run methods
 def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
     """compute_metrics(run, convention) as a Result (METRICS.md names plus tokens/sequences/empty_sequences)."""
-    from rcdiag.conventions import DEFAULT_CONVENTION
-    from rcdiag.metrics import compute_metrics
+    from rcdiag.analysis.conventions import DEFAULT_CONVENTION
+    from rcdiag.analysis.metrics import compute_metrics
 
     convention = convention or DEFAULT_CONVENTION
     return Result(compute_metrics(run, convention, **kwargs), f"{run.name}: metrics ({convention})")
@@ -81,8 +85,8 @@ def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
 
 def simulate(run: Any, mode: str, threshold: float | None = None, **kwargs: Any) -> Result:
     """correction.simulate(run, mode, threshold, …) as a Result (IS metrics; `weights` DataFrame if asked)."""
-    from rcdiag.correction import DEFAULT_THRESHOLD
-    from rcdiag.correction import simulate as _simulate
+    from rcdiag.analysis.correction import DEFAULT_THRESHOLD
+    from rcdiag.analysis.correction import simulate as _simulate
 
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     return Result(_simulate(run, mode, threshold, **kwargs), f"{run.name}: {mode} at C = {fmt(float(threshold))}")
@@ -90,7 +94,7 @@ def simulate(run: Any, mode: str, threshold: float | None = None, **kwargs: Any)
 
 def sweep(run: Any, **kwargs: Any) -> Any:
     """correction.sweep(run, …): a DataFrame, one row per mode × threshold."""
-    from rcdiag.correction import sweep as _sweep
+    from rcdiag.analysis.correction import sweep as _sweep
 
     return _sweep(run, **kwargs)
 
@@ -102,11 +106,9 @@ def worst_sequences(run: Any, k: int = 10, by: str = "mean", tokenizer: Any = No
     metrics.sequence_stats columns plus prompt_id, finish_reason, reward, prompt_text and response_text — the
     response decoded from its token ids with `tokenizer` (or the run's local tokenizer) when the run lacks text.
     """
-    from rcdiag.metrics import sequence_stats
+    from rcdiag.analysis.metrics import sequence_stats
 
     if by not in WORST_BY:
-        from rcdiag.errors import ConfigError
-
         raise ConfigError(f"by={by!r}: choose from {', '.join(WORST_BY)}")
     stats = sequence_stats(run)
     stats = stats[stats["n_valid"] > 0]
@@ -131,7 +133,7 @@ def sequence_tokens(run: Any, seq_ids: list[int]) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rcdiag.schema import TOKEN_SCHEMA
+    from rcdiag.store.schema import TOKEN_SCHEMA
 
     wanted = [int(s) for s in seq_ids]
     tables = [pq.read_table(f, filters=[("seq_id", "in", wanted)]) for f in run.token_files] if wanted else []
@@ -142,9 +144,7 @@ def sequence_tokens(run: Any, seq_ids: list[int]) -> Any:
 
 def local_tokenizer(run: Any) -> Any | None:
     """The run's tokenizer when its manifest names a local directory that loads offline, else None."""
-    from rcdiag.report import _local_tokenizer
-
-    return _local_tokenizer(run.manifest)
+    return run_tokenizer(run.manifest)
 
 
 def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) -> Any:
@@ -222,8 +222,6 @@ class SequenceView:
     def __init__(self, run: Any, seq_id: int, tokenizer: Any = None) -> None:
         frame = sequence_tokens(run, [seq_id])
         if frame.empty and seq_id not in set(run.sequences(["seq_id"])["seq_id"]):
-            from rcdiag.errors import ConfigError
-
             raise ConfigError(f"{run.name} has no sequence {seq_id}")
         frame["log_ratio"] = frame["train_logprob"].astype(float) - frame["rollout_logprob"].astype(float)
         decoder = tokenizer or local_tokenizer(run)
@@ -260,7 +258,7 @@ def _color(x: float) -> str:
 
 # ------------------------------------------------------------------------------------------- plots
 class PlotAccessor:
-    """`run.plot.<name>(*other_runs)` → matplotlib Figure (rcdiag.plots); other runs are overlaid by name.
+    """`run.plot.<name>(*other_runs)` → matplotlib Figure (rcdiag.report.plots); other runs are overlaid by name.
 
     The streaming scan behind histogram/density/strata runs once per run and is cached on the accessor's run.
     """
@@ -275,7 +273,7 @@ class PlotAccessor:
 
     def histogram(self, *others: Any) -> Any:
         """Histogram of ℓ (log count axis); several runs overlaid."""
-        from rcdiag.plots import log_ratio_histogram
+        from rcdiag.report.plots import log_ratio_histogram
 
         scans = self._scans(others)
         tails = {name: s.tails for name, s in scans.items()}
@@ -283,26 +281,24 @@ class PlotAccessor:
 
     def density(self) -> Any:
         """2-D density of rollout vs training log-probs, with the diagonal."""
-        from rcdiag.plots import density_scatter
+        from rcdiag.report.plots import density_scatter
 
         return density_scatter(_cached_scan(self._run).tails)
 
     def strata(self, name: str = "position", *others: Any) -> Any:
         """Mean |ℓ| and mean ℓ per bucket of a stratum (position, response_length, rollout_prob, entropy,
         token_kind, finish_reason, reward)."""
-        from rcdiag.plots import by_stratum
-        from rcdiag.strata import titles
+        from rcdiag.analysis.strata import titles
+        from rcdiag.report.plots import by_stratum
 
         if name not in titles():
-            from rcdiag.errors import ConfigError
-
             raise ConfigError(f"unknown stratum {name!r}: choose from {', '.join(titles())}")
         rows = {n: s.strata.finish()[name] for n, s in self._scans(others).items()}
         return by_stratum(rows if others else next(iter(rows.values())), f"ℓ by {titles()[name]}", titles()[name])
 
     def sweep(self, *others: Any, **kwargs: Any) -> Any:
         """ESS and clipped fraction against the threshold, per mode (kwargs go to correction.sweep)."""
-        from rcdiag.plots import sweep_curves
+        from rcdiag.report.plots import sweep_curves
 
         frames = {r.name: sweep(r, **kwargs) for r in (self._run, *others)}
         return sweep_curves(frames if others else next(iter(frames.values())))
@@ -343,7 +339,7 @@ def register_figure_display() -> None:
         return
     from matplotlib.figure import Figure
 
-    from rcdiag.plots import png_bytes
+    from rcdiag.report.plots import png_bytes
 
     shell.display_formatter.formatters["image/png"].for_type(Figure, png_bytes)
 
@@ -352,8 +348,52 @@ def _cached_scan(run: Any) -> Any:
     """The report's one-pass scan of `run`, cached on the Run object (runs are immutable once complete)."""
     cached = run.__dict__.get("_notebook_scan")
     if cached is None:
-        from rcdiag.scan import scan_run
+        from rcdiag.report.scan import scan_run
 
         cached = scan_run(run)
         run.__dict__["_notebook_scan"] = cached
     return cached
+
+
+# ------------------------------------------------------------------------------------------- the Run
+class Run(store_run.Run):
+    """A run directory with notebook conveniences (rcdiag.store.Run plus metrics, simulate, sweep, worst
+    sequences, one sequence, plots and an HTML card)."""
+
+    def metrics(self, convention: str | None = None, **kwargs: Any) -> Result:
+        """Every METRICS.md diagnostic (rcdiag.compute_metrics) as a dict that renders in Jupyter."""
+        return metrics(self, convention, **kwargs)
+
+    def simulate(self, mode: str, threshold: float | None = None, **kwargs: Any) -> Result:
+        """One IS correction (rcdiag.simulate) as a dict that renders in Jupyter."""
+        return simulate(self, mode, threshold, **kwargs)
+
+    def sweep(self, **kwargs: Any) -> Any:
+        """IS metrics per mode × threshold (rcdiag.sweep): a DataFrame."""
+        return sweep(self, **kwargs)
+
+    def worst_sequences(self, k: int = 10, by: str = "mean", tokenizer: Any = None) -> Any:
+        """The k sequences with the largest |mean ℓ| ("mean"), |Σℓ| ("sum") or max |ℓ| ("max"), with text."""
+        return worst_sequences(self, k, by, tokenizer)
+
+    def sequence(self, seq_id: int, tokenizer: Any = None) -> SequenceView:
+        """One sequence token by token (`.frame`; renders coloured by ℓ in Jupyter)."""
+        return SequenceView(self, seq_id, tokenizer)
+
+    @property
+    def plot(self) -> PlotAccessor:
+        """Figures: run.plot.histogram(), .density(), .strata(name), .sweep(), .sequence(seq_id)."""
+        return PlotAccessor(self)
+
+    def _repr_html_(self) -> str:
+        return run_html(self)
+
+
+def open_run(path: Any) -> Run:
+    """Open a complete run directory (RunDirError if it is not one) with the notebook conveniences."""
+    return Run(path)
+
+
+def write_run(path: Any, tokens: object, sequences: object | None = None, **kwargs: Any) -> Run:
+    """rcdiag.store.write_run, returning the notebook Run (same arguments)."""
+    return Run(store_writer.write_run(path, tokens, sequences, **kwargs).path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from rcdiag.sample import is_well_formed, reward
+from rcdiag.score.sample import is_well_formed, reward
 
 
 @torch.no_grad()
@@ -75,7 +75,7 @@ def write_card(path: Path, *, args: dict, n_params: int, vocab: int, curve: list
 A {n_params / 1e6:.2f} M-parameter `Qwen2ForCausalLM` trained from scratch by `sample_data/build_model.py` on
 synthetic arithmetic word problems (addition, subtraction, one-digit multiplication, two-step, temperatures with
 negative results). Responses are 20–200-token worked solutions (column-by-column arithmetic) ending in a line
-`Answer: <integer>`; `rcdiag.sample.reward(response, answer)` scores them 1.0/0.0. It exists so that rcdiag's
+`Answer: <integer>`; `rcdiag.score.sample.reward(response, answer)` scores them 1.0/0.0. It exists so that rcdiag's
 pipeline runs offline on a model whose next-token distributions are peaked with a long tail, like a real policy.
 
 ## Files

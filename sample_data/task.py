@@ -1,7 +1,7 @@
 """Synthetic arithmetic word problems with worked, column-by-column solutions (the sample task's generator).
 
 Five problem kinds (add, subtract, multiply, two-step, temperature with negative results). Every response ends
-with a final line ``Answer: <integer>``; `rcdiag.sample.reward` checks it. Phrasing varies at random so that a
+with a final line ``Answer: <integer>``; `rcdiag.score.sample.reward` checks it. Phrasing varies at random so that a
 trained model keeps real choices (a long tail of next-token probabilities) rather than one fixed string.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import bands, data, ui
+from app import aggregates, bands, data, ui
 from rcdiag.errors import RcdiagError
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
@@ -15,7 +15,7 @@ FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
 def render(ref: data.RunRef) -> None:
     try:
-        values = data.headline(*ref.key)
+        values = aggregates.headline(*ref.key)
     except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
         st.error(f"No metrics for this run: {exc}")
         values = None
@@ -68,7 +68,7 @@ def _cards(values: dict[str, float]) -> None:
 
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
-    for finding in data.findings(*ref.key):
+    for finding in aggregates.findings(*ref.key):
         with st.expander(f"{finding['severity']} · {finding['name']}: {finding['message']}",
                          expanded=finding["severity"] in ("error", "warning"),
                          icon=SEVERITY_ICONS.get(finding["severity"])):

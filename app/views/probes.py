@@ -8,8 +8,8 @@ import altair as alt
 import streamlit as st
 
 from app import ui
-from rcdiag.probe import list_probes
-from rcdiag.probe_summary import DISTANCE_NAMES, budget_frame, settings_frame
+from rcdiag.probe.files import list_probes
+from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
 
 AGAINST = {"vs_reference": "the reference (float32 trainer, alone)", "vs_rollout": "the run's rollout log-probs",
            "vs_baseline": "the setting's own baseline (one factor changed)"}

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from app import data, ui
-from rcdiag.conventions import CONVENTIONS
-from rcdiag.correction import DEFAULT_THRESHOLD, MODES
+from rcdiag.analysis.conventions import CONVENTIONS
+from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
 
 SHOWN = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high",
          "fraction_low", "is_weight_std", "is_weight_min", "is_weight_max")

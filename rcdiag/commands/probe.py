@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from rcdiag.probe import ProbeConfig, run_probe
-from rcdiag.probe_factors import FACTORS
+from rcdiag.probe.factors import FACTORS
+from rcdiag.probe.run import ProbeConfig, run_probe
 
 DEFAULTS = ProbeConfig()
 

@@ -8,7 +8,8 @@ import typer
 
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
-from rcdiag.report import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions, make_report
+from rcdiag.report.make import DEFAULT_COMPARISON_DIR, make_report
+from rcdiag.report.options import CONVENTIONS, ReportOptions
 
 DEFAULTS = ReportOptions()
 

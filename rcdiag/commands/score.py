@@ -9,31 +9,28 @@ import typer
 
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
-from rcdiag.generate import GenerateConfig
+from rcdiag.score.config import GenerateConfig, RescoreConfig
 
 _G = GenerateConfig()
 _GEN = "Generation (vLLM)"
 _TRAIN = "Rescoring (transformers)"
 _RUN = "Run"
-_RD = "[default: RescoreConfig's, see `rcdiag.rescore`]"
+_RD = "[default: RescoreConfig's, see `rcdiag.score.rescore`]"
 
 
 def _rescore_config(options: dict[str, Any]) -> Any:
-    """RescoreConfig from the options given; unset ones keep RescoreConfig's defaults (kept in one place, and
-    rcdiag.rescore, which imports torch, is loaded only when stage 2 runs)."""
-    from rcdiag.rescore import RescoreConfig
-
+    """RescoreConfig from the options given; unset ones keep RescoreConfig's defaults (kept in one place)."""
     return RescoreConfig(**{k: v for k, v in options.items() if v is not None})
 
 
 def _rescore(run: Path, options: dict[str, Any], quiet: bool) -> dict[str, Any]:
-    from rcdiag.rescore import rescore_run
+    from rcdiag.score.rescore import rescore_run
 
     return rescore_run(run, _rescore_config(options), silent=quiet)
 
 
 def _summary(run: Path) -> str:
-    from rcdiag.runstore import open_run
+    from rcdiag.store.run import open_run
 
     opened = open_run(run)
     counts = opened.manifest.get("counts", {})
@@ -53,9 +50,9 @@ def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
 def _rescore_both(run: Path, model: Path | None, train: dict[str, Any], config: GenerateConfig, overwrite: bool,
                   quiet: bool) -> None:
     """Replay the run's tokens through vLLM for rollout_logprob (closing it after), then rescore them."""
-    from rcdiag.replay import replay_run
-    from rcdiag.rescore import engine_model_path
-    from rcdiag.runstore import open_run
+    from rcdiag.score.replay import replay_run
+    from rcdiag.score.rescore import engine_model_path
+    from rcdiag.store.run import open_run
 
     engine_model = model or engine_model_path(open_run(run).manifest)
     if engine_model is None:
@@ -176,7 +173,7 @@ def command(
         typer.echo(score_command(model, prompts, out, config, _rescore_config(train), ray, (engines, rescorers),
                                  overwrite, quiet, generate_only))
         return
-    from rcdiag.generate import generate_run
+    from rcdiag.score.generate import generate_run
 
     generate_run(model, prompts, out, config, overwrite=overwrite, silent=quiet)
     if not generate_only:

@@ -1,12 +1,12 @@
 """`rcdiag report --ray`: each token file's partial accumulators computed as a Ray task, merged on the driver in
-file order — the very merge the local path does (rcdiag.distributed.partials), so the numbers are identical."""
+file order — the very merge the local path does (rcdiag.report.passes), so the numbers are identical."""
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from rcdiag.distributed.partials import Partial
+from rcdiag.report.passes import Partial
 
 
 def ray_map(ray: Any) -> Callable[[Callable[[int], Partial], Iterable[int]], Iterator[Partial]]:
@@ -25,10 +25,10 @@ def ray_map(ray: Any) -> Callable[[Callable[[int], Partial], Iterable[int]], Ite
 
 def make_report_on_ray(runs: Sequence[Any], out: Any, options: Any, fail_if: Sequence[str],
                        ray_address: str) -> Any:
-    """rcdiag.report.make_report with the per-file passes on the Ray cluster `ray_address` (auto|local|ADDRESS).
+    """rcdiag.report.build.make_report with the per-file passes on the Ray cluster `ray_address` (auto|local|ADDRESS).
     The run directories must be readable from every node (shared or network storage)."""
     from rcdiag.distributed import ray_session
-    from rcdiag.report import make_report
+    from rcdiag.report.make import make_report
 
     with ray_session(ray_address) as ray:
         return make_report(runs, out, options, fail_if, map_files=ray_map(ray))

@@ -1,8 +1,8 @@
 """`rcdiag score --ray`: generation and rescoring as one Ray Data pipeline over prompt shards.
 
 One row per shard k (prompts k·S … k·S+S−1, as the local path): `map_batches` with an actor pool of vLLM
-engines (one per GPU, or per worker on CPU) generates it with the same per-request seeds (rcdiag.generate),
-then an actor pool of training models rescores it (rcdiag.scoring) and writes the finished shard (tokens, then
+engines (one per GPU, or per worker on CPU) generates it with the same per-request seeds (rcdiag.score.generate),
+then an actor pool of training models rescores it (rcdiag.score.scoring) and writes the finished shard (tokens, then
 sequences, each atomically) into the run directory — a local path or a pyarrow filesystem URI. The driver only
 plans shards and writes the manifest last. A rerun skips complete shards; a killed actor is restarted by Ray
 Data and its shard retried, and since a shard is written whole under its fixed name nothing is lost or doubled.
@@ -21,10 +21,14 @@ from typing import Any
 import pyarrow as pa
 
 from rcdiag.distributed.store import ShardSink, open_writer
-from rcdiag.engine import ENV_DEFAULTS, check_model_dir, model_files_hash
 from rcdiag.errors import ConfigError
-from rcdiag.generate import GenerateConfig
 from rcdiag.progress import progress
+from rcdiag.score.config import GenerateConfig, RescoreConfig
+from rcdiag.score.engine import ENV_DEFAULTS, check_model_dir, model_context_length, model_files_hash
+from rcdiag.score.prompts import load_prompts, render_prompts
+from rcdiag.score.spec import generate_manifest, reward_function, run_spec, tokenizer_section
+from rcdiag.score.tokenizer_check import check_vocabulary
+from rcdiag.tokenizers import load_tokenizer
 
 ENV_FORWARDED = (*ENV_DEFAULTS, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
 """Environment variables the driver forwards to the actors (runtime_env), so a remote cluster behaves alike."""
@@ -51,14 +55,14 @@ class EngineActor:
     """One vLLM engine; turns a batch of shard rows (shard, prompts) into (shard, tokens, sequences, facts)."""
 
     def __init__(self, model_dir: str, config: GenerateConfig):
-        from rcdiag.engine import build_engine, engine_facts
+        from rcdiag.score.engine import build_engine, engine_facts
 
         self.config = config
         self.llm = build_engine(config.engine_settings(model_dir))
         self.facts = json.dumps(engine_facts(self.llm), default=str)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        from rcdiag.generate import _reward_function, run_requests, shard_tables
+        from rcdiag.score.generate import run_requests, shard_tables  # vLLM: only inside the actor
 
         out: dict[str, list[Any]] = {"shard": [], "tokens": [], "sequences": [], "facts": [], "generate_s": []}
         for shard, blob in zip(batch["shard"], batch["prompts"], strict=True):
@@ -66,7 +70,7 @@ class EngineActor:
             start = time.perf_counter()
             results = run_requests(self.llm, chunk, self.config)
             seconds = time.perf_counter() - start
-            tokens, sequences = shard_tables(chunk, results, self.config.n, _reward_function(chunk))
+            tokens, sequences = shard_tables(chunk, results, self.config.n, reward_function(chunk))
             for key, value in (("shard", int(shard)), ("tokens", _ipc(tokens)), ("sequences", _ipc(sequences)),
                                ("facts", self.facts), ("generate_s", seconds)):
                 out[key].append(value)
@@ -77,9 +81,9 @@ class RescoreActor:
     """One training model; rescores generated shards and writes each finished shard into the run directory."""
 
     def __init__(self, out: str, config: Any, temperature: float, epilogue_tokens: int):
-        from rcdiag.logprobs import choose_epilogue
-        from rcdiag.rescore import trainer_settings
-        from rcdiag.scoring import load_model, model_limits
+        from rcdiag.score.logprobs import choose_epilogue
+        from rcdiag.score.rescore import trainer_settings
+        from rcdiag.score.scoring import load_model, model_limits
 
         self.sink, self.config, self.temperature = ShardSink(out), config, temperature
         self.model = load_model(config.train_model, dtype=config.train_dtype, device=config.device,
@@ -104,9 +108,9 @@ class RescoreActor:
         return out
 
     def _score(self, shard: int, tokens: pa.Table, sequences: pa.Table) -> tuple[pa.Table, pa.Table]:
-        from rcdiag.rescore import RESCORED_KEY, shard_pairs
-        from rcdiag.runstore import shard_name
-        from rcdiag.scoring import score_sequences
+        from rcdiag.score.rescore import RESCORED_KEY, shard_pairs
+        from rcdiag.score.scoring import score_sequences
+        from rcdiag.store.files import shard_name
 
         name = shard_name(shard)
         pairs = shard_pairs(tokens, sequences, source=f"tokens/{name}", vocab_size=self.limits[0],
@@ -137,17 +141,14 @@ def _runtime_env() -> dict[str, Any]:
 def _plan(model: str | Path, prompts: str | Path, config: GenerateConfig, rescore: Any
           ) -> tuple[Path, list[Any], dict[str, Any], Any]:
     """(model dir, rendered prompts, run spec, rescore config with train_model set); refusals happen here."""
-    from rcdiag.generate import _context_length, _load_tokenizer, _tokenizer_section, run_spec
-    from rcdiag.prompts import load_prompts, render_prompts
-    from rcdiag.scoring import load_config
-    from rcdiag.tokenizer_check import check_vocabulary
+    from rcdiag.score.scoring import load_config  # torch: only when a run is planned
 
     model_dir = check_model_dir(model)
-    tokenizer = _load_tokenizer(model_dir, config.trust_remote_code)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=config.trust_remote_code, what="--model")
     loaded = load_prompts(prompts, prompt_field=config.prompt_field, limit=config.limit)
-    rendered = render_prompts(loaded, tokenizer, source=str(prompts), max_len=_context_length(model_dir, config))
+    rendered = render_prompts(loaded, tokenizer, source=str(prompts), max_len=model_context_length(model_dir, config.max_model_len))
     rescore = replace(rescore, train_model=str(rescore.train_model or model_dir))
-    check_vocabulary({"tokenizer": _tokenizer_section(model_dir)}, str(model_dir), rescore.train_model,
+    check_vocabulary({"tokenizer": tokenizer_section(model_dir)}, str(model_dir), rescore.train_model,
                      load_config(rescore.train_model, trust_remote_code=rescore.trust_remote_code))
     spec = run_spec(config, model_dir, model_files_hash(model_dir), rendered)
     spec["stage"] = "generate+rescore (ray)"
@@ -165,7 +166,6 @@ def score_on_ray(model: str | Path, prompts: str | Path, out: str, config: Gener
     training-model actors run at once, each with a GPU when the cluster has them. `engine_class` exists for tests (e.g. a subclass that lets a test kill it).
     """
     from rcdiag.distributed import ray_session
-    from rcdiag.rescore import RescoreConfig
 
     config = config or GenerateConfig()
     if engines < 1 or (rescorers is not None and rescorers < 1):
@@ -214,12 +214,10 @@ def _pipeline(ray: Any, model_dir: Path, rendered: list[Any], todo: list[int], o
 def _finish(writer: Any, config: GenerateConfig, model_dir: Path, prompts: str | Path, rendered: list[Any],
             rows: list[dict], out: str) -> dict[str, Any]:
     """Write the manifest last: the local path's sections, plus the trainer section and the cluster's shape."""
-    from rcdiag.generate import _manifest, _reward_function, _tokenizer_section
-
     first = rows[0] if rows else _recorded(out)
     facts, trainer = json.loads(first["facts"]), json.loads(first["trainer"])
-    manifest = _manifest(config, model_dir, model_files_hash(model_dir), Path(prompts), rendered, facts,
-                         _tokenizer_section(model_dir), _reward_function(rendered) is not None)
+    manifest = generate_manifest(config, model_dir, model_files_hash(model_dir), Path(prompts), rendered, facts,
+                                 tokenizer_section(model_dir), reward_function(rendered) is not None)
     manifest["trainer"] = trainer
     manifest["distributed"] = {"backend": "ray", "shards_this_run": sorted(int(r["shard"]) for r in rows),
                                **throughput(rows)}
@@ -231,8 +229,8 @@ def _recorded(out: str) -> dict[str, str]:
     import pyarrow.parquet as pq
 
     from rcdiag.distributed.store import filesystem
-    from rcdiag.rescore import RESCORED_KEY
-    from rcdiag.runstore import TOKENS_DIR, shard_name
+    from rcdiag.score.rescore import RESCORED_KEY
+    from rcdiag.store.files import TOKENS_DIR, shard_name
 
     fs, base = filesystem(out)
     metadata = pq.read_schema(f"{base}/{TOKENS_DIR}/{shard_name(0)}", filesystem=fs).metadata or {}

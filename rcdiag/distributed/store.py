@@ -1,6 +1,6 @@
 """Run directories on any pyarrow filesystem (a local path, `file://…`, `s3://…`, `gs://…`) for `score --ray`.
 
-Same layout and commit rule as rcdiag.runstore: every file is written under a temporary name and moved into
+Same layout and commit rule as rcdiag.store.run: every file is written under a temporary name and moved into
 place, a shard's sequences file after its tokens file, the manifest last. Local paths go through
 runstore.RunWriter itself; URIs through `UriRunWriter`, which mirrors its resume contract (a spec recorded in
 pending.json, complete shards kept, other settings refused unless overwrite).
@@ -17,7 +17,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError
-from rcdiag.runstore import MANIFEST_NAME, PENDING_NAME, SEQUENCES_DIR, TOKENS_DIR, RunWriter, shard_name
+from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME, SEQUENCES_DIR, TOKENS_DIR, shard_name
+from rcdiag.store.writer import RunWriter
 
 
 def is_uri(out: str) -> bool:

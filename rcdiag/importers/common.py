@@ -258,7 +258,7 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
 
     A failed import leaves nothing at `out` (and an existing run there untouched unless the import succeeds).
     """
-    from rcdiag.runstore import write_run
+    from rcdiag.store.writer import write_run
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -277,7 +277,7 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
         _replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    from rcdiag.runstore import open_run
+    from rcdiag.store.run import open_run
 
     return open_run(out)
 

@@ -16,25 +16,13 @@ import numpy as np
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, jsonl_objects
 from rcdiag.progress import iterate
+from rcdiag.tokenizers import load_tokenizer
 
 NON_REWARD = {"step", "gen_step", "prompt", "completion", "advantage", "advantages", "entropy", "solution",
               "num_turns", "extra", "prompt_id"}
 LACKS = ["token ids (text only: retokenized, lossy — special tokens were stripped when the text was decoded)",
          "rollout logprobs and trainer logprobs: run `rcdiag score --rescore-both RUN` to compute both sides",
          "sampling settings (temperature, top-p/top-k)", "loss mask (every response token counts as valid)"]
-
-
-def load_tokenizer(name: str | None) -> Any:
-    """AutoTokenizer from a local path, offline; ConfigError when missing or not loadable."""
-    if not name:
-        raise ConfigError("text-only dumps need --tokenizer PATH (the policy model's tokenizer directory) to "
-                          "turn text back into token ids")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--tokenizer {name}: cannot load a tokenizer offline ({exc})") from None
 
 
 def _trl_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
@@ -129,7 +117,10 @@ EXTRA_LACKS = {"verl-text": ["the prompt's special tokens and chat-template mark
 
 def read(path: Path, opts: ImportOptions, fmt: str = "trl") -> Imported:
     """Retokenize a TRL / ms-swift / verl text log into records with null logprobs."""
-    tokenizer = load_tokenizer(opts.tokenizer)
+    if not opts.tokenizer:
+        raise ConfigError("text-only dumps need --tokenizer PATH (the policy model's tokenizer directory) to "
+                          "turn text back into token ids")
+    tokenizer = load_tokenizer(opts.tokenizer, what="--tokenizer")
     rows = READERS[fmt](path)
     records = [_record(f, i, row, tokenizer) for f, i, row in iterate(rows, desc="tokenizing", silent=opts.quiet)]
     conventions = {"tokens": "retokenized from text with add_special_tokens=False (chat messages through the "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from rcdiag.runstore import Run
+from rcdiag.store.run import Run
 from tests.fixtures.runs import build_run
 
 APP = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from app import aggregates, data
-from rcdiag.tails import DENSITY_BINS, DENSITY_RANGE
+from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE
 
 
 def _valid(run) -> pd.DataFrame:

@@ -203,7 +203,7 @@ def _click_table_row(page, row: int) -> None:
 
 def _worst_seq_ids(run) -> list[int]:
     """seq_ids sorted as the Sequences page sorts by default (max |ℓ| descending, then seq_id)."""
-    from rcdiag.metrics import sequence_stats
+    from rcdiag.analysis.metrics import sequence_stats
 
     stats = sequence_stats(run)
     return stats.sort_values(["max_abs_log_ratio", "seq_id"], ascending=[False, True])["seq_id"].tolist()

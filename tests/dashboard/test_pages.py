@@ -10,7 +10,7 @@ import pytest
 
 import rcdiag
 from app import bands, ui
-from rcdiag.checks import run_checks
+from rcdiag.checks.verdicts import run_checks
 from tests.dashboard.conftest import assert_clean
 
 CARD = re.compile(r'<div style="font-size:0.8em;color:#555">[^<]*· (\w+)</div><div [^>]*>([^<]*)</div>'

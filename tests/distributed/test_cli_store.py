@@ -12,7 +12,8 @@ import pytest
 from rcdiag.cli import main
 from rcdiag.distributed.store import ShardSink, UriRunWriter, is_uri, normalize_out, open_writer
 from rcdiag.errors import RunDirError
-from rcdiag.runstore import RunWriter, open_run
+from rcdiag.store.run import open_run
+from rcdiag.store.writer import RunWriter
 
 PROMPTS = Path(__file__).resolve().parents[2] / "sample_data" / "prompts.jsonl"
 
@@ -47,7 +48,7 @@ def test_normalize_out_undoes_path_collapsing(given: str, expected: str) -> None
 
 
 def _shard(seq: int) -> tuple[pa.Table, pa.Table]:
-    from rcdiag.runstore import prepare_sequences, prepare_tokens
+    from rcdiag.store.writer import prepare_sequences, prepare_tokens
 
     tokens = prepare_tokens(pa.table({"seq_id": [seq, seq], "pos": [0, 1], "rollout_logprob": [-1.0, -2.0]}))
     return tokens, prepare_sequences(None, tokens)

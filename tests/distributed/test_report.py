@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rcdiag.analysis.metrics import compute_metrics
 from rcdiag.cli import main
 from rcdiag.distributed.report import ray_map
-from rcdiag.metrics import compute_metrics
-from rcdiag.report import ReportOptions, build_report
-from rcdiag.runstore import open_run
+from rcdiag.report.build import build_report
+from rcdiag.report.options import ReportOptions
+from rcdiag.store.run import open_run
 from tests.fixtures.runs import build_run
 
 OPTIONS = ReportOptions(replicates=40)

@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 
 from rcdiag.distributed.score import EngineActor, score_on_ray
-from rcdiag.generate import GenerateConfig, generate_run
-from rcdiag.report import ReportOptions, build_report
-from rcdiag.rescore import RescoreConfig, rescore_run
-from rcdiag.runstore import MANIFEST_NAME, PENDING_NAME, SEQUENCES_DIR, open_run, shard_name
+from rcdiag.report.build import build_report
+from rcdiag.report.options import ReportOptions
+from rcdiag.score.generate import GenerateConfig, generate_run
+from rcdiag.score.rescore import RescoreConfig, rescore_run
+from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME, SEQUENCES_DIR, shard_name
+from rcdiag.store.run import open_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 CONFIG = GenerateConfig(n=2, max_tokens=24, shard_prompts=1, limit=6, engine_dtype="float32", seed=7)

@@ -61,7 +61,7 @@ def test_token_ids_out_of_range(bad):
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     """A disk failure after the tokens file is written (simulated: a full disk cannot be caused here) leaves
     neither the run nor its temporary directory, and an existing run at --out is untouched."""
-    import rcdiag.runstore as runstore
+    import rcdiag.store.writer as runstore
 
     real = runstore.write_parquet_atomic
     calls = []

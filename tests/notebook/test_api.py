@@ -24,7 +24,7 @@ def noisy(tmp_path_factory):
 
 
 def _reference(run):
-    """Valid token rows with ℓ = a − b in float64 (independent of rcdiag.metrics)."""
+    """Valid token rows with ℓ = a − b in float64 (independent of rcdiag.analysis.metrics)."""
     tok = run.tokens()
     tok = tok[tok["mask"]].copy()
     tok["ell"] = tok["train_logprob"].astype(np.float64) - tok["rollout_logprob"].astype(np.float64)
@@ -32,8 +32,8 @@ def _reference(run):
 
 
 def test_runstore_does_not_import_the_heavy_layers():
-    code = ("import sys, rcdiag.runstore; print([m for m in ('rcdiag.metrics', 'rcdiag.correction', "
-            "'rcdiag.notebook', 'rcdiag.plots', 'matplotlib', 'pandas') if m in sys.modules])")
+    code = ("import sys, rcdiag.store.run; print([m for m in ('rcdiag.analysis.metrics', 'rcdiag.analysis.correction', "
+            "'rcdiag.notebook', 'rcdiag.report.plots', 'matplotlib', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

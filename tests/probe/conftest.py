@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rcdiag.runstore import Run, new_manifest, open_run, write_run
+from rcdiag.store.manifest import new_manifest
+from rcdiag.store.run import Run, open_run
+from rcdiag.store.writer import write_run
 from tests.fixtures.engine import sample_model_dir
 
 TEMPERATURE = 0.8
@@ -55,7 +57,7 @@ def probe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def probe_run(probe_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """12 sequences; rollout = float32 trainer (one at a time) + N(0, 0.05²) noise, so the observed gap is known."""
-    from rcdiag.scoring import load_config, load_model, model_limits, score_sequences
+    from rcdiag.score.scoring import load_config, load_model, model_limits, score_sequences
 
     vocab, _ = model_limits(load_config(probe_model))
     tokens, sequences = token_frames(vocab)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rcdiag.runstore import Run, open_run
+from rcdiag.store.run import Run, open_run
 from tests.fixtures.engine import ENGINE_KWARGS
 
 pytestmark = pytest.mark.vllm
@@ -23,8 +23,8 @@ exact maximum is in each probe summary (`rollout` row, `vs_baseline.max_abs`).""
 @pytest.fixture(scope="module")
 def generated(vllm_engine: Any, sample_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """8 prompts × 2 samples at temperature 0.8 (≠ 1: the full-vocabulary path of the replay)."""
-    from rcdiag.generate import GenerateConfig, generate_run
-    from rcdiag.sample import SAMPLE_PROMPTS
+    from rcdiag.score.generate import GenerateConfig, generate_run
+    from rcdiag.score.sample import SAMPLE_PROMPTS
 
     config = GenerateConfig(n=2, temperature=0.8, max_tokens=32, limit=8, **ENGINE_KWARGS)
     out = tmp_path_factory.mktemp("probe_gen") / "run"
@@ -43,7 +43,7 @@ def _pairs(run: Run) -> tuple[list[tuple[list[int], list[int]]], np.ndarray]:
 
 def test_replay_reproduces_sampled_logprobs(vllm_engine: Any, generated: Run) -> None:
     """Prefill replay at the run's settings (temperature applied to the raw prompt log-probs) ≈ decode."""
-    from rcdiag.probe_replay import replay_pairs
+    from rcdiag.probe.replay import replay_pairs
 
     pairs, sampled = _pairs(generated)
     replayed = np.concatenate(replay_pairs(vllm_engine, pairs, 0.8)).astype(np.float64)
@@ -58,7 +58,7 @@ def test_replay_cached_and_edges(vllm_engine: Any, generated: Run) -> None:
     """Scoring against a cached prompt agrees with the plain replay (float32 engine) and counts its tokens;
     empty input → []; an empty response → an empty array; temperature 0 is refused."""
     from rcdiag.errors import ConfigError
-    from rcdiag.probe_replay import replay_cached, replay_pairs
+    from rcdiag.probe.replay import replay_cached, replay_pairs
 
     pairs, _ = _pairs(generated)
     stats: dict[str, int] = {}
@@ -75,7 +75,7 @@ def test_replay_cached_and_edges(vllm_engine: Any, generated: Run) -> None:
 
 def test_probe_engine_factors_with_shared_engine(vllm_engine: Any, generated: Run) -> None:
     """decode vs prefill is reported (not hidden), and every engine setting's numbers come from the given engine."""
-    from rcdiag.probe import ProbeConfig, run_probe
+    from rcdiag.probe.run import ProbeConfig, run_probe
 
     config = ProbeConfig(sample=16, factors=("decode_vs_prefill", "batch_invariance", "prefix_caching"),
                          name="engine", threads=1)

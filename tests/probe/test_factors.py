@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from rcdiag.errors import ConfigError
-from rcdiag.probe_factors import DEFAULT_FACTORS, FACTORS, REFERENCE, EngineSetting, select_settings
+from rcdiag.probe.factors import DEFAULT_FACTORS, FACTORS, REFERENCE, EngineSetting, select_settings
 
 
 def test_baselines_come_along() -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from rcdiag.cli import main
 from rcdiag.errors import ConfigError, RunDirError
-from rcdiag.probe import ProbeConfig, run_probe
-from rcdiag.runstore import Run, open_run, update_manifest
+from rcdiag.probe.run import ProbeConfig, run_probe
+from rcdiag.store.manifest import update_manifest
+from rcdiag.store.run import Run, open_run
 
 APP = Path(__file__).resolve().parents[2] / "app" / "dashboard.py"
 
@@ -71,7 +72,7 @@ def test_engine_factors_refused_before_work(probe_run: Run, tmp_path: Path) -> N
 def test_run_without_tokens_is_refused(probe_run: Run, tmp_path: Path) -> None:
     import pandas as pd
 
-    from rcdiag.runstore import write_run
+    from rcdiag.store.writer import write_run
 
     tokens = pd.DataFrame({"seq_id": pd.Series([], dtype="int64"), "pos": pd.Series([], dtype="int32"),
                            "rollout_logprob": pd.Series([], dtype="float32")})
@@ -83,7 +84,7 @@ def test_run_without_tokens_is_refused(probe_run: Run, tmp_path: Path) -> None:
 
 def test_report_includes_probe(cli_probe, tmp_path: Path) -> None:
     """`rcdiag report` appends the latest probe: budget table + figure in md/html, the summary in metrics.json."""
-    from rcdiag.report import make_report
+    from rcdiag.report.make import make_report
 
     run, _ = cli_probe
     if not (run.path / "probes" / "cli.json").is_file():
@@ -99,7 +100,7 @@ def test_report_includes_probe(cli_probe, tmp_path: Path) -> None:
 
 
 def test_report_without_probe_is_unchanged(probe_run: Run, tmp_path: Path) -> None:
-    from rcdiag.probe_report import probe_section
+    from rcdiag.report.probe_section import probe_section
 
     path = tmp_path / "run"
     shutil.copytree(probe_run.path, path, ignore=shutil.ignore_patterns("probes"))

@@ -1,4 +1,4 @@
-"""`rcdiag.probe_replay.response_logprobs` (prompt log-probs → response log-probs at a temperature) against float64 references, on
+"""`rcdiag.probe.replay.response_logprobs` (prompt log-probs → response log-probs at a temperature) against float64 references, on
 random full-vocabulary raw log-probs and on the prefix-cache layouts vLLM returns (no vLLM engine needed)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from vllm.logprobs import Logprob
 
-from rcdiag.probe_replay import response_logprobs
+from rcdiag.probe.replay import response_logprobs
 
 
 def _raw_entries(rng: np.random.Generator, n: int, vocab: int) -> tuple[list, np.ndarray]:

@@ -9,8 +9,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from rcdiag.probe import ProbeConfig, run_probe
-from rcdiag.runstore import Run
+from rcdiag.probe.run import ProbeConfig, run_probe
+from rcdiag.store.run import Run
 
 PACKED_TOL = 5e-6
 """float32 alone vs float32 packed (sdpa_varlen): measured max |Δ| 3.8e-6 on the sample model (|log p| up to ~20;
@@ -133,7 +133,7 @@ def test_files_are_complete_and_consistent(probed, probe_run: Run) -> None:
 
 
 def test_sample_is_seeded_and_bounded(probe_run: Run) -> None:
-    from rcdiag.probe import sample_tokens
+    from rcdiag.probe.run import sample_tokens
 
     a, _ = sample_tokens(probe_run, 5, seed=3, vocab_size=10**6, max_context=None)
     b, pairs = sample_tokens(probe_run, 5, seed=3, vocab_size=10**6, max_context=None)

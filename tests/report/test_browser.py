@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rcdiag.report import ReportOptions, make_report
+from rcdiag.report.make import make_report
+from rcdiag.report.options import ReportOptions
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

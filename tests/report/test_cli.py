@@ -7,7 +7,7 @@ import pytest
 
 import rcdiag
 from rcdiag.cli import main
-from rcdiag.gate import Condition, evaluate, parse
+from rcdiag.report.gate import Condition, evaluate, parse
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

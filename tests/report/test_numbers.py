@@ -8,10 +8,13 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.bootstrap import COLUMNS, SequenceSums, bootstrap, point_estimates
-from rcdiag.report import MODES, REJECTION_OPTIONS, ReportOptions, build_report, make_report, rejection_bound
-from rcdiag.scan import scan_run
-from rcdiag.tails import BINS_PER_DECADE
+from rcdiag.analysis.bootstrap import COLUMNS, SequenceSums, bootstrap, point_estimates
+from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.analysis.tails import BINS_PER_DECADE
+from rcdiag.report.build import build_report
+from rcdiag.report.make import make_report
+from rcdiag.report.options import MODES, ReportOptions
+from rcdiag.report.scan import scan_run
 from tests.fixtures.runs import build_run
 
 

@@ -7,8 +7,9 @@ import re
 import pytest
 
 from rcdiag.errors import ConfigError
-from rcdiag.render import fmt, plain, write_files
-from rcdiag.report import ReportOptions, make_report
+from rcdiag.report.make import make_report
+from rcdiag.report.options import ReportOptions
+from rcdiag.report.render import fmt, plain, write_files
 
 PNGS = {"l_histogram.png", "b_vs_a_density.png", "l_by_position.png", "l_by_rollout_prob.png", "sweep.png"}
 FAST = ReportOptions(replicates=100)

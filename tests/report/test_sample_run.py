@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def sample_run(vllm_engine, sample_model, tmp_path_factory):
-    from rcdiag.generate import GenerateConfig, generate_run
-    from rcdiag.rescore import RescoreConfig, rescore_run
+    from rcdiag.score.generate import GenerateConfig, generate_run
+    from rcdiag.score.rescore import RescoreConfig, rescore_run
     from tests.fixtures.engine import ENGINE_KWARGS
 
     out = tmp_path_factory.mktemp("sample") / "run"

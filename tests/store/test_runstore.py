@@ -10,16 +10,9 @@ import pytest
 
 import rcdiag
 from rcdiag.errors import InputError, RunDirError
-from rcdiag.runstore import (
-    MANIFEST_NAME,
-    PENDING_NAME,
-    RunWriter,
-    prepare_sequences,
-    prepare_tokens,
-    split_into_shards,
-    write_run,
-)
-from rcdiag.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
+from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME
+from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
+from rcdiag.store.writer import RunWriter, prepare_sequences, prepare_tokens, split_into_shards, write_run
 
 
 def random_tokens(rng: np.random.Generator, n_seq: int, max_len: int = 12, empty_every: int = 5) -> pd.DataFrame:

@@ -1,0 +1,198 @@
+"""IS correction modes (TIS / MIS / sequence-level), verl rejection and threshold sweeps, simulated offline.
+
+    simulate(run, "token_truncate", threshold=2.0)            # dict of METRICS.md IS metrics
+    simulate(run, sequence_mask, convention="swift", return_weights=True)   # + per-token weights DataFrame
+    sweep(run)                                                # DataFrame: mode × threshold → IS metrics
+
+Every function reads the data once, streaming record batches (memory O(#sequences in a batch)); a sweep computes
+all modes and thresholds in that one pass.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.conventions import DEFAULT_CONVENTION, Convention, get_convention
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
+from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
+from rcdiag.analysis.rejection import Rejection, keep_rows, parse_rejections
+from rcdiag.errors import ConfigError
+
+LEVELS = ("token", "sequence")
+ACTIONS = ("truncate", "mask")
+
+
+@dataclass(frozen=True)
+class CorrectionMode:
+    """An IS correction: `level` token|sequence, `action` truncate (clamp the weight to [L, C]) | mask (weight 0
+    outside [L, C]); `upper` = C, `lower` = L (None: no lower bound). Bounds are ratio bounds with L ≤ 1 ≤ C."""
+
+    level: str
+    action: str
+    upper: float = DEFAULT_THRESHOLD
+    lower: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS or self.action not in ACTIONS:
+            raise ConfigError(f"unknown correction mode {self.level}_{self.action}; choose one of {', '.join(MODES)}")
+        if not (isinstance(self.upper, (int, float)) and math.isfinite(self.upper) and self.upper >= 1.0):
+            raise ConfigError(f"threshold C must be a finite number ≥ 1, got {self.upper!r}")
+        if self.lower is not None and not (math.isfinite(self.lower) and 0.0 < self.lower <= 1.0):
+            raise ConfigError(f"lower bound L must be in (0, 1], got {self.lower!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.level}_{self.action}"
+
+    def with_bounds(self, upper: float | None = None, lower: float | None = None) -> CorrectionMode:
+        """A copy with threshold C = `upper` and L = `lower` (None keeps the current value)."""
+        return replace(self, upper=self.upper if upper is None else float(upper),
+                       lower=self.lower if lower is None else float(lower))
+
+
+token_truncate = CorrectionMode("token", "truncate")
+token_mask = CorrectionMode("token", "mask")
+sequence_truncate = CorrectionMode("sequence", "truncate")
+sequence_mask = CorrectionMode("sequence", "mask")
+MODES: dict[str, CorrectionMode] = {m.name: m for m in (token_truncate, token_mask, sequence_truncate, sequence_mask)}
+"""The four presets by name (METRICS.md IS modes)."""
+
+
+def get_mode(mode: str | CorrectionMode) -> CorrectionMode:
+    if isinstance(mode, CorrectionMode):
+        return mode
+    try:
+        return MODES[str(mode)]
+    except KeyError:
+        raise ConfigError(f"unknown correction mode {mode!r}; choose one of {', '.join(MODES)}") from None
+
+
+def _check_convention(mode: CorrectionMode, conv: Convention) -> None:
+    if mode.lower is not None and mode.action not in conv.allow_lower:
+        raise ConfigError(f"convention {conv.name} has no lower bound for {mode.name}"
+                          + ("; use convention canonical or trl" if conv.name != "canonical" else ""))
+
+
+class ISAccumulator:
+    """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(B)`.
+
+    Rejection options are applied first (rows they reject are not scored and count as not kept); weights and
+    sequence ratios come from the original mask; kept_token_frac / kept_seq_frac are shares of all valid tokens /
+    of sequences with T_i > 0. State is O(1) per mode (+ the weights when kept).
+    """
+
+    def __init__(self, modes: Sequence[CorrectionMode], convention: str | Convention = DEFAULT_CONVENTION, *,
+                 rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False) -> None:
+        self.convention = get_convention(convention)
+        self.modes = list(modes)
+        for mode in self.modes:
+            _check_convention(mode, self.convention)
+        self.rejection = parse_rejections(rejection)
+        self.stats = [ModeStats(m.level, m.action, Bounds(m.upper, m.lower), self.convention, keep_weights)
+                      for m in self.modes]
+        self.keys: list[tuple[np.ndarray, np.ndarray]] | None = [] if keep_weights else None
+
+    def update_chunk(self, chunk: TokenChunk) -> None:
+        if chunk.n == 0:
+            return
+        update_modes(self.stats, ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk)))
+        if self.keys is not None:
+            self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos))
+
+    def merge(self, other: ISAccumulator) -> ISAccumulator:
+        if [m for m in other.modes] != self.modes or other.convention != self.convention:
+            raise ValueError("cannot merge IS accumulators of different modes or conventions")
+        for mine, theirs in zip(self.stats, other.stats, strict=True):
+            mine.merge(theirs)
+        return self
+
+    def finish(self, num_sequences: int, batch_normalize: bool = False) -> list[dict[str, float]]:
+        return [stats.finish(num_sequences, batch_normalize) for stats in self.stats]
+
+    def weights_frame(self, index: int = 0, batch_normalize: bool = False) -> Any:
+        """Per-token weights of mode `index`: DataFrame seq_id, pos, weight (NaN on masked rows, 0 where masked
+        out or rejected), kept (bool)."""
+        import pandas as pd
+
+        stats = self.stats[index]
+        parts = stats.weights or []
+        weight = np.concatenate(parts) if parts else np.zeros(0)
+        if batch_normalize:
+            weight = weight / stats.token_mean()
+        seq = np.concatenate([k[0] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
+        pos = np.concatenate([k[1] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
+        return pd.DataFrame({"seq_id": seq, "pos": pos, "weight": weight, "kept": weight > 0})
+
+
+def simulate(data: Any, mode: str | CorrectionMode, threshold: float | None = DEFAULT_THRESHOLD,
+             lower: float | None = None, convention: str = DEFAULT_CONVENTION, *,
+             rejection: Iterable[Rejection | str | tuple] = (), batch_normalize: bool = False,
+             return_weights: bool = False, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+             silent: bool = True) -> dict[str, Any]:
+    """Simulate one IS correction on `data` (Run, DataFrame or Arrow table of token rows; see compute_metrics).
+
+    `mode`: a preset name (token_truncate, token_mask, sequence_truncate, sequence_mask) or a CorrectionMode;
+    `threshold` C (None: the mode's own, 2.0 for presets) and `lower` L. `convention` picks the framework's
+    formulas (canonical | swift | verl | trl); the keys are METRICS.md's whatever the convention. `rejection`:
+    verl options such as "token_k3:0.01" or ("seq_mean_k1", 2.0, 0.5), chained. `batch_normalize` divides the
+    weights by their token mean (is_weight_mean becomes 1; ESS is unchanged).
+    Returns {IS metric: float} (NaN where nothing is scored; ESS NaN with a RuntimeWarning when every weight is
+    0), plus "weights": DataFrame(seq_id, pos, weight, kept) when `return_weights`.
+    """
+    chosen = get_mode(mode).with_bounds(threshold, lower)
+    accumulator = ISAccumulator([chosen], convention, rejection=rejection, keep_weights=return_weights)
+    rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="simulate")
+    result: dict[str, Any] = dict(accumulator.finish(rows, batch_normalize)[0])
+    if return_weights:
+        result["weights"] = accumulator.weights_frame(0, batch_normalize)
+    return result
+
+
+def sweep(data: Any, modes: Iterable[str | CorrectionMode] = tuple(MODES),
+          thresholds: Iterable[float] = DEFAULT_THRESHOLDS, convention: str = DEFAULT_CONVENTION, *,
+          lower: float | None = None, rejection: Iterable[Rejection | str | tuple] = (),
+          batch_normalize: bool = False, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+          silent: bool = True) -> Any:
+    """IS metrics for every mode × threshold, in one pass over the data.
+
+    Returns a pandas DataFrame with one row per (mode, threshold), columns mode, threshold, then IS_METRIC_NAMES
+    (the row order follows `modes`, then `thresholds`). Empty `modes` or `thresholds` → an empty frame with those
+    columns.
+    """
+    import pandas as pd
+
+    grid = [get_mode(m).with_bounds(c, lower) for m in modes for c in thresholds]
+    columns = ["mode", "threshold", *IS_METRIC_NAMES]
+    if not grid:
+        return pd.DataFrame(columns=columns)
+    accumulator = ISAccumulator(grid, convention, rejection=rejection)
+    rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
+    results = accumulator.finish(rows, batch_normalize)
+    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[str | CorrectionMode] = tuple(MODES),
+            thresholds: Iterable[float] = (DEFAULT_THRESHOLD,), sequences: Any = None,
+            batch_rows: int = DEFAULT_BATCH_ROWS, silent: bool = True) -> tuple[dict[str, float], Any]:
+    """compute_metrics and sweep together in ONE pass over the data: (metrics dict, sweep DataFrame)."""
+    import pandas as pd
+
+    from rcdiag.analysis.metrics import MetricsAccumulator
+
+    grid = [get_mode(m).with_bounds(c) for m in modes for c in thresholds]
+    metrics = MetricsAccumulator(convention)
+    consumers: list[Any] = [metrics]
+    correction = ISAccumulator(grid, convention) if grid else None
+    if correction is not None:
+        consumers.append(correction)
+    rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="analyze")
+    results = correction.finish(rows) if correction is not None else []
+    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
+    table = pd.DataFrame.from_records(records, columns=["mode", "threshold", *IS_METRIC_NAMES])
+    return metrics.finish(rows), table

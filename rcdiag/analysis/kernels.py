@@ -1,0 +1,221 @@
+"""Fused numba kernels: one pass per token chunk for validation, per-sequence sums and token-level IS weights.
+
+Each kernel replaces a dozen numpy passes (and their temporaries) with one loop over the rows. Per-sequence sums
+use Neumaier compensated summation, so a sequence's sum is (nearly) correctly rounded and depends only on that
+sequence's values — never on how the rows were batched; callers feed these per-sequence values to the exact
+accumulators of rcdiag.analysis.accum. Compiled on first use and cached on disk (`cache=True`).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+_JIT = {"cache": True, "nogil": True}
+
+# check_rows error codes (the caller re-runs the numpy checks to raise the exact InputError)
+OK, BAD_KEY, BAD_VALUE = 0, 1, 2
+
+# columns of seq_sums' per-sequence output
+SEQ_SUM_COLUMNS = ("a", "b", "ell", "k3", "k3_10", "k3_raw", "chi2", "ell_hat", "abs_ell")
+S_A, S_B, S_ELL, S_K3, S_K3_10, S_K3_RAW, S_CHI2, S_ELL_HAT, S_ABS = range(len(SEQ_SUM_COLUMNS))
+
+# token_mode's scalar output
+TOKEN_MODE_FIELDS = ("n", "mean", "m2", "lo", "hi", "ess_mean", "ess_m2", "ess_lo", "ess_hi", "high", "low",
+                     "clipped", "kept_tokens", "kept_seqs")
+
+
+@numba.njit(**_JIT)
+def check_rows(seq, pos, a, b, mask, has_prev, prev_seq, prev_pos):
+    """One batch: OK when pos ≥ 0, (seq_id, pos) strictly increases (also after the previous batch's last key) and
+    the log-probs a, b are finite on valid rows; else BAD_KEY or BAD_VALUE at the first failure."""
+    last_s, last_p, have = prev_seq, prev_pos, has_prev
+    for i in range(seq.size):
+        s, p = seq[i], np.int64(pos[i])
+        if p < 0 or (have and (s < last_s or (s == last_s and p <= last_p))):
+            return BAD_KEY
+        last_s, last_p, have = s, p, True
+        if mask[i] and not (math.isfinite(a[i]) and math.isfinite(b[i])):
+            return BAD_VALUE
+    return OK
+
+
+@numba.njit(inline="always")
+def _row(a, b, mask, i):
+    """(a, b) of row i as float64, (0, 0) on a masked row."""
+    if mask[i]:
+        return np.float64(a[i]), np.float64(b[i])
+    return 0.0, 0.0
+
+
+@numba.njit(**_JIT)
+def segment_starts(seq):
+    """First row of each run of equal seq_id (int64 [S]); empty input → empty."""
+    n = seq.size
+    out = np.empty(n, np.int64)
+    k = 0
+    for i in range(n):
+        if i == 0 or seq[i] != seq[i - 1]:
+            out[k] = i
+            k += 1
+    return out[:k]
+
+
+@numba.njit(inline="always")
+def _two_sum(s, c, x):
+    """(s + x, c + its rounding error): branch-free compensated step (Knuth's TwoSum)."""
+    t = s + x
+    z = t - s
+    return t, c + ((s - (t - z)) + (x - z))
+
+
+@numba.njit(inline="always")
+def _total(s, c):
+    """s + c, or s alone when s is ±inf/NaN (the compensation term is then NaN)."""
+    return s + c if math.isfinite(s) else s
+
+
+@numba.njit(**_JIT)
+def seq_sums(a, b, mask, starts, clamp):
+    """Per-sequence sums over the rows of a chunk (a, b float32/64 read as 0 on masked rows), one pass.
+
+    Returns float64 [9, S] in SEQ_SUM_COLUMNS order (Σa, Σb, Σℓ, Σk3(ℓ̂), Σclamp(k3(ℓ̂), ±10), Σk3(ℓ), Σ(ρ̂²−1),
+    Σℓ̂, Σ|ℓ|), int64 [S] counts T_i, float64 [S] max |ℓ| over valid rows (−inf without one), and the rows ℓ̂ and
+    ρ̂ = exp(ℓ̂) (float64 [n]), where ℓ̂ = clamp(ℓ, ±clamp). The sums that cancel (Σℓ, Σ(ρ̂²−1), Σℓ̂) are
+    compensated; the others add terms of one sign.
+    """
+    n_seq = starts.size
+    n = a.size
+    out = np.empty((len(SEQ_SUM_COLUMNS), n_seq), np.float64)
+    counts = np.empty(n_seq, np.int64)
+    max_abs = np.empty(n_seq)
+    lr = np.empty(n, np.float64)
+    rho = np.empty(n, np.float64)
+    for k in range(n_seq):
+        sa = sb = k3 = k3_10 = k3_raw = s_abs = 0.0
+        s_ell = c_ell = s_chi = c_chi = s_hat = c_hat = 0.0
+        t = 0
+        top = -np.inf
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            x, y = _row(a, b, mask, i)
+            ell = x - y
+            lh = min(max(ell, -clamp), clamp)
+            rm1 = math.expm1(lh)
+            lr[i] = lh
+            rho[i] = rm1 + 1.0 if lh > -0.6931471805599453 else math.exp(lh)
+            term = rm1 - lh
+            sa += x
+            sb += y
+            k3 += term
+            k3_10 += min(term, 10.0)
+            k3_raw += term if lh == ell else math.expm1(ell) - ell
+            s_abs += abs(ell)
+            s_ell, c_ell = _two_sum(s_ell, c_ell, ell)
+            s_chi, c_chi = _two_sum(s_chi, c_chi, rm1 * (rm1 + 2.0))
+            s_hat, c_hat = _two_sum(s_hat, c_hat, lh)
+            if mask[i]:
+                t += 1
+                top = max(top, abs(ell))
+        out[S_A, k], out[S_B, k], out[S_ELL, k] = sa, sb, _total(s_ell, c_ell)
+        out[S_K3, k], out[S_K3_10, k], out[S_K3_RAW, k] = k3, k3_10, k3_raw
+        out[S_CHI2, k], out[S_ELL_HAT, k], out[S_ABS, k] = _total(s_chi, c_chi), _total(s_hat, c_hat), s_abs
+        counts[k] = t
+        max_abs[k] = top
+    return out, counts, max_abs, lr, rho
+
+
+@numba.njit(**_JIT)
+def token_rows(a, b, mask, clamp):
+    """Row arrays ℓ̂ = clamp(a − b, ±clamp) and ρ = exp(ℓ̂) (float64 [n]; 0 and 1 on masked rows; clamp = inf for
+    none)."""
+    n = a.size
+    lr = np.empty(n, np.float64)
+    rho = np.empty(n, np.float64)
+    for i in range(n):
+        x, y = _row(a, b, mask, i)
+        lh = min(max(x - y, -clamp), clamp)
+        lr[i] = lh
+        rho[i] = math.exp(lh)
+    return lr, rho
+
+
+@numba.njit(inline="always")
+def _weight(x, r, upper, lower, log_upper, log_lower, mask_action):
+    """(w, out of [L, C]) of one row: ℓ̂ = x, ρ = r."""
+    out_flag = x > log_upper or x < log_lower
+    if mask_action:
+        return (0.0 if out_flag else r), out_flag
+    return max(min(r, upper), lower), out_flag
+
+
+@numba.njit(**_JIT)
+def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
+    """Token-level IS modes over the scored rows (`stat` True) of a chunk, all modes in one pass over the rows.
+
+    `params` float64 [M, 6]: per mode C, L (0 for none), log C, log L (−inf for none), log of the "low" bound,
+    mask (1) or truncate (0). Weight w = clamp(ρ, [L, C]) (truncate) or ρ·[L ≤ ρ ≤ C] (mask, compared in log
+    space); swift's ESS weight w̃ = clamp(w, 1/C, C). Returns per-sequence Σw and Σw̃ (float64 [M, S], 0 for a
+    sequence without scored rows), float64 [M, 14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min,
+    max of w and of w̃, counts) and, when `rows`, w on every row (float64 [M, n], 0 on unscored rows; else
+    [M, 0]).
+    """
+    n_modes, n_seq, n = params.shape[0], starts.size, lr.size
+    per_w = np.zeros((n_modes, n_seq))
+    per_e = np.zeros((n_modes, n_seq))
+    w_rows = np.zeros((n_modes, n if rows else 0))
+    out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
+    count = 0
+    for i in range(n):
+        count += stat[i]
+    for j in range(n_modes):  # modes outer, a sequence's rows inner: the accumulators stay in registers
+        upper, lower, log_upper, log_lower, log_lo = params[j, 0], params[j, 1], params[j, 2], params[j, 3], params[j, 4]
+        mask_action = params[j, 5] > 0
+        lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
+        n_high = n_low = n_out = kept_tok = kept_seq = 0
+        for k in range(n_seq):
+            s_w = c_w = s_e = c_e = 0.0
+            kept = 0
+            for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+                if not stat[i]:
+                    continue
+                x = lr[i]
+                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
+                n_high += x > log_upper
+                n_low += x < log_lo
+                n_out += out_flag
+                kept += not (mask_action and out_flag)
+                if rows:
+                    w_rows[j, i] = w
+                s_w, c_w = _two_sum(s_w, c_w, w)
+                lo_w, hi_w = min(lo_w, w), max(hi_w, w)
+                if swift_ess:
+                    e = min(max(w, 1.0 / upper), upper)
+                    s_e, c_e = _two_sum(s_e, c_e, e)
+                    lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+            per_w[j, k] = _total(s_w, c_w)
+            per_e[j, k] = _total(s_e, c_e)
+            kept_tok += kept
+            kept_seq += kept > 0
+        out[j, 0] = count
+        out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w, hi_w, lo_e, hi_e
+        out[j, 9], out[j, 10], out[j, 11], out[j, 12], out[j, 13] = n_high, n_low, n_out, kept_tok, kept_seq
+        if count:
+            out[j, 1], out[j, 5] = per_w[j].sum() / count, per_e[j].sum() / count
+            out[j, 2], out[j, 6] = _second_pass(lr, rho, stat, params[j], swift_ess, out[j, 1], out[j, 5])
+    return per_w, per_e, out, w_rows
+
+
+@numba.njit(inline="always")
+def _second_pass(lr, rho, stat, p, swift_ess, mean_w, mean_e):
+    """(M2 of w about mean_w, M2 of w̃ about mean_e) over the scored rows, for one mode's params row `p`."""
+    m2 = m2e = 0.0
+    upper, mask_action = p[0], p[5] > 0
+    for i in range(lr.size):
+        if stat[i]:
+            w = _weight(lr[i], rho[i], upper, p[1], p[2], p[3], mask_action)[0]
+            m2 += (w - mean_w) * (w - mean_w)
+            if swift_ess:
+                e = min(max(w, 1.0 / upper), upper) - mean_e
+                m2e += e * e
+    return m2, m2e

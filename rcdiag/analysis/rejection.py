@@ -1,0 +1,138 @@
+"""verl's rejection options (token_k1 … seq_max_k3): per-row keep masks from log-ratio statistics k1/k2/k3."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rcdiag.analysis.chunks import TokenChunk
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.errors import ConfigError
+
+STATISTICS = ("k1", "k2", "k3")
+SCOPES = ("token", "seq_sum", "seq_mean", "seq_max")
+OPTIONS = tuple(f"{scope}_{stat}" for scope in SCOPES for stat in STATISTICS if (scope, stat) != ("seq_max", "k1"))
+"""token_k1, token_k2, token_k3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2, seq_max_k3 (METRICS.md)."""
+
+
+def _k1(lh: np.ndarray, rho_m1: np.ndarray) -> np.ndarray:
+    return -lh
+
+
+def _k2(lh: np.ndarray, rho_m1: np.ndarray) -> np.ndarray:
+    return 0.5 * lh * lh
+
+
+def _k3(lh: np.ndarray, rho_m1: np.ndarray) -> np.ndarray:
+    return rho_m1 - lh
+
+
+_STAT = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One rejection option: keep a token (token_*) or a whole sequence (seq_*) when its statistic is in bounds.
+
+    k1 = −ℓ̂ = log(π_rollout/π_train): bounds are ratio bounds, kept when log(lower) ≤ k1 ≤ log(upper), lower
+    defaulting to 1/upper. k2 = ½ℓ̂², k3 = exp(ℓ̂) − 1 − ℓ̂: kept when k ≤ upper (and ≥ lower when given).
+    seq_sum / seq_mean / seq_max reduce the token statistic over the valid tokens of a sequence (mean of an
+    all-masked sequence is 0; max is 0).
+    """
+
+    option: str
+    upper: float
+    lower: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.option not in OPTIONS:
+            raise ConfigError(f"unknown rejection option {self.option!r}; choose from {', '.join(OPTIONS)}")
+        if not (math.isfinite(self.upper) and self.upper > 0):
+            raise ConfigError(f"rejection {self.option}: upper bound must be a positive number, got {self.upper}")
+        if self.lower is not None and not (0 < self.lower <= self.upper if self.statistic == "k1"
+                                           else self.lower <= self.upper):
+            raise ConfigError(f"rejection {self.option}: lower bound {self.lower} must be ≤ upper {self.upper}"
+                              + (" and > 0" if self.statistic == "k1" else ""))
+
+    @property
+    def statistic(self) -> str:
+        return self.option.rsplit("_", 1)[1]
+
+    @property
+    def scope(self) -> str:
+        return self.option.rsplit("_", 1)[0]
+
+    def bounds(self) -> tuple[float, float]:
+        """(lo, hi) on the statistic itself."""
+        if self.statistic == "k1":
+            lower = self.lower if self.lower is not None else 1.0 / self.upper
+            return math.log(lower), math.log(self.upper)
+        return (-math.inf if self.lower is None else self.lower), self.upper
+
+    def keep_rows(self, chunk: TokenChunk) -> np.ndarray:
+        """bool [n]: rows this option keeps (masked rows are irrelevant and kept)."""
+        lh = chunk.log_ratio(LOG_RATIO_CLAMP)
+        values = _STAT[self.statistic](lh, chunk.ratio_m1(LOG_RATIO_CLAMP))
+        lo, hi = self.bounds()
+        if self.scope == "token":
+            return (values >= lo) & (values <= hi)
+        values = chunk.valid_or(values, 0.0)
+        if self.scope == "seq_max":
+            per_seq = chunk.seq_max(values, 0.0)
+        else:
+            per_seq = chunk.seq_sum(values)
+            if self.scope == "seq_mean":
+                per_seq = per_seq / np.maximum(chunk.counts, 1)
+        return chunk.per_row((per_seq >= lo) & (per_seq <= hi))
+
+
+def parse_rejection(item: Rejection | str | tuple) -> Rejection:
+    """Rejection from a Rejection, ("token_k3", 0.01[, lower]) or "token_k3:0.01" / "token_k1:0.5_2.0" (verl's
+    "lower_upper" threshold string)."""
+    if isinstance(item, Rejection):
+        return item
+    if isinstance(item, tuple):
+        return Rejection(*item)
+    if isinstance(item, str) and ":" in item:
+        option, _, text = item.partition(":")
+        try:
+            values = [float(x) for x in text.split("_", 1)]
+        except ValueError:
+            values = []
+        if len(values) == 2:
+            return Rejection(option.strip(), values[1], values[0])
+        if len(values) == 1:
+            return Rejection(option.strip(), values[0])
+    raise ConfigError(f"cannot read rejection option {item!r}: use e.g. 'token_k3:0.01', 'token_k1:0.5_2.0' or "
+                      "('seq_mean_k2', 0.005)")
+
+
+def parse_rejections(items: Iterable[Rejection | str | tuple] | str | None) -> tuple[Rejection, ...]:
+    if items is None:
+        return ()
+    if isinstance(items, (str, Rejection)):
+        items = (items,)
+    return tuple(parse_rejection(item) for item in items)
+
+
+def keep_rows(rejections: tuple[Rejection, ...], chunk: TokenChunk) -> np.ndarray | None:
+    """bool [n] rows kept by every option (chained: all must pass), or None when there are no options."""
+    keep = None
+    for rejection in rejections:
+        rows = rejection.keep_rows(chunk)
+        keep = rows if keep is None else keep & rows
+    return keep
+
+
+REJECTION_OPTIONS = ("token_k1", "token_k3", "seq_mean_k1", "seq_mean_k3", "seq_max_k3")
+"""verl's rejection options the report simulates at --threshold (on top of token_truncate), METRICS.md."""
+
+
+def rejection_bound(option: str, threshold: float) -> tuple[str, float]:
+    """verl rejection option at --threshold C: k1 options bound the ratio to [1/C, C]; k2/k3 options bound the
+    statistic by its value at ρ = C (k2 = ½ log²C, k3 = C − 1 − log C), so every option rejects "beyond C"."""
+    log_c = float(np.log(threshold))
+    bound = {"k1": threshold, "k2": 0.5 * log_c**2, "k3": threshold - 1 - log_c}[option.rsplit("_", 1)[1]]
+    return option, bound

@@ -1,0 +1,233 @@
+"""Alignment and convention checks that run before any statistic: each returns a Finding with the fix.
+
+One streaming pass (`CheckAccumulator.update` per record batch, `merge` across files, `findings` at the end)
+gathers every check's evidence in O(#sequences) memory; `run_checks(run)` is the one-call form. Checks never
+raise on bad values (NaN, ±inf, placeholders): they exist to report those, which the metrics would reject.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rcdiag.progress import progress
+from rcdiag.store.files import DEFAULT_READ_ROWS
+from rcdiag.store.schema import column_as_float64, mask_as_bool
+
+SEVERITIES = ("ok", "info", "warning", "error")
+SIDES = {"rollout_logprob": "rollout (engine) b", "train_logprob": "training a"}
+CHECK_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
+HUGE_NEGATIVE = -1e9
+SLOPE_TOLERANCE = 0.1
+"""|slope − 1| of the least-squares fit b ≈ slope·a + c above which the temperature check fires."""
+MIN_TOKENS = 50
+"""Fewer valid tokens than this: the statistical checks (temperature, offset, quantisation) report 'info'."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's verdict. `fix` names the framework setting that removes the problem ('' when ok)."""
+
+    name: str
+    severity: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------- quantisation
+@dataclass(frozen=True)
+class Grid:
+    """A storage dtype's value grid inside float32: `low_bits` mantissa bits are zero, ulp = 2^(e − mantissa)."""
+
+    name: str
+    low_bits: int
+    mantissa: int
+
+
+GRIDS = (Grid("bfloat16", 16, 7), Grid("float16", 13, 10))
+
+
+def _float32_bits(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32).view(np.uint32)
+
+
+class _SideStats:
+    """Per-column placeholder counts and storage-grid evidence (mergeable)."""
+
+    KINDS = ("nan", "pos_inf", "neg_inf", "huge_negative", "zero", "positive")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(self.KINDS, 0)
+        self.first: dict[str, dict[str, Any]] = {}
+        self.pos0 = 0  # placeholders at pos 0 (the classic "first token missing" pattern)
+        self.checked = 0
+        self.on_grid = {g.name: 0 for g in GRIDS}
+        self.exponents = np.zeros(256, dtype=np.int64)
+
+    def update(self, values: np.ndarray, other: np.ndarray, valid: np.ndarray, where: dict[str, np.ndarray],
+               file: str, row0: int) -> None:
+        tests = {
+            "nan": np.isnan(values), "pos_inf": values == np.inf, "neg_inf": values == -np.inf,
+            "huge_negative": np.isfinite(values) & (values <= HUGE_NEGATIVE),
+            # exact 0.0 where the other side says the token was not certain (both ≈ 0 is a confident token)
+            "zero": (values == 0.0) & (np.abs(np.nan_to_num(other, nan=1.0)) > 1e-2),
+            "positive": np.isfinite(values) & (values > 1e-6),
+        }
+        for kind, hit in tests.items():
+            hit &= valid
+            count = int(hit.sum())
+            if not count:
+                continue
+            self.counts[kind] += count
+            self.pos0 += int((hit & (where["pos"] == 0)).sum())
+            if kind not in self.first:
+                i = int(np.flatnonzero(hit)[0])
+                self.first[kind] = {"file": file, "row": row0 + i, "seq_id": int(where["seq_id"][i]),
+                                    "pos": int(where["pos"][i]), "value": float(values[i])}
+        normal = valid & np.isfinite(values) & (values != 0.0) & (values > HUGE_NEGATIVE)
+        bits = _float32_bits(values[normal])
+        self.checked += bits.size
+        for grid in GRIDS:
+            self.on_grid[grid.name] += int(((bits & np.uint32((1 << grid.low_bits) - 1)) == 0).sum())
+        self.exponents += np.bincount(((bits >> 23) & 0xFF).astype(np.int64), minlength=256)
+
+    def merge(self, other: _SideStats) -> None:
+        for kind in self.KINDS:
+            self.counts[kind] += other.counts[kind]
+        for kind, loc in other.first.items():
+            self.first.setdefault(kind, loc)
+        self.pos0 += other.pos0
+        self.checked += other.checked
+        for name in self.on_grid:
+            self.on_grid[name] += other.on_grid[name]
+        self.exponents += other.exponents
+
+    def grid(self) -> Grid | None:
+        """The coarsest storage grid (bf16, then fp16) that ≥ 99% of the stored values sit on."""
+        if self.checked < MIN_TOKENS:
+            return None
+        for grid in GRIDS:
+            if self.on_grid[grid.name] >= 0.99 * self.checked:
+                return grid
+        return None
+
+    def half_ulp(self, grid: Grid) -> dict[str, float]:
+        """Rounding bound |x − stored| ≤ ulp/2 of the stored values: mean, p99, max and E[ulp²] (floor model)."""
+        exps = np.flatnonzero(self.exponents)
+        counts = self.exponents[exps]
+        half = np.ldexp(1.0, exps - 127 - grid.mantissa) / 2
+        cum = np.cumsum(counts) / counts.sum()
+        return {"mean": float((half * counts).sum() / counts.sum()),
+                "p99": float(half[min(int(np.searchsorted(cum, 0.99)), half.size - 1)]),
+                "max": float(half[-1]), "ulp_sq_mean": float((4 * half**2 * counts).sum() / counts.sum())}
+
+
+# ----------------------------------------------------------------------------------------------- accumulator
+class CheckAccumulator:
+    """Evidence for every check, updated per record batch of token columns (CHECK_COLUMNS) and mergeable."""
+
+    def __init__(self) -> None:
+        self.sides = {name: _SideStats() for name in SIDES}
+        self.tokens = 0
+        self.valid = 0
+        self.fit = np.zeros(6)  # n, Σa, Σb, Σa², Σab, Σb² over clean valid tokens
+        self.offset = np.zeros(4)  # Σ(b−a) on b>a, #b>a, #b<a, #|b−a| ≤ 1e-6
+        self.shift = np.zeros(4)  # #pairs, Σ|a_t − b_{t−1}|, Σ|a_t − b_t|, Σ|a_t − b_{t+1}|  (shift −1, 0, +1)
+        self.seq_ids: list[np.ndarray] = []
+        self.seq_counts: list[np.ndarray] = []
+        self.seq_maxpos: list[np.ndarray] = []
+
+    def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0) -> None:
+        seq = np.asarray(batch.column("seq_id"), dtype=np.int64)
+        pos = np.asarray(batch.column("pos"), dtype=np.int64)
+        a = column_as_float64(batch, "train_logprob")
+        b = column_as_float64(batch, "rollout_logprob")
+        valid = mask_as_bool(batch)
+        where = {"seq_id": seq, "pos": pos}
+        self.sides["train_logprob"].update(a, b, valid, where, file, row0)
+        self.sides["rollout_logprob"].update(b, a, valid, where, file, row0)
+        self.tokens += seq.size
+        self.valid += int(valid.sum())
+        clean = valid & _plausible(a) & _plausible(b)
+        self._fit(a[clean], b[clean])
+        self._shift(seq, pos, a, b, clean)
+        ids, starts, counts = np.unique(seq, return_index=True, return_counts=True)
+        self.seq_ids.append(ids)
+        self.seq_counts.append(counts)
+        self.seq_maxpos.append(np.maximum.reduceat(pos, starts) if seq.size else pos)
+
+    def _fit(self, a: np.ndarray, b: np.ndarray) -> None:
+        self.fit += (a.size, a.sum(), b.sum(), (a * a).sum(), (a * b).sum(), (b * b).sum())
+        d = b - a
+        self.offset += (d[d > 1e-6].sum(), (d > 1e-6).sum(), (d < -1e-6).sum(), (np.abs(d) <= 1e-6).sum())
+
+    def _shift(self, seq: np.ndarray, pos: np.ndarray, a: np.ndarray, b: np.ndarray, clean: np.ndarray) -> None:
+        """Compare a_t with b at t−1, t, t+1 on interior positions whose neighbours are in the same sequence."""
+        if seq.size < 3:
+            return
+        same = (seq[1:] == seq[:-1]) & (pos[1:] == pos[:-1] + 1) & clean[1:] & clean[:-1]
+        mid = same[1:] & same[:-1]  # rows 1..n−2 with both neighbours
+        ai, bi = a[1:-1][mid], b[1:-1][mid]
+        self.shift += (ai.size, np.abs(ai - b[:-2][mid]).sum(), np.abs(ai - bi).sum(), np.abs(ai - b[2:][mid]).sum())
+
+    def merge(self, other: CheckAccumulator) -> CheckAccumulator:
+        for name, side in self.sides.items():
+            side.merge(other.sides[name])
+        self.tokens += other.tokens
+        self.valid += other.valid
+        self.fit += other.fit
+        self.offset += other.offset
+        self.shift += other.shift
+        self.seq_ids += other.seq_ids
+        self.seq_counts += other.seq_counts
+        self.seq_maxpos += other.seq_maxpos
+        return self
+
+    def per_sequence(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seq_id, token rows, max pos) per sequence seen, sorted by seq_id (a sequence may span batches)."""
+        if not self.seq_ids:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        ids = np.concatenate(self.seq_ids)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate(self.seq_counts), minlength=uniq.size)
+        maxpos = np.full(uniq.size, -1, dtype=np.int64)
+        np.maximum.at(maxpos, inverse, np.concatenate(self.seq_maxpos))
+        return uniq, counts.astype(np.int64), maxpos
+
+
+def _plausible(values: np.ndarray) -> np.ndarray:
+    """Finite, not a placeholder (0.0, ≤ −1e9) and not positive: usable for the statistical checks."""
+    return np.isfinite(values) & (values < 0.0) & (values > HUGE_NEGATIVE)
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+def accumulate(run: Any, *, silent: bool = True, batch_size: int = DEFAULT_READ_ROWS) -> CheckAccumulator:
+    """One streaming pass over a Run's token files (progress bar in tokens unless `silent`)."""
+    acc = CheckAccumulator()
+    offsets: dict[str, int] = {}
+    with progress(total=run.num_tokens, desc="checks", unit="tok", unit_scale=True, silent=silent) as bar:
+        for file, batch in run.iter_batches(CHECK_COLUMNS, batch_size=batch_size):
+            acc.update(batch, file, offsets.get(file, 0))
+            offsets[file] = offsets.get(file, 0) + batch.num_rows
+            bar.update(batch.num_rows)
+    return acc
+
+
+def sequence_lengths(run: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(seq_id, response_len) from the sequences files; response_len −1 where unknown. O(#sequences)."""
+    table = run.sequence_table(["seq_id", "response_len"])
+    ids = np.asarray(table.column("seq_id"), dtype=np.int64)
+    column = table.column("response_len")
+    lengths = np.asarray(column.fill_null(-1) if column.null_count else column, dtype=np.int64)
+    return ids, lengths

@@ -1,0 +1,281 @@
+"""Turn the evidence gathered by checks.CheckAccumulator into Findings: one small function per check, in a table.
+
+Each verdict states what was seen (evidence with numbers and a location), how bad it is, and the setting that
+fixes it. The statistical checks (temperature, truncation offset) stay quiet ('info') on misaligned data, where
+their premise fails.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.checks.evidence import (
+    MIN_TOKENS,
+    SEVERITIES,
+    SIDES,
+    SLOPE_TOLERANCE,
+    CheckAccumulator,
+    Finding,
+    accumulate,
+    sequence_lengths,
+)
+
+SHIFT_RATIO = 0.5
+"""Another shift fires when its mean |a − b| is below this fraction of the mean at shift 0."""
+OFFSET_POSITIVE_SHARE = 0.8
+OFFSET_NEGATIVE_SHARE = 0.05
+
+
+@dataclass
+class Context:
+    acc: CheckAccumulator
+    lengths: tuple[np.ndarray, np.ndarray]
+    manifest: dict[str, Any]
+    thresholds: Sequence[float]
+    misaligned: bool = False
+    truncated: bool = False
+
+
+def _find(manifest: Any, key: str, section: str | None = None) -> Any:
+    """First value of `key` anywhere in the manifest (inside `section` when given), depth-first; None if absent."""
+    if section is not None:
+        manifest = _find(manifest, section)
+    if isinstance(manifest, dict):
+        if key in manifest:
+            return manifest[key]
+        for value in manifest.values():
+            found = _find(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _ok(name: str, message: str, **evidence: Any) -> Finding:
+    return Finding(name, "ok", message, evidence)
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+def check_counts(ctx: Context) -> Finding:
+    ids, rows, maxpos = ctx.acc.per_sequence()
+    seq_ids, response_len = ctx.lengths
+    have = np.zeros(seq_ids.size, dtype=np.int64)
+    idx = np.searchsorted(seq_ids, ids)
+    have[idx] = rows
+    known = response_len >= 0
+    bad = np.flatnonzero(known & (have != response_len))
+    gaps = np.flatnonzero(maxpos + 1 != rows)
+    if not bad.size and not gaps.size:
+        return _ok("count_mismatch", f"token rows match response_len for all {seq_ids.size} sequences",
+                   sequences=int(seq_ids.size))
+    evidence: dict[str, Any] = {"sequences": int(seq_ids.size), "mismatched": int(bad.size),
+                                "position_gaps": int(gaps.size)}
+    if bad.size:
+        i = int(bad[0])
+        evidence["first"] = {"seq_id": int(seq_ids[i]), "response_len": int(response_len[i]),
+                             "token_rows": int(have[i])}
+        evidence["mean_difference"] = float((have[bad] - response_len[bad]).mean())
+    if gaps.size:
+        evidence["first_gap_seq_id"] = int(ids[gaps[0]])
+    return Finding("count_mismatch", "error",
+                   f"{bad.size} of {seq_ids.size} sequences have a different number of token rows than their "
+                   f"response_len, {gaps.size} have gaps in pos: the two sides were not cut the same way",
+                   evidence, "cut both sides at the same response tokens: strip the prompt with the same prompt_len, "
+                   "keep (or drop) the EOS token on both, and do not retokenize the response text "
+                   "(import the engine's token ids)")
+
+
+def check_placeholders(ctx: Context) -> Finding:
+    counts = {side: {k: v for k, v in stats.counts.items() if v} for side, stats in ctx.acc.sides.items()}
+    if ctx.truncated:  # b = 0 exactly is a one-token top-p/top-k support, not a placeholder
+        counts["rollout_logprob"].pop("zero", None)
+    total = sum(sum(c.values()) for c in counts.values())
+    if not total:
+        return _ok("placeholders", "no placeholder or impossible values on valid positions")
+    fatal = any(k in c for c in counts.values() for k in ("nan", "pos_inf", "neg_inf", "huge_negative", "positive"))
+    pos0 = sum(s.pos0 for s in ctx.acc.sides.values())
+    share = total / max(ctx.acc.valid, 1)
+    severity = "error" if fatal or share >= 1e-3 else "warning"
+    parts = [f"{n} × {kind} in {SIDES[side]}" for side, c in counts.items() for kind, n in c.items()]
+    where = f"; {pos0} of them at pos 0 (a first-token value the engine did not return)" if pos0 else ""
+    first = {side: s.first for side, s in ctx.acc.sides.items() if s.first}
+    return Finding("placeholders", severity,
+                   f"placeholder or impossible log-probs on valid positions: {', '.join(parts)} "
+                   f"({share:.3%} of valid tokens){where}",
+                   {"counts": counts, "share": share, "at_pos0": pos0, "first": first},
+                   "mask these positions (mask=False) or fill them with real values: request logprobs for every "
+                   "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
+                   "with 0.0 / -inf / -1e9 inside the response")
+
+
+def check_shift(ctx: Context) -> Finding:
+    n, minus, zero, plus = ctx.acc.shift
+    if n < MIN_TOKENS:
+        return Finding("alignment_shift", "info", f"only {int(n)} interior token pairs: alignment not tested",
+                       {"pairs": int(n)})
+    means = {-1: minus / n, 0: zero / n, 1: plus / n}
+    best = min(means, key=means.get)
+    evidence = {"pairs": int(n), "mean_abs_diff": {str(k): v for k, v in means.items()}, "best_shift": best}
+    if best == 0 or means[best] >= SHIFT_RATIO * means[0]:
+        return _ok("alignment_shift", f"shift 0 aligns best (mean |a−b| {means[0]:.3g})", **evidence)
+    ctx.misaligned = True
+    direction = "one position ahead of" if best == 1 else "one position behind"
+    return Finding("alignment_shift", "error",
+                   f"training log-probs are {direction} the rollout's: mean |a − b| is {means[best]:.3g} at shift "
+                   f"{best:+d} against {means[0]:.3g} at shift 0", evidence,
+                   "take the training log-prob of token t from the logits at position t−1 (logits[:, :-1] "
+                   "against input_ids[:, 1:]) and slice the response from prompt_len−1, not prompt_len")
+
+
+def check_temperature(ctx: Context) -> Finding:
+    n, sa, sb, saa, sab, _ = ctx.acc.fit
+    engine_t = _find(ctx.manifest, "temperature", "engine")
+    trainer_t = _find(ctx.manifest, "temperature", "trainer")
+    if n < MIN_TOKENS or ctx.misaligned:
+        why = "misaligned data" if ctx.misaligned else f"only {int(n)} usable tokens"
+        return Finding("temperature", "info", f"temperature signature not tested ({why})", {"tokens": int(n)})
+    var_a = saa / n - (sa / n) ** 2
+    slope = ((sab / n - sa * sb / n**2) / var_a) if var_a > 0 else 1.0
+    intercept = sb / n - slope * sa / n
+    evidence = {"slope": slope, "intercept": intercept, "tokens": int(n), "implied_temperature_ratio": 1 / slope,
+                "manifest_engine_temperature": engine_t, "manifest_trainer_temperature": trainer_t}
+    if abs(slope - 1) <= SLOPE_TOLERANCE:
+        return _ok("temperature", f"b ≈ {slope:.3f}·a: both sides use the same temperature", **evidence)
+    sharper = "rollout" if slope > 1 else "training"
+    return Finding("temperature", "error",
+                   f"b ≈ {slope:.3f}·a {intercept:+.3f}: the {sharper} log-probs are sharper, the signature of "
+                   f"different temperatures (ratio ≈ {1 / slope:.2f}; e.g. sampling at T={1 / slope:.2g} and scoring "
+                   f"at T=1). Manifest: engine T={engine_t}, trainer T={trainer_t}", evidence,
+                   "divide the trainer's logits by the sampling temperature, and have the engine return "
+                   "post-temperature values (vLLM logprobs_mode=processed_logprobs; TRL/verl pass the rollout "
+                   "temperature to the actor's log-prob computation)")
+
+
+def check_truncation(ctx: Context) -> Finding:
+    total, positive, negative, equal = ctx.acc.offset
+    count = positive + negative + equal
+    top_p, top_k = _find(ctx.manifest, "top_p", "engine"), _find(ctx.manifest, "top_k", "engine")
+    if count < MIN_TOKENS or ctx.misaligned:
+        return Finding("truncation_offset", "info", "top-p/top-k offset not tested (too few usable tokens or "
+                       "misaligned data)", {"tokens": int(count)})
+    mean = total / max(positive, 1)
+    evidence = {"share_b_above_a": positive / count, "share_b_below_a": negative / count,
+                "mean_offset": mean, "implied_kept_mass": math.exp(-mean), "manifest_top_p": top_p,
+                "manifest_top_k": top_k}
+    if positive / count < OFFSET_POSITIVE_SHARE or negative / count > OFFSET_NEGATIVE_SHARE:
+        return _ok("truncation_offset", "no one-sided offset: b − a changes sign as numeric noise does",
+                   **evidence)
+    ctx.truncated = True
+    evidence["rollout_exact_zeros"] = ctx.acc.sides["rollout_logprob"].counts["zero"]
+    return Finding("truncation_offset", "warning",
+                   f"b > a on {positive / count:.1%} of tokens (b < a on {negative / count:.2%}), mean offset "
+                   f"{mean:.3g} nats: the engine renormalised over a top-p/top-k support (b − a = −log S, kept mass "
+                   f"S ≈ {math.exp(-mean):.3f}). Manifest: top_p={top_p}, top_k={top_k}", evidence,
+                   "sample RL rollouts with top_p=1.0 and top_k=-1 (0 in HF), or renormalise the trainer's "
+                   "log-probs over the same kept support (vLLM return_sampling_mask)")
+
+
+def _grids(ctx: Context) -> dict[str, Any]:
+    return {side: stats.grid() for side, stats in ctx.acc.sides.items()}
+
+
+def noise_floor(ctx: Context) -> dict[str, float] | None:
+    """The rounding noise the storage grid puts on ℓ: typical |ℓ| and the p99 bound on |ℓ| (nats); None if none."""
+    grids = {side: g for side, g in _grids(ctx).items() if g is not None}
+    if not grids:
+        return None
+    halves = {side: ctx.acc.sides[side].half_ulp(g) for side, g in grids.items()}
+    var = sum(h["ulp_sq_mean"] / 12 for h in halves.values())
+    return {"mean_abs": math.sqrt(var) * math.sqrt(2 / math.pi), "p99_bound": sum(h["p99"] for h in halves.values()),
+            "max_bound": sum(h["max"] for h in halves.values())}
+
+
+def check_quantisation(ctx: Context) -> Finding:
+    grids = {side: g.name for side, g in _grids(ctx).items() if g is not None}
+    floor = noise_floor(ctx)
+    if floor is None:
+        return _ok("storage_precision", "log-probs are stored at float32 precision")
+    names = ", ".join(f"{SIDES[s]} on the {g} grid" for s, g in grids.items())
+    return Finding("storage_precision", "warning",
+                   f"stored log-probs were rounded to a lower precision ({names}): rounding alone puts a noise "
+                   f"floor of ≈ {floor['mean_abs']:.2g} nats on mean |ℓ| (up to {floor['p99_bound']:.2g} on 99% of "
+                   "tokens); smaller mismatches cannot be measured from this data",
+                   {"grids": grids, "noise_floor": floor},
+                   "store log-probs as float32 (e.g. slime/verl: keep rollout_log_probs in float32, "
+                   "old_log_prob.float() before saving)")
+
+
+def check_threshold_floor(ctx: Context) -> Finding:
+    floor = noise_floor(ctx)
+    if floor is None:
+        return _ok("threshold_floor", "thresholds are not limited by storage precision")
+    below = [c for c in sorted(set(ctx.thresholds)) if math.log(c) <= floor["p99_bound"]]
+    evidence = {"p99_rounding_bound": floor["p99_bound"], "thresholds_below": below}
+    if not below:
+        return _ok("threshold_floor", f"every threshold's log C exceeds the rounding bound {floor['p99_bound']:.2g}",
+                   **evidence)
+    return Finding("threshold_floor", "warning",
+                   f"threshold(s) {', '.join(f'{c:g}' for c in below)} lie within storage rounding: log C ≤ "
+                   f"{floor['p99_bound']:.3g} nats, so rounding alone clips or masks tokens at them", evidence,
+                   "use a larger threshold or store the log-probs as float32")
+
+
+MANIFEST_FLAGS: tuple[tuple[str, str | None, Callable[[Any], bool], str, str, str], ...] = (
+    ("allow_truncated_sampling", None, bool, "warning",
+     "the run was scored with allow_truncated_sampling: top-p/top-k renormalise the engine's log-probs",
+     "sample with top_p=1.0 and top_k=-1 for RL rollouts"),
+    ("retokenized", "source", bool, "warning",
+     "the import re-tokenized response text: token boundaries may differ from what the engine sampled",
+     "import the engine's token ids instead of text"),
+    ("logprobs_mode", "engine", lambda v: str(v).startswith("raw"), "error",
+     "the engine returned raw log-probs (before temperature/top-p): they are not the sampling distribution",
+     "set vLLM logprobs_mode=processed_logprobs (`--logprobs-mode processed_logprobs` for a vLLM server)"),
+)
+
+
+def check_manifest(ctx: Context) -> Finding:
+    hits = []
+    for key, section, fires, severity, message, fix in MANIFEST_FLAGS:
+        value = _find(ctx.manifest, key, section)
+        if value is not None and fires(value):
+            hits.append((severity, f"{message} ({key}={value!r})", fix))
+    engine_t = _find(ctx.manifest, "temperature", "engine")
+    trainer_t = _find(ctx.manifest, "temperature", "trainer")
+    engine_t = 1.0 if engine_t == 0 else engine_t  # greedy: the engine's processed log-probs are at T = 1
+    for warning in ctx.manifest.get("warnings") or []:
+        hits.append(("warning", f"the run recorded a warning: {warning}", ""))
+    if isinstance(engine_t, int | float) and isinstance(trainer_t, int | float) and engine_t != trainer_t:
+        hits.append(("error", f"the manifest records sampling temperature {engine_t} but training temperature "
+                     f"{trainer_t}", "score the trainer side at the sampling temperature"))
+    if not hits:
+        return _ok("manifest_flags", "the manifest records no convention problem")
+    severity = max((h[0] for h in hits), key=["ok", "info", "warning", "error"].index)
+    return Finding("manifest_flags", severity, "; ".join(h[1] for h in hits), {"flags": [h[1] for h in hits]},
+                   "; ".join(dict.fromkeys(h[2] for h in hits if h[2])))
+
+
+VERDICTS: tuple[Callable[[Context], Finding], ...] = (
+    check_counts, check_shift, check_temperature, check_truncation, check_placeholders, check_quantisation,
+    check_threshold_floor, check_manifest)
+"""Every check, in evaluation order: alignment gates the statistical checks; truncation explains b = 0 exactly."""
+
+
+def findings(acc: CheckAccumulator, lengths: tuple[np.ndarray, np.ndarray], manifest: dict[str, Any],
+             thresholds: Sequence[float] = (DEFAULT_THRESHOLD,)) -> list[Finding]:
+    """All verdicts on gathered evidence, worst first (stable within a severity)."""
+    ctx = Context(acc, lengths, manifest or {}, tuple(thresholds))
+    return worst_first([verdict(ctx) for verdict in VERDICTS])
+
+
+def worst_first(findings: list[Finding]) -> list[Finding]:
+    """Findings sorted error → warning → info → ok (stable within a severity)."""
+    return sorted(findings, key=lambda f: -SEVERITIES.index(f.severity))
+
+
+def run_checks(run: Any, *, thresholds: Sequence[float] = (DEFAULT_THRESHOLD,), silent: bool = True) -> list[Finding]:
+    """Every check on a Run, worst first. `thresholds`: the IS thresholds C the user intends to use."""
+    return findings(accumulate(run, silent=silent), sequence_lengths(run), run.manifest, thresholds)

@@ -1,0 +1,89 @@
+"""Engine-side replays of the probe: batched, one request at a time, and against a cached prompt (prefix caching).
+
+Plain replays go through `rcdiag.score.replay.replay_logprobs` (prompt + response sent as a prompt with
+`max_tokens=1` and prompt log-probs; RAW log-probs rescaled to log_softmax(raw / T)). This module adds what the
+probe needs on top: bounded request batches (full-vocabulary prompt log-probs at T ≠ 1 are large), a batch of one
+per request (batch invariance), and scoring against a prompt KV read from the prefix cache — vLLM skips *reading*
+the cache for prompt-log-prob requests, so `replay_cached` turns reading back on, recovers the response tokens'
+log-probs from the computed tail, and counts the cache hits.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rcdiag.score.replay import position_logprob
+
+Pair = tuple[Sequence[int], Sequence[int]]
+REQUESTS_PER_CALL = 32
+"""Sequences per `llm.generate` call: bounds the memory of full-vocabulary prompt log-probs."""
+
+
+def replay_pairs(llm: Any, pairs: Sequence[Pair], temperature: float, *, one_at_a_time: bool = False,
+                 on_done: Callable[[int], None] | None = None) -> list[np.ndarray]:
+    """float64 `[R_i]` log-probs at `temperature` of each response, `REQUESTS_PER_CALL` sequences per engine call
+    (or one: `one_at_a_time`, a batch of one, the engine-side batch-invariance probe). Empty list → []."""
+    from rcdiag.score.replay import replay_logprobs
+
+    step = 1 if one_at_a_time else REQUESTS_PER_CALL
+    out: list[np.ndarray] = []
+    for start in range(0, len(pairs), step):
+        chunk = pairs[start:start + step]
+        out += replay_logprobs(llm, [p for p, _ in chunk], [r for _, r in chunk], temperature)
+        if on_done is not None:
+            on_done(sum(len(r) for _, r in chunk))
+    return out
+
+
+def response_logprobs(prompt_logprobs: list[Any] | None, prompt: Sequence[int], response: Sequence[int],
+                      temperature: float) -> np.ndarray | None:
+    """float64 `[R]` log-probs of the response tokens from one request's prompt log-probs (a list over the
+    *computed* positions: those read from the prefix cache are missing from the front); None when a response
+    position was not computed or its token is missing. Empty response: `[]`."""
+
+    entries = list(prompt_logprobs or [])
+    offset = len(prompt) + len(response) - len(entries)
+    out = np.empty(len(response), dtype=np.float64)
+    for j, token in enumerate(response):
+        index = len(prompt) + j - offset
+        if index < 0 or entries[index] is None or int(token) not in entries[index]:
+            return None
+        out[j] = position_logprob(entries[index], int(token), temperature)
+    return out
+
+
+def replay_cached(llm: Any, pairs: Sequence[Pair], temperature: float, *,
+                  on_done: Callable[[int], None] | None = None, stats: dict[str, int] | None = None,
+                  ) -> list[np.ndarray]:
+    """Cache every distinct prompt, then replay prompt + response reading the prefix cache, so the responses
+    attend to prompt KV computed in another batch (as n samples per prompt do in a rollout). A sequence whose
+    response reached into the cache is re-asked without reading it. `stats` accumulates `tokens` and
+    `cached_tokens` (vLLM's num_cached_tokens; 0 when prompts are shorter than a KV block)."""
+    from vllm import SamplingParams
+
+    _generate(llm, list(dict.fromkeys(tuple(int(t) for t in p) for p, _ in pairs)), SamplingParams(max_tokens=1, detokenize=False))
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0 if temperature == 1.0 else -1,
+                            skip_reading_prefix_cache=False, detokenize=False)  # cached ids come back as -1
+    out: list[np.ndarray] = []
+    for start in range(0, len(pairs), REQUESTS_PER_CALL):
+        chunk = pairs[start:start + REQUESTS_PER_CALL]
+        outputs = _generate(llm, [(*map(int, p), *map(int, r)) for p, r in chunk], params)
+        for (prompt, response), output in zip(chunk, outputs, strict=True):
+            values = response_logprobs(output.prompt_logprobs, prompt, response, temperature)
+            if values is None:
+                values = replay_pairs(llm, [(prompt, response)], temperature)[0]
+            out.append(values)
+            if stats is not None:
+                stats["tokens"] = stats.get("tokens", 0) + len(prompt) + len(response)
+                stats["cached_tokens"] = stats.get("cached_tokens", 0) + int(output.num_cached_tokens or 0)
+        if on_done is not None:
+            on_done(sum(len(r) for _, r in chunk))
+    return out
+
+
+def _generate(llm: Any, sequences: Sequence[tuple[int, ...]], params: Any) -> list[Any]:
+    if not sequences:
+        return []
+    return llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)

@@ -1,0 +1,271 @@
+"""`rcdiag probe`: hold a sample of a run's tokens fixed and recompute their log-probs under a grid of trainer and
+engine settings (`rcdiag.probe.factors`), then store per-token results and a summary under RUN/probes/.
+
+    result = run_probe("runs/sample", ProbeConfig(sample=256))
+    result.summary["budget"]      # one row per factor: its share of the observed rollout-vs-trainer gap
+    result.tokens                 # DataFrame: seq_id, pos, token_id, mask, rollout, reference, <setting>…
+
+Trainer settings reuse `rcdiag.score.scoring` (load_model / score_sequences); engine settings build one vLLM engine
+per (dtype, prefix caching) with `rcdiag.score.engine` — one at a time, each closed before the next — and replay the
+tokens with `rcdiag.probe.replay` (over `rcdiag.score.replay.replay_logprobs`). Metrics and the budget are in `rcdiag.probe.summary`.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rcdiag.errors import ConfigError, RunDirError
+from rcdiag.probe.factors import (
+    DEFAULT_FACTORS,
+    REFERENCE,
+    ROLLOUT,
+    TRAINER_FACTORS,
+    EngineSetting,
+    Setting,
+    TrainSetting,
+    select_settings,
+)
+from rcdiag.probe.files import write_probe
+from rcdiag.progress import progress
+from rcdiag.score.engine import EngineSettings, engine_session
+from rcdiag.score.rescore import engine_model_path, run_temperature, shard_pairs
+from rcdiag.store.run import Run, open_run
+
+Pair = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Settings of a probe (the CLI reads its defaults from here)."""
+
+    sample: int = 256
+    """Sequences drawn (without replacement, seeded) from those with a response; all of them when fewer."""
+    factors: tuple[str, ...] = DEFAULT_FACTORS
+    seed: int = 0
+    name: str = "probe"
+    """Output files: RUN/probes/<name>.parquet and <name>.json."""
+    train_model: str | None = None
+    """Trainer model directory; None: the run's engine model."""
+    device: str = "cpu"
+    threads: int | None = None
+    """torch threads for the trainer side (None: leave torch's default)."""
+
+    def __post_init__(self) -> None:
+        if int(self.sample) < 1:
+            raise ConfigError(f"--sample must be ≥ 1, got {self.sample}")
+        if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
+            raise ConfigError(f"--name {self.name!r}: use a plain file name (no slashes, not starting with '.')")
+        object.__setattr__(self, "factors", tuple(self.factors))
+
+
+@dataclass
+class ProbeResult:
+    """A finished probe: the summary dict (also written as JSON), the per-token frame, and the files written."""
+
+    summary: dict[str, Any]
+    tokens: pd.DataFrame
+    files: list[Path] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------- sample
+def sample_tokens(run: Run, n: int, seed: int, vocab_size: int, max_context: int | None,
+                  ) -> tuple[pd.DataFrame, list[Pair]]:
+    """Draw up to `n` sequences with a response (seeded, sorted by seq_id): their token rows (seq_id, pos,
+    token_id, mask, rollout) and validated (prompt ids, response ids) pairs in the same order."""
+    sequences = run.sequence_table(["seq_id", "prompt_token_ids", "response_len"])
+    tokens = run.token_table(["seq_id", "pos", "token_id", "rollout_logprob", "mask"])
+    counts = pd.Series(np.asarray(tokens.column("seq_id"))).value_counts()
+    candidates = np.array(sorted(counts.index), dtype=np.int64)
+    if candidates.size == 0:
+        raise RunDirError(f"{run.path}: no sequence has response tokens; nothing to probe")
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(candidates, size=min(n, candidates.size), replace=False))
+    keep_seq = pc.is_in(sequences.column("seq_id"), pa.array(chosen))
+    keep_tok = pc.is_in(tokens.column("seq_id"), pa.array(chosen))
+    sequences, tokens = sequences.filter(keep_seq), tokens.filter(keep_tok)
+    pairs = shard_pairs(tokens, sequences, source="tokens", vocab_size=vocab_size, max_context=max_context)
+    frame = tokens.to_pandas().rename(columns={"rollout_logprob": ROLLOUT})
+    return frame, pairs
+
+
+# --------------------------------------------------------------------------------------------------- trainer side
+def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], temperature: float,
+                 bar: Any) -> np.ndarray:
+    """Flat float32 `[N]` log-probs of every response token under one trainer setting."""
+    from rcdiag.score.scoring import score_sequences
+
+    if setting.token_budget is None:  # one sequence per forward
+        parts = []
+        for pair in pairs:
+            parts.append(score_sequences(model, [pair], temperature=temperature, token_budget=1 << 30,
+                                         chunk_tokens=setting.chunk_tokens).logprobs)
+            bar.update(len(pair[1]))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    scored = score_sequences(model, pairs, temperature=temperature, token_budget=setting.token_budget,
+                             chunk_tokens=setting.chunk_tokens)
+    bar.update(int(scored.cu_seqlens[-1]))
+    return scored.logprobs
+
+
+def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Sequence[Pair], temperature: float,
+                 device: str, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
+    """Log-probs per trainer setting; one model load per (dtype, attention), freed before the next."""
+    import warnings
+
+    from rcdiag.score.scoring import RescoreWarning, load_model
+
+    out: dict[str, np.ndarray] = {}
+    groups: dict[tuple[str, str], list[TrainSetting]] = {}
+    for setting in settings:
+        groups.setdefault((setting.dtype, setting.attn), []).append(setting)
+    n_tokens = sum(len(r) for _, r in pairs)
+    for (dtype, attn), members in groups.items():
+        say(f"trainer: loading {Path(model_path).name} in {dtype} with {attn} attention")
+        model = load_model(model_path, dtype=dtype, device=device, attn=attn)
+        for setting in members:
+            with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar, \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore", RescoreWarning)
+                out[setting.name] = _score_train(model, setting, pairs, temperature, bar)
+        del model
+        gc.collect()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- engine side
+def engine_model(run: Run) -> str:
+    """The run's engine model directory; ConfigError (naming the fix) when it is not a local model directory."""
+    model = engine_model_path(run.manifest)
+    if model is None or not (Path(model) / "config.json").is_file():
+        raise ConfigError(f"{run.path}: the engine model {model!r} is not a local model directory; engine factors "
+                          f"need it (probe only trainer factors with --factors {','.join(TRAINER_FACTORS)})")
+    return model
+
+
+def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pair], temperature: float,
+                llm: Any, silent: bool, say: Callable[[str], None],
+                ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """(replayed log-probs per engine setting, engine facts per setting: dtype, prefix caching, tokens and
+    prefix-cache hits). One engine per (dtype, prefix caching), each closed before the next. `llm` (optional,
+    caller-owned) serves the settings matching the run's own engine."""
+    from rcdiag.probe.replay import replay_cached, replay_pairs
+
+    engine = run.manifest.get("engine") or {}
+    model = engine_model(run)
+    run_dtype = str(engine.get("engine_dtype") or engine.get("dtype") or "auto")
+    run_caching = bool(engine.get("enable_prefix_caching", True))
+    resolved = str(engine.get("dtype_resolved") or run_dtype)
+    groups: dict[tuple[str, bool], list[EngineSetting]] = {}
+    for setting in settings:
+        groups.setdefault(setting.engine_key(run_dtype, run_caching), []).append(setting)
+    n_tokens = sum(len(r) for _, r in pairs)
+    out: dict[str, np.ndarray] = {}
+    facts: dict[str, dict[str, Any]] = {}
+    for (dtype, caching), members in groups.items():
+        own = llm if (llm is not None and (dtype, caching) == (run_dtype, run_caching)) else None
+        say(f"engine: {'using the given' if own else 'building a'} vLLM engine ({dtype if dtype != 'auto' else resolved}"
+            f", prefix caching {'on' if caching else 'off'})")
+        spec = EngineSettings(model=model, dtype=dtype, seed=int(engine.get("seed", 0)), enable_prefix_caching=caching,
+                              max_model_len=engine.get("max_model_len"),
+                              gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)))
+        with engine_session(spec, own) as session:
+            for setting in members:
+                stats: dict[str, Any] = {"tokens": sum(len(p) + len(r) for p, r in pairs), "cached_tokens": 0}
+                with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar:
+                    if setting.read_prefix_cache:
+                        stats = {}
+                        values = replay_cached(session, pairs, temperature, on_done=bar.update, stats=stats)
+                    else:
+                        values = replay_pairs(session, pairs, temperature, one_at_a_time=setting.one_at_a_time,
+                                              on_done=bar.update)
+                out[setting.name] = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
+                facts[setting.name] = {**stats, "dtype": dtype if dtype != "auto" else resolved,
+                                       "enable_prefix_caching": caching, "built": own is None,
+                                       "block_size": _block_size(session)}
+        gc.collect()
+    return out, facts
+
+
+def _block_size(llm: Any) -> int | None:
+    """The KV-cache block size of an engine (prefix caching works in whole blocks), None when unknown."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return getattr(getattr(config, "cache_config", None), "block_size", None)
+
+
+# --------------------------------------------------------------------------------------------------- entry point
+def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), *, llm: Any = None,
+              silent: bool = False, write: bool = True) -> ProbeResult:
+    """Probe a run: recompute the sampled tokens' log-probs under every selected setting, summarise, store.
+
+    Writes RUN/probes/<name>.parquet (one row per sampled token, one float32 column per setting) and
+    RUN/probes/<name>.json (the summary; `rcdiag.probe.summary.summarize`) atomically, unless `write=False`.
+    Refusals (unknown factor, missing model, bad tokens) happen before any model work.
+    """
+    from rcdiag.probe.summary import summarize
+    from rcdiag.score.scoring import load_config, model_limits
+
+    started = time.time()
+    run = open_run(run_path)
+    say = _say(silent)
+    temperature = run_temperature(run.manifest)
+    model_path = config.train_model or engine_model_path(run.manifest)
+    if model_path is None:
+        raise ConfigError(f"{run.path}: the manifest names no model; pass --train-model")
+    vocab_size, max_context = model_limits(load_config(model_path))
+    run_dtype = str((run.manifest.get("engine") or {}).get("dtype_resolved") or "auto")
+    settings = select_settings(config.factors, run_dtype)
+    engine = [s for s in settings if isinstance(s, EngineSetting)]
+    if engine:
+        engine_model(run)  # refuse before any model work
+    frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
+    say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
+        f"{len(settings)} settings")
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    # vLLM first: building a vLLM CPU engine after transformers has loaded a model in the same process fails in
+    # vLLM 0.32's kernel dispatcher (AttributeError in register_triton_kernel_overrides); `rcdiag score` has the
+    # same order.
+    values: dict[str, np.ndarray] = {}
+    facts: dict[str, dict[str, Any]] = {}
+    if engine:
+        values, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
+    train = [s for s in settings if isinstance(s, TrainSetting)]
+    values.update(trainer_pass(model_path, train, pairs, temperature, config.device, silent, say))
+    for setting in settings:
+        bad = int((~np.isfinite(values[setting.name])).sum())
+        if bad:
+            raise RuntimeError(f"probe setting {setting.name} produced {bad} non-finite log-prob(s) of "
+                               f"{len(frame):,}; please report it with the run's manifest")
+        frame[setting.name] = values[setting.name]
+    summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,
+                        seconds=time.time() - started)
+    result = ProbeResult(summary=summary, tokens=frame)
+    if write:
+        result.files = write_probe(run.path, config.name, frame, summary)
+        say(f"wrote {', '.join(str(f) for f in result.files)}")
+    return result
+
+
+def _say(silent: bool) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        if not silent:
+            from tqdm.auto import tqdm
+
+            tqdm.write(text)
+
+    return say
+
+
+__all__ = ["ProbeConfig", "ProbeResult", "run_probe", "sample_tokens", "Setting", "REFERENCE"]

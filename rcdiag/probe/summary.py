@@ -1,0 +1,150 @@
+"""Distances between a probe's settings and the mismatch budget: how much of the observed gap each factor explains.
+
+Every distance compares two log-prob columns x (the setting) and y (the comparison point) over the valid tokens,
+with `rcdiag.compute_metrics` on a frame `train_logprob = y, rollout_logprob = x` (so `kl` = E_tok[x − y], as for
+a rollout x against a trainer y), plus exact |ℓ| statistics in float64: mean, p99, max, and the share of tokens
+with |ℓ| > 0.1.
+
+**Mismatch budget.** The observed gap is the run's rollout log-probs against the reference trainer (float32, one
+sequence at a time): G = mean |rollout − reference|. A setting's *share* is mean |setting − baseline| / G, where
+the baseline differs from the setting in exactly one factor — "this factor alone moves log-probs by that fraction
+of the observed gap, per token on average". Shares are not additive (effects can cancel or compound, and |·| is
+sub-additive) and can exceed 1; `share_k3` does the same with k3_kl.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rcdiag.probe.factors import ENGINE_RUN, REFERENCE, ROLLOUT, Setting, setting_record
+
+ABS_THRESHOLD = 0.1
+"""|ℓ| above this counts in `frac_abs_gt_0.1` (a ratio outside about [0.905, 1.105])."""
+DISTANCE_NAMES = ("kl", "k3_kl", "mean_abs", "p99_abs", "max_abs", "frac_abs_gt_0.1")
+
+
+def distance(frame: pd.DataFrame, x: str, y: str) -> dict[str, float]:
+    """Distance of column `x` from column `y` over rows with mask True (see the module doc for orientation).
+
+    Returns DISTANCE_NAMES plus `tokens`; all NaN (tokens 0) when no token is valid."""
+    from rcdiag.analysis.metrics import compute_metrics
+
+    data = pd.DataFrame({"seq_id": frame["seq_id"], "pos": frame["pos"], "train_logprob": frame[y],
+                         "rollout_logprob": frame[x], "mask": frame["mask"]})
+    valid = frame["mask"].to_numpy(dtype=bool)
+    ell = np.abs(frame[x].to_numpy(np.float64)[valid] - frame[y].to_numpy(np.float64)[valid])
+    if ell.size == 0:
+        return {**{k: math.nan for k in DISTANCE_NAMES}, "tokens": 0}
+    metrics = compute_metrics(data)
+    return {"kl": float(metrics["kl"]), "k3_kl": float(metrics["k3_kl"]), "mean_abs": float(ell.mean()),
+            "p99_abs": float(np.quantile(ell, 0.99)), "max_abs": float(ell.max()),
+            "frac_abs_gt_0.1": float((ell > ABS_THRESHOLD).mean()), "tokens": int(ell.size)}
+
+
+def _rollout_record(has_replay: bool) -> dict[str, Any]:
+    return {"name": ROLLOUT, "factor": "decode_vs_prefill" if has_replay else "rollout", "side": "engine",
+            "baseline": ENGINE_RUN if has_replay else REFERENCE,
+            "description": "the run's rollout log-probs (vLLM decode at the run's settings)"}
+
+
+def setting_rows(frame: pd.DataFrame, settings: Sequence[Setting]) -> list[dict[str, Any]]:
+    """One record per setting plus the rollout: description, and distances to its baseline, the reference and
+    the rollout."""
+    names = {s.name for s in settings}
+    records = [setting_record(s) for s in settings] + [_rollout_record(ENGINE_RUN in names)]
+    for record in records:
+        name = record["name"]
+        record["vs_baseline"] = None if name == REFERENCE else distance(frame, name, record["baseline"])
+        record["vs_reference"] = distance(frame, name, REFERENCE)
+        record["vs_rollout"] = distance(frame, ROLLOUT, name) if name != ROLLOUT else None
+    return records
+
+
+def budget(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(the observed gap, one budget row per setting) — see the module doc. Shares are NaN when the gap is 0."""
+    rollout = next(r for r in rows if r["name"] == ROLLOUT)
+    gap = {"mean_abs": rollout["vs_reference"]["mean_abs"], "k3_kl": rollout["vs_reference"]["k3_kl"],
+           "kl": rollout["vs_reference"]["kl"]}
+    out = []
+    for row in rows:
+        if row["vs_baseline"] is None:
+            continue
+        effect = row["vs_baseline"]
+        out.append({"factor": row["factor"], "setting": row["name"], "baseline": row["baseline"],
+                    "side": row["side"], "mean_abs": effect["mean_abs"], "k3_kl": effect["k3_kl"],
+                    "share": _share(effect["mean_abs"], gap["mean_abs"]),
+                    "share_k3": _share(effect["k3_kl"], gap["k3_kl"])})
+    return gap, out
+
+
+def _share(value: float, total: float) -> float:
+    return value / total if total > 0 and math.isfinite(total) else math.nan
+
+
+def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]]) -> list[str]:
+    """Plain-language observations a reader should not miss (prefill vs decode, packing exactness, whether the
+    prefix cache was actually hit)."""
+    by_name = {r["name"]: r for r in rows}
+    out = []
+    if ENGINE_RUN in by_name:
+        d = by_name[ROLLOUT]["vs_baseline"]
+        out.append(f"decode vs prefill: the run's sampled log-probs differ from the engine's own prefill replay at "
+                   f"the run's settings by mean |ℓ| {d['mean_abs']:.3g}, max {d['max_abs']:.3g} "
+                   f"(kl {d['kl']:.3g}); the replay is not the rollout")
+    for name in ("packed_512", "packed_4096"):
+        if name in by_name:
+            d = by_name[name]["vs_baseline"]
+            out.append(f"float32 {name} vs alone: max |Δ| {d['max_abs']:.3g} (float32 rounding is ~1e-6; more "
+                       "means the packed path leaks across sequences)")
+    cached = engine_facts.get("engine_cached_prompt")
+    if cached:
+        out.append(f"prefix caching: vLLM never reads the prefix cache for prompt-log-prob requests, so "
+                   f"`engine_cached_prompt` first caches each prompt, then scores the response against that cached "
+                   f"KV (as n samples per prompt do in a rollout): {cached.get('cached_tokens', 0):,} of "
+                   f"{cached.get('tokens', 0):,} tokens were read from the cache (block size "
+                   f"{cached.get('block_size')}; prompts shorter than a block are never cached)")
+    return out
+
+
+def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, config: Any, temperature: float,
+              seconds: float, engine_facts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The probe's JSON summary: what was probed, every setting's distances, the budget and notes."""
+    rows = setting_rows(frame, settings)
+    gap, table = budget(rows)
+    valid = frame["mask"].to_numpy(dtype=bool)
+    return {
+        "name": config.name, "run": str(run.path), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": asdict(config), "temperature": temperature,
+        "sample": {"sequences": int(frame["seq_id"].nunique()), "tokens": int(len(frame)),
+                   "valid_tokens": int(valid.sum()), "run_sequences": run.num_sequences},
+        "engine": {k: (run.manifest.get("engine") or {}).get(k) for k in
+                   ("model", "engine_dtype", "dtype_resolved", "enable_prefix_caching", "version")},
+        "engine_settings": engine_facts or {},
+        "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table,
+        "notes": notes(rows, engine_facts or {}),
+        "attribution": "share = mean |setting − baseline| / mean |rollout − reference| (see rcdiag.probe.summary)",
+        "seconds": round(seconds, 1),
+    }
+
+
+def budget_frame(summary: dict[str, Any]) -> pd.DataFrame:
+    """The budget as a DataFrame (factor, setting, baseline, side, mean_abs, k3_kl, share, share_k3)."""
+    return pd.DataFrame(summary.get("budget") or [],
+                        columns=["factor", "setting", "baseline", "side", "mean_abs", "k3_kl", "share", "share_k3"])
+
+
+def settings_frame(summary: dict[str, Any], against: str = "vs_reference") -> pd.DataFrame:
+    """One row per setting: name, factor, side, description and its distances `against` (vs_reference |
+    vs_rollout | vs_baseline), NaN where not applicable."""
+    rows = []
+    for r in summary.get("settings") or []:
+        d = r.get(against) or {}
+        rows.append({"setting": r["name"], "factor": r["factor"], "side": r.get("side", ""),
+                     **{k: d.get(k, math.nan) for k in DISTANCE_NAMES}, "description": r.get("description", "")})
+    return pd.DataFrame(rows)

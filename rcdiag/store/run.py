@@ -1,0 +1,128 @@
+"""Reading a run directory: `Run` (pandas, Arrow and streaming readers) and `open_run`.
+
+Layout (DESIGN.md)::
+
+    <run>/manifest.json            written last; its presence marks the run complete
+    <run>/sequences/part-NNNNN.parquet
+    <run>/tokens/part-NNNNN.parquet
+
+The Jupyter conveniences (run.metrics(), run.plot, the HTML card) live in rcdiag.notebook, whose `Run` subclasses
+this one; `rcdiag.open_run` returns that subclass.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rcdiag.errors import RunDirError
+from rcdiag.store.files import DEFAULT_READ_ROWS, SEQUENCES_DIR, TOKENS_DIR
+from rcdiag.store.manifest import read_manifest
+from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
+
+
+class Run:
+    """A complete run directory, read lazily.
+
+    `tokens()` / `sequences()` load pandas DataFrames; `iter_batches()` streams Arrow record batches of the token
+    table (memory bounded by the batch size); `shards()` yields (tokens, sequences) Arrow tables per shard.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise RunDirError(f"{self.path}: no such run directory")
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+
+    def __repr__(self) -> str:
+        counts = self.manifest.get("counts", {})
+        return (f"Run({str(self.path)!r}, sequences={counts.get('sequences')}, tokens={counts.get('tokens')}, "
+                f"source={self.manifest.get('source', {}).get('kind')!r})")
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def token_files(self) -> list[Path]:
+        return sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))
+
+    @property
+    def sequence_files(self) -> list[Path]:
+        return sorted((self.path / SEQUENCES_DIR).glob("part-*.parquet"))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(_parquet(f).metadata.num_rows for f in self.token_files)
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(_parquet(f).metadata.num_rows for f in self.sequence_files)
+
+    def tokens(self, columns: Sequence[str] | None = None) -> Any:
+        """All token rows as a pandas DataFrame (sorted by seq_id, pos)."""
+        return self.token_table(columns).to_pandas()
+
+    def sequences(self, columns: Sequence[str] | None = None) -> Any:
+        """All sequence rows as a pandas DataFrame (sorted by seq_id)."""
+        return _read_tables(self.sequence_files, columns, SEQUENCE_SCHEMA).to_pandas()
+
+    def token_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        return _read_tables(self.token_files, columns, TOKEN_SCHEMA)
+
+    def sequence_table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        return _read_tables(self.sequence_files, columns, SEQUENCE_SCHEMA)
+
+    def iter_batches(self, columns: Sequence[str] | None = None,
+                     batch_size: int = DEFAULT_READ_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Stream the token table as (file name, record batch) pairs; a batch never mixes files."""
+        for file in self.token_files:
+            parquet = _parquet(file)
+            for batch in parquet.iter_batches(batch_size=batch_size, columns=_existing(parquet, file, columns)):
+                yield f"{TOKENS_DIR}/{file.name}", batch
+
+    def shards(self, token_columns: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table, pa.Table]]:
+        """Yield (shard index, tokens table, sequences table) for each complete shard."""
+        for seq_file in self.sequence_files:
+            index = int(seq_file.stem.split("-")[1])
+            tok_file = self.path / TOKENS_DIR / seq_file.name
+            yield index, _read_tables([tok_file], token_columns, TOKEN_SCHEMA), pq.read_table(seq_file)
+
+
+def _parquet(file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+
+
+def _existing(parquet: pq.ParquetFile, file: Path, columns: Sequence[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    names = parquet.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise RunDirError(f"{file}: missing column(s) {missing}")
+    return list(columns)
+
+
+def _read_tables(files: list[Path], columns: Sequence[str] | None, schema: pa.Schema) -> pa.Table:
+    if not files:
+        names = list(columns) if columns is not None else schema.names
+        return pa.Table.from_arrays([pa.array([], schema.field(n).type) for n in names], names=names)
+    tables = []
+    for file in files:
+        try:
+            tables.append(pq.read_table(file, columns=list(columns) if columns is not None else None))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+    return pa.concat_tables(tables)
+
+
+def open_run(path: str | os.PathLike) -> Run:
+    """Open a complete run directory (raises RunDirError if it is not one)."""
+    return Run(path)

@@ -22,7 +22,7 @@ def command(
     run: Annotated[Path, typer.Argument(help="Run directory (from `rcdiag score` or an import with token ids).")],
     sample: Annotated[int, typer.Option("--sample", help="Sequences to probe (seeded draw).")] = DEFAULTS.sample,
     factors: Annotated[str | None, typer.Option(
-        "--factors", help=f"Comma-separated factors (default {','.join(DEFAULTS.factors)}); all: "
+        "--factors", help=f"Comma-separated factors [default: {', '.join(DEFAULTS.factors)}]; all: "
         f"{', '.join(FACTORS)}.")] = None,
     name: Annotated[str, typer.Option("--name", help="Writes RUN/probes/NAME.parquet and NAME.json.")
                     ] = DEFAULTS.name,

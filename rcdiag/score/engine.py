@@ -5,7 +5,9 @@ import contextlib
 import gc
 import hashlib
 import json
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,15 +56,28 @@ def check_model_dir(path: str | Path) -> Path:
     return directory.resolve()
 
 
+def set_vllm_logging(verbose: bool = False) -> None:
+    """vLLM's log at WARNING (its INFO lines flood a terminal), or INFO with `verbose`. An explicit
+    VLLM_LOGGING_LEVEL in the environment wins unless `verbose`; applies whether or not vLLM is imported yet."""
+    if verbose:
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+    else:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+
+
 def _breaks_vllm_scan(module: Any) -> bool:
     """True when vLLM's CPU kernel-override scan (`vars(value).get("kernel")` over every module attribute) would
-    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported."""
-    for value in list((getattr(module, "__dict__", None) or {}).values()):
-        try:
-            if hasattr(value, "__dict__"):
-                vars(value).get("kernel")
-        except Exception:
-            return True
+    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported. Touching attributes
+    may fire deprecation warnings (torch.distributed.reduce_op): they are about this probe, not the user's run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in list((getattr(module, "__dict__", None) or {}).values()):
+            try:
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")
+            except Exception:
+                return True
     return False
 
 

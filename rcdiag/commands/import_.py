@@ -1,6 +1,7 @@
 """`rcdiag import`: turn a framework's rollout dump into a run directory (thin shell over rcdiag.importers)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +52,10 @@ def command(
                             response_ids_field=response_ids_field, rollout_logprobs_field=rollout_logprobs_field,
                             train_logprobs_field=train_logprobs_field, mask_field=mask_field,
                             prompt_ids_field=prompt_ids_field, overwrite=overwrite, quiet=quiet)
+    start = time.perf_counter()
     run, imported = import_run(fmt, path, out, options)
     for line in summary_lines(imported, run):
         typer.echo(line)
+    typer.echo(f"  took {time.perf_counter() - start:.1f} s")
+    typer.echo(f"Next: rcdiag score --rescore-both {run.path} --model MODEL" if imported.retokenized
+               else f"Next: rcdiag report {run.path}")

@@ -81,7 +81,7 @@ def command(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code",
                                                     help="Run model code shipped with the model.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run made with other settings.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No phases, bars or summary; vLLM warnings only.")
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No phases or bars; a one-line summary.")
                      ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (default: warnings).")
                        ] = False,
@@ -138,5 +138,4 @@ def command(
     result = score_run(run, model=model, prompts=prompts, generate=generate, rescore=rescore,
                        rescore_only=rescore_only is not None, replay=rescore_both is not None, overwrite=overwrite,
                        silent=quiet)
-    if not quiet:
-        typer.echo("\n".join(result.summary_lines()))
+    typer.echo(result.one_line() if quiet else "\n".join(result.summary_lines()))

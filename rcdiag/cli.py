@@ -7,15 +7,23 @@ vLLM or transformers, and `rcdiag --help` lists the commands from the table belo
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import typer
 import typer.main
-from typer._click.exceptions import ClickException  # typer ≥ 0.22 raises its vendored click's exceptions
-from typer.core import TyperCommand, TyperGroup
+from typer._click.exceptions import (  # typer 0.29 raises its vendored click's exceptions (pinned in pyproject)
+    BadParameter,
+    ClickException,
+    MissingParameter,
+    NoSuchOption,
+    UsageError,
+)
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from rcdiag import __version__
 from rcdiag.errors import RcdiagError
@@ -39,17 +47,71 @@ COMMANDS: dict[str, CommandEntry] = {
 }
 
 
+PROG = "rcdiag"
+"""The program name every usage line shows (also under `python -m rcdiag`)."""
+TYPE_METAVARS = {"int": "INTEGER", "float": "NUMBER", "str": "TEXT", "Path": "PATH"}
+"""What a value option shows in --help instead of typer 0.29's `<int>` / `<list[Path]>` type labels."""
+
+
+class PlainHelp:
+    """Help that reads like click's classic one: flags show no `<bool>`, a value shows INTEGER / NUMBER / TEXT /
+    PATH instead of typer 0.29's `<int>` / `<list[Path]>`, arguments are upper case (`RUNS...`)."""
+
+    params: list[Any]
+
+    def plain_metavars(self) -> None:
+        for param in self.params:
+            if param.metavar is not None:
+                continue
+            if isinstance(param, TyperArgument):
+                param.metavar = param.name.upper() + ("..." if param.nargs != 1 else "")
+                param.display_type_rich = _no_type  # the argument's name already says what it is (RUNS...)
+            elif isinstance(param, TyperOption):
+                param.metavar = "" if param.is_flag else _type_metavar(param)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class RcdiagCommand(PlainHelp, TyperCommand):
+    """One command, with plain help and the usage line `rcdiag report [OPTIONS] RUNS...` (not `{runs}...`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.plain_metavars()
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.params:
+            if isinstance(param, TyperArgument):
+                pieces.append(param.metavar if param.required else f"[{param.metavar}]")
+        return pieces
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def _type_metavar(param: TyperOption) -> str:
+    label = param.display_type(None).strip("<>")  # e.g. "int", "list[str]", "path"
+    inner = re.sub(r"^list\[(.*)\]$", r"\1", label)
+    return TYPE_METAVARS.get(inner, TYPE_METAVARS.get(inner.capitalize(), inner.upper()))
+
+
 def load_command(name: str) -> TyperCommand:
     """The real click command of `name`, built from rcdiag.commands.<module>.command (imported now)."""
     module = importlib.import_module(f"rcdiag.commands.{COMMANDS[name].module}")
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="markdown")
-    single.command(name)(module.command)
+    single.command(name, cls=RcdiagCommand)(module.command)
     command = typer.main.get_command(single)
     command.name = name
     return command
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(PlainHelp, TyperGroup):
     """The root group: lists every command from COMMANDS, imports one only when it is resolved to run (or asked
     for its own --help)."""
 
@@ -57,6 +119,10 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         for name, entry in COMMANDS.items():
             self.commands[name] = TyperCommand(name=name, help=entry.summary, short_help=entry.summary)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        self.plain_metavars()  # the root callback's options (--version) are attached after __init__
+        return super().get_params(ctx)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
@@ -92,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app, mapping RcdiagError to `Error: …` and exit code 1, usage errors to the
     usage line + error and exit code 2."""
     try:
-        code = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here (standalone off)
+        code = app(args=argv, prog_name=PROG, standalone_mode=False)  # click returns typer.Exit's code here (standalone off)
         if isinstance(code, int) and code:
             return code
     except RcdiagError as exc:
@@ -106,10 +172,67 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("Interrupted; completed shards are kept — re-run the same command to resume.", err=True)
         return 130
+    except UsageError as exc:
+        show_usage_error(exc, sys.argv[1:] if argv is None else argv)
+        return exc.exit_code
     except ClickException as exc:
         exc.show()
         return exc.exit_code
     return 0
+
+
+def show_usage_error(exc: UsageError, argv: list[str]) -> None:
+    """The usage line, one plain sentence and a "did you mean" on stderr (click's wording where it is plain)."""
+    if isinstance(exc, NoSuchOption):
+        exc.message = _no_such_option(exc)
+        exc.possibilities = None
+    elif isinstance(exc, MissingParameter):
+        exc.message = (exc.message or "") + _example(exc.ctx)
+    elif isinstance(exc, BadParameter):
+        exc.message = _bad_value(exc, argv)
+    exc.show()
+
+
+def _example(ctx: Any) -> str:
+    """" For example: rcdiag report runs/sample" — the first example of the command's own help."""
+    help_text = getattr(getattr(ctx, "command", None), "help", None) or ""
+    first = next((line.strip() for line in help_text.splitlines() if line.strip().startswith(f"{PROG} ")), None)
+    return f"For example: {first.split('  #')[0].strip()}" if first else ""
+
+
+def _no_such_option(exc: NoSuchOption) -> str:
+    """`No such option: --treshold. Did you mean --threshold?` (the closest known option first)."""
+    known = list(exc.possibilities or ())
+    if exc.ctx is not None and not known:
+        known = [opt for p in exc.ctx.command.params for opt in (*p.opts, *p.secondary_opts)]
+    close = difflib.get_close_matches(exc.option_name, known, n=2, cutoff=0.75) or sorted(known)[:3]
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return f"No such option: {exc.option_name}.{hint}"
+
+
+_PYDANTIC_WORDS = {"valid number": "a number (e.g. 2 or 0.5)", "valid integer": "a whole number (e.g. 64)",
+                   "valid boolean": "true or false"}
+
+
+def _bad_value(exc: BadParameter, argv: list[str]) -> str:
+    """Replace typer 0.29's pydantic wording ("Input should be a valid number, unable to parse …") by the value
+    given and what was expected."""
+    message = exc.message
+    expected = next((text for key, text in _PYDANTIC_WORDS.items() if key in message), None)
+    if expected is None or exc.param is None:
+        return message
+    given = _given_value(exc.param.opts, argv)
+    return f"{given!r} is not {expected}" if given is not None else f"expected {expected}"
+
+
+def _given_value(opts: list[str], argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for opt in opts:
+            if arg == opt and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import html
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.store import run as store_run
 from rcdiag.store import writer as store_writer
-from rcdiag.tokenizers import run_tokenizer
+from rcdiag.tokenizers import fast_tokenizer, run_tokenizer
 
 HTML_METRICS_MAX_TOKENS = 2_000_000
 """A Run's HTML card computes headline metrics only up to this many token rows (one streaming pass)."""
@@ -129,17 +130,37 @@ def worst_sequences(run: Any, k: int = 10, by: str = "mean", tokenizer: Any = No
 
 
 def sequence_tokens(run: Any, seq_ids: list[int]) -> Any:
-    """Token rows (DataFrame, sorted by seq_id, pos) of the given sequences, read with Parquet filters."""
+    """Token rows (DataFrame, sorted by seq_id, pos) of the given sequences: only the shards whose seq_id range
+    (Parquet footer statistics) holds one of them are read, with Parquet filters."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rcdiag.store.schema import TOKEN_SCHEMA
 
-    wanted = [int(s) for s in seq_ids]
-    tables = [pq.read_table(f, filters=[("seq_id", "in", wanted)]) for f in run.token_files] if wanted else []
+    wanted = sorted({int(s) for s in seq_ids})
+    files = [f for f in run.token_files if _may_hold(f, wanted)] if wanted else []
+    tables = [pq.read_table(f, filters=[("seq_id", "in", wanted)]) for f in files]
     if not tables:
         return TOKEN_SCHEMA.empty_table().to_pandas()
     return pa.concat_tables(tables).sort_by([("seq_id", "ascending"), ("pos", "ascending")]).to_pandas()
+
+
+def _may_hold(file: Any, wanted: list[int]) -> bool:
+    """False only when the file's seq_id statistics prove none of `wanted` is in it (no statistics: True)."""
+    import bisect
+
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_metadata(file)
+    column = metadata.schema.names.index("seq_id")
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return True
+        i = bisect.bisect_left(wanted, stats.min)
+        if i < len(wanted) and wanted[i] <= stats.max:
+            return True
+    return False
 
 
 def local_tokenizer(run: Any) -> Any | None:
@@ -224,9 +245,9 @@ class SequenceView:
         if frame.empty and seq_id not in set(run.sequences(["seq_id"])["seq_id"]):
             raise ConfigError(f"{run.name} has no sequence {seq_id}")
         frame["log_ratio"] = frame["train_logprob"].astype(float) - frame["rollout_logprob"].astype(float)
-        decoder = tokenizer or local_tokenizer(run)
-        frame["text"] = ([decoder.decode([int(t)]) for t in frame["token_id"]] if decoder is not None
-                         else [f"⟨{t}⟩" for t in frame["token_id"]])
+        decoder = tokenizer or fast_tokenizer(run.manifest) or local_tokenizer(run)  # fast: no transformers import
+        frame["text"] = ([decoder.decode([int(t)], skip_special_tokens=False) for t in frame["token_id"]]
+                         if decoder is not None else [f"⟨{t}⟩" for t in frame["token_id"]])
         self.seq_id = seq_id
         self.frame = frame[["pos", "token_id", "text", "train_logprob", "rollout_logprob", "log_ratio", "mask"]]
 
@@ -394,6 +415,17 @@ def open_run(path: Any) -> Run:
     return Run(path)
 
 
+class MaskWarning(UserWarning):
+    """Token rows came without a `mask` column: every row counts as a valid (loss-bearing) token."""
+
+
 def write_run(path: Any, tokens: object, sequences: object | None = None, **kwargs: Any) -> Run:
-    """rcdiag.store.write_run, returning the notebook Run (same arguments)."""
+    """rcdiag.store.write_run, returning the notebook Run (same arguments). Tokens without a `mask` column are
+    all counted as valid; a MaskWarning says so (prompt or padding rows in them would skew every metric)."""
+    columns = tokens.keys() if isinstance(tokens, Mapping) else getattr(
+        tokens, "column_names", getattr(tokens, "columns", ["mask"]))  # Arrow table, DataFrame
+    if "mask" not in list(columns):
+        warnings.warn("the tokens have no 'mask' column: every row counts as a valid response token; add a "
+                      "boolean 'mask' (False for prompt/padding/tool tokens) if some rows are not trained on",
+                      MaskWarning, stacklevel=2)
     return Run(store_writer.write_run(path, tokens, sequences, **kwargs).path)

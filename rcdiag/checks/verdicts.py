@@ -103,13 +103,28 @@ def check_placeholders(ctx: Context) -> Finding:
     parts = [f"{n} × {kind} in {SIDES[side]}" for side, c in counts.items() for kind, n in c.items()]
     where = f"; {pos0} of them at pos 0 (a first-token value the engine did not return)" if pos0 else ""
     first = {side: s.first for side, s in ctx.acc.sides.items() if s.first}
+    absent = [side for side, c in counts.items() if c.get("nan", 0) >= ctx.acc.valid]
     return Finding("placeholders", severity,
                    f"placeholder or impossible log-probs on valid positions: {', '.join(parts)} "
                    f"({share:.3%} of valid tokens){where}",
                    {"counts": counts, "share": share, "at_pos0": pos0, "first": first},
+                   _missing_side_fix(absent) or
                    "mask these positions (mask=False) or fill them with real values: request logprobs for every "
                    "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
                    "with 0.0 / -inf / -1e9 inside the response")
+
+
+def _missing_side_fix(absent: list[str]) -> str | None:
+    """The fix when a whole side is missing (an import without trainer or engine log-probs): compute it."""
+    if absent == ["train_logprob"]:
+        return ("the run has no trainer log-probs: compute them with `rcdiag score --rescore-only RUN "
+                "--train-model MODEL` (or `rcdiag score --rescore-both RUN --model MODEL --overwrite` to recompute "
+                "the rollout side through vLLM as well)")
+    if absent:
+        return ("the run lacks the " + " and ".join(SIDES[s] for s in absent) + " log-probs: compute them with "
+                "`rcdiag score --rescore-both RUN --model MODEL` (replays the tokens through vLLM, then rescores "
+                "them with transformers)")
+    return None
 
 
 def check_shift(ctx: Context) -> Finding:

@@ -1,13 +1,14 @@
 """`rcdiag import`: turn a framework's rollout dump into a run directory (thin shell over rcdiag.importers)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rcdiag.importers import FORMATS, ImportOptions, import_run
-from rcdiag.importers.common import summary_lines
+from rcdiag.importers.common import Imported, summary_lines
 
 _D = ImportOptions()
 _FIELD = "jsonl/parquet: name of the field holding"
@@ -51,6 +52,19 @@ def command(
                             response_ids_field=response_ids_field, rollout_logprobs_field=rollout_logprobs_field,
                             train_logprobs_field=train_logprobs_field, mask_field=mask_field,
                             prompt_ids_field=prompt_ids_field, overwrite=overwrite, quiet=quiet)
+    start = time.perf_counter()
     run, imported = import_run(fmt, path, out, options)
     for line in summary_lines(imported, run):
         typer.echo(line)
+    typer.echo(f"  took {time.perf_counter() - start:.1f} s")
+    typer.echo(_next_step(imported, run.path))
+
+
+def _next_step(imported: Imported, run: Path) -> str:
+    """The command to run next: compute what the dump lacks, else the report."""
+    if imported.retokenized:
+        return f"Next: rcdiag score --rescore-both {run} --model MODEL   (then: rcdiag report {run})"
+    if any(item.startswith("trainer logprobs") for item in imported.lacks):
+        return (f"Next: rcdiag score --rescore-only {run} --train-model MODEL   (the trainer side; then: "
+                f"rcdiag report {run})")
+    return f"Next: rcdiag report {run}"

@@ -1,6 +1,7 @@
 """`rcdiag probe`: recompute a run's sampled tokens under a grid of trainer/engine settings; attribute the gap."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -8,6 +9,7 @@ import typer
 
 from rcdiag.probe.factors import FACTORS
 from rcdiag.probe.run import ProbeConfig, run_probe
+from rcdiag.score.engine import set_vllm_logging
 
 DEFAULTS = ProbeConfig()
 
@@ -22,7 +24,7 @@ def command(
     run: Annotated[Path, typer.Argument(help="Run directory (from `rcdiag score` or an import with token ids).")],
     sample: Annotated[int, typer.Option("--sample", help="Sequences to probe (seeded draw).")] = DEFAULTS.sample,
     factors: Annotated[str | None, typer.Option(
-        "--factors", help=f"Comma-separated factors (default {','.join(DEFAULTS.factors)}); all: "
+        "--factors", help=f"Comma-separated factors [default: {', '.join(DEFAULTS.factors)}]; all: "
         f"{', '.join(FACTORS)}.")] = None,
     name: Annotated[str, typer.Option("--name", help="Writes RUN/probes/NAME.parquet and NAME.json.")
                     ] = DEFAULTS.name,
@@ -32,6 +34,8 @@ def command(
     device: Annotated[str, typer.Option("--device", help="Trainer device.")] = DEFAULTS.device,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads for the trainer side.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (default: warnings).")
+                       ] = False,
 ) -> None:
     """Hold a sample of a run's tokens fixed and recompute their log-probs under a grid of settings, then say how
     much of the observed rollout-vs-trainer gap each factor explains (the mismatch budget).
@@ -56,6 +60,8 @@ def command(
     """
     config = ProbeConfig(sample=sample, factors=_factors(factors), seed=seed, name=name, train_model=train_model,
                          device=device, threads=threads)
+    set_vllm_logging(verbose)
+    start = time.perf_counter()
     result = run_probe(run, config, silent=quiet)
     if quiet:
         return
@@ -67,4 +73,5 @@ def command(
         typer.echo(f"{row['factor']:<18} {row['setting']:<24} {row['mean_abs']:>10.3g} {row['share']:>8.1%}")
     for note in result.summary["notes"]:
         typer.echo(f"note: {note}")
-    typer.echo(f"Wrote {', '.join(str(f) for f in result.files)}")
+    typer.echo(f"Wrote {', '.join(str(f) for f in result.files)} in {time.perf_counter() - start:.1f} s")
+    typer.echo(f"Next: rcdiag report {run}   (its probe section shows this budget; or rcdiag dashboard {run})")

@@ -1,66 +1,32 @@
-"""`rcdiag score`: generate rollouts with vLLM (stage 1), then rescore them with transformers (stage 2)."""
+"""`rcdiag score`: generate rollouts with vLLM (stage 1), then rescore them with transformers (stage 2).
+
+A thin shell: options → GenerateConfig / RescoreConfig (whose defaults --help shows) → `rcdiag.score.run.score_run`
+(or the Ray pipeline), then the closing summary and the next command."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+from typer._click.exceptions import UsageError  # typer 0.29's vendored click (pinned in pyproject)
 
 from rcdiag.distributed import RAY_HELP
-from rcdiag.errors import ConfigError
-from rcdiag.score.config import GenerateConfig, RescoreConfig
+from rcdiag.score.config import (
+    ATTN_CHOICES,
+    DTYPE_HELP,
+    ENGINE_DTYPES,
+    TRAIN_DTYPES,
+    GenerateConfig,
+    RescoreConfig,
+)
+from rcdiag.score.engine import set_vllm_logging
+from rcdiag.score.run import score_run
 
 _G = GenerateConfig()
+_R = RescoreConfig()
 _GEN = "Generation (vLLM)"
 _TRAIN = "Rescoring (transformers)"
 _RUN = "Run"
-_RD = "[default: RescoreConfig's, see `rcdiag.score.rescore`]"
-
-
-def _rescore_config(options: dict[str, Any]) -> Any:
-    """RescoreConfig from the options given; unset ones keep RescoreConfig's defaults (kept in one place)."""
-    return RescoreConfig(**{k: v for k, v in options.items() if v is not None})
-
-
-def _rescore(run: Path, options: dict[str, Any], quiet: bool) -> dict[str, Any]:
-    from rcdiag.score.rescore import rescore_run
-
-    return rescore_run(run, _rescore_config(options), silent=quiet)
-
-
-def _summary(run: Path) -> str:
-    from rcdiag.store.run import open_run
-
-    opened = open_run(run)
-    counts = opened.manifest.get("counts", {})
-    stages = "generated" + (" + rescored" if "trainer" in opened.manifest else "")
-    return (f"{run}: {counts.get('sequences')} sequences, {counts.get('tokens')} tokens in "
-            f"{counts.get('shards')} shard(s) ({stages})")
-
-
-_ENGINE_OPTIONS = ("temperature", "seed", "engine_dtype", "gpu_memory_utilization", "enable_prefix_caching",
-                   "max_model_len", "trust_remote_code")
-
-
-def _engine_options(options: dict[str, Any]) -> dict[str, Any]:
-    return {name: options[name] for name in _ENGINE_OPTIONS}
-
-
-def _rescore_both(run: Path, model: Path | None, train: dict[str, Any], config: GenerateConfig, overwrite: bool,
-                  quiet: bool) -> None:
-    """Replay the run's tokens through vLLM for rollout_logprob (closing it after), then rescore them."""
-    from rcdiag.score.replay import replay_run
-    from rcdiag.score.rescore import engine_model_path
-    from rcdiag.store.run import open_run
-
-    engine_model = model or engine_model_path(open_run(run).manifest)
-    if engine_model is None:
-        raise ConfigError(f"{run}: the manifest names no engine model; pass --model")
-    _rescore_config(train)
-    replay_run(run, engine_model, config, overwrite=overwrite, silent=quiet)
-    _rescore(run, {**train, "train_model": train["train_model"] or str(engine_model)}, quiet)
-    typer.echo(_summary(run))
 
 
 def command(
@@ -81,7 +47,7 @@ def command(
     max_tokens: Annotated[int, typer.Option(help="Max response tokens.", rich_help_panel=_GEN)] = _G.max_tokens,
     seed: Annotated[int, typer.Option(help="Base seed (each prompt×sample request gets its own seed from it).",
                                       rich_help_panel=_GEN)] = _G.seed,
-    engine_dtype: Annotated[str, typer.Option(help="auto | bfloat16 | float16 | float32.",
+    engine_dtype: Annotated[str, typer.Option(help=f"{' | '.join(ENGINE_DTYPES)} {DTYPE_HELP}.",
                                               rich_help_panel=_GEN)] = _G.engine_dtype,
     gpu_memory_utilization: Annotated[float, typer.Option(rich_help_panel=_GEN)] = _G.gpu_memory_utilization,
     enable_prefix_caching: Annotated[bool, typer.Option(
@@ -97,17 +63,15 @@ def command(
     shard_prompts: Annotated[int, typer.Option(help="Prompts per shard (the unit of resumption).",
                                                rich_help_panel=_GEN)] = _G.shard_prompts,
     train_model: Annotated[str | None, typer.Option(help="Training model [default: --model, or the run's].",
-                                                    rich_help_panel=_TRAIN)] = None,
-    train_dtype: Annotated[str | None, typer.Option(help=f"float32 | bfloat16 | float16. {_RD}",
-                                                    rich_help_panel=_TRAIN)] = None,
-    device: Annotated[str | None, typer.Option(help=f"cpu | cuda | cuda:N. {_RD}",
-                                               rich_help_panel=_TRAIN)] = None,
-    token_budget: Annotated[int | None, typer.Option(help=f"Tokens per packed row. {_RD}",
-                                                     rich_help_panel=_TRAIN)] = None,
-    chunk_tokens: Annotated[int | None, typer.Option(help=f"Positions per LM-head chunk. {_RD}",
-                                                     rich_help_panel=_TRAIN)] = None,
-    attn: Annotated[str | None, typer.Option(help=f"auto | sdpa_varlen | flash_attention_2 | sdpa | "
-                                             f"flex_attention | eager. {_RD}", rich_help_panel=_TRAIN)] = None,
+                                                    rich_help_panel=_TRAIN)] = _R.train_model,
+    train_dtype: Annotated[str, typer.Option(help=f"{' | '.join(TRAIN_DTYPES)} {DTYPE_HELP}.",
+                                             rich_help_panel=_TRAIN)] = _R.train_dtype,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N.", rich_help_panel=_TRAIN)] = _R.device,
+    token_budget: Annotated[int, typer.Option(help="Tokens per packed row.", rich_help_panel=_TRAIN)
+                            ] = _R.token_budget,
+    chunk_tokens: Annotated[int, typer.Option(help="Positions per LM-head chunk.", rich_help_panel=_TRAIN)
+                            ] = _R.chunk_tokens,
+    attn: Annotated[str, typer.Option(help=" | ".join(ATTN_CHOICES) + ".", rich_help_panel=_TRAIN)] = _R.attn,
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Stop after stage 1.")] = False,
     rescore_only: Annotated[Path | None, typer.Option(
         "--rescore-only", metavar="RUN", help="Skip stage 1: rescore an existing run.")] = None,
@@ -117,7 +81,10 @@ def command(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code",
                                                     help="Run model code shipped with the model.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run made with other settings.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars, vLLM warnings only.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No phases or bars; a one-line summary.")
+                     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (default: warnings).")
+                       ] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP,
                                             rich_help_panel=_RUN)] = None,
     engines: Annotated[int, typer.Option(help="With --ray: vLLM engine actors (one GPU each when the cluster "
@@ -147,35 +114,28 @@ def command(
 
         rcdiag score -m ./model -p prompts.jsonl -o s3://bucket/runs/q05 --ray auto --engines 8   # on a Ray cluster
     """
-    if quiet:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    train = {"train_model": train_model, "train_dtype": train_dtype, "device": device,
-             "token_budget": token_budget, "chunk_tokens": chunk_tokens, "attn": attn,
-             "trust_remote_code": trust_remote_code}
-    if rescore_only is not None:
-        _rescore(rescore_only, train, quiet)
-        typer.echo(_summary(rescore_only))
-        return
-    if rescore_both is not None:
-        _rescore_both(rescore_both, model, train, GenerateConfig(**_engine_options(locals())), overwrite, quiet)
-        return
-    missing = [flag for flag, value in (("--model", model), ("--prompts", prompts), ("--out", out)) if value is None]
-    if missing:
-        raise ConfigError(f"{', '.join(missing)} required (or --rescore-only RUN to rescore an existing run)")
-    config = GenerateConfig(**_engine_options(locals()), n=n, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                            allow_truncated_sampling=allow_truncated_sampling, limit=limit,
-                            prompt_field=prompt_field, shard_prompts=shard_prompts)
-    if not generate_only:
-        _rescore_config(train)  # refuse bad stage-2 options before stage 1 runs
+    set_vllm_logging(verbose)
+    generate = GenerateConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                              seed=seed, engine_dtype=engine_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                              enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+                              allow_truncated_sampling=allow_truncated_sampling, limit=limit,
+                              prompt_field=prompt_field, shard_prompts=shard_prompts,
+                              trust_remote_code=trust_remote_code)
+    rescore = None if generate_only else RescoreConfig(
+        train_model=train_model, train_dtype=train_dtype, device=device, token_budget=token_budget,
+        chunk_tokens=chunk_tokens, attn=attn, trust_remote_code=trust_remote_code)
     if ray is not None:
-        from rcdiag.distributed.score import score_command
+        from rcdiag.distributed.score import score_command  # imports Ray
 
-        typer.echo(score_command(model, prompts, out, config, _rescore_config(train), ray, (engines, rescorers),
-                                 overwrite, quiet, generate_only))
+        typer.echo(score_command(model, prompts, out, generate, rescore, ray, (engines, rescorers), overwrite,
+                                 quiet, generate_only))
         return
-    from rcdiag.score.generate import generate_run
-
-    generate_run(model, prompts, out, config, overwrite=overwrite, silent=quiet)
-    if not generate_only:
-        _rescore(out, {**train, "train_model": train_model or str(model)}, quiet)
-    typer.echo(_summary(out))
+    run = rescore_only or rescore_both or out
+    missing = [] if rescore_only or rescore_both else [
+        flag for flag, value in (("--model", model), ("--prompts", prompts), ("--out", out)) if value is None]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} required (or --rescore-only RUN to rescore an existing run).")
+    result = score_run(run, model=model, prompts=prompts, generate=generate, rescore=rescore,
+                       rescore_only=rescore_only is not None, replay=rescore_both is not None, overwrite=overwrite,
+                       silent=quiet)
+    typer.echo(result.one_line() if quiet else "\n".join(result.summary_lines()))

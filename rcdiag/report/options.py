@@ -34,6 +34,10 @@ class ReportOptions:
     seed: int = 0
     silent: bool = True
 
+    def __post_init__(self) -> None:
+        # one rule with analysis.conventions.get_convention: names are case-insensitive (--convention VERL)
+        object.__setattr__(self, "convention", str(self.convention).strip().lower())
+
 
 def validate(options: ReportOptions) -> None:
     """Raise ConfigError for an unknown convention, a threshold that is not a finite number > 1, or a lower bound

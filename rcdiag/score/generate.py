@@ -7,6 +7,7 @@ uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import ConfigError
-from rcdiag.progress import progress
+from rcdiag.progress import Phases, progress, request_ticker
 from rcdiag.score.config import GenerateConfig
 from rcdiag.score.engine import (
     check_model_dir,
@@ -78,19 +79,17 @@ def sampled_logprobs(completion: Any) -> list[float]:
 
 
 def run_requests(llm: Any, chunk: Sequence[RenderedPrompt], config: GenerateConfig,
-                 silent: bool = True) -> list[list[Completion]]:
-    """Generate `config.n` samples for each prompt of `chunk`; result[i][j] is sample j of chunk[i]."""
+                 bar: Any = None) -> list[list[Completion]]:
+    """Generate `config.n` samples for each prompt of `chunk`; result[i][j] is sample j of chunk[i].
+
+    vLLM's own "Processed prompts" bar stays off; `bar` (a progress bar counting sequences), when given, moves
+    by one per finished request."""
     requests, params = [], []
     for item in chunk:
         for sample in range(config.n):
             requests.append({"prompt_token_ids": list(item.token_ids)})
             params.append(sampling_params(config, request_seed(config.seed, item.prompt.index, sample)))
-
-    def bar(iterable: Any = None, **kwargs: Any) -> Any:  # vLLM's tqdm factory: adding, then running requests
-        return progress(iterable, total=kwargs.get("total"), desc=kwargs.get("desc", ""), unit="req",
-                        postfix=kwargs.get("postfix"))
-
-    outputs = llm.generate(requests, params, use_tqdm=False if silent else bar)
+    outputs = llm.generate(requests, params, use_tqdm=False if bar is None else request_ticker(bar))
     completions = []
     for output in outputs:
         (done,) = output.outputs
@@ -141,37 +140,49 @@ def _check_engine(llm: Any, model_dir: Path) -> None:
 
 
 def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config: GenerateConfig | None = None,
-                 *, llm: Any = None, overwrite: bool = False, silent: bool = False) -> dict[str, Any]:
+                 *, llm: Any = None, overwrite: bool = False, silent: bool = False,
+                 phases: Phases | None = None) -> dict[str, Any]:
     """Generate (or resume) a run directory at `out`; returns its manifest.
 
     `llm`: an existing engine built from `model` (kept open; e.g. shared by tests), else one is built and shut
     down at the end. A complete run with the same settings is returned as is; different settings raise
     RunDirError unless `overwrite`. Raises ConfigError/InputError before any generation for bad settings/prompts.
+    `phases` times (and, unless silent, announces) loading prompts, starting the engine, generating, writing.
     """
     config = config or GenerateConfig()
+    phases = phases or Phases(silent)
     model_dir = check_model_dir(model)
     if llm is not None:
         _check_engine(llm, model_dir)
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=config.trust_remote_code, what="--model")
-    loaded = load_prompts(prompts, prompt_field=config.prompt_field, limit=config.limit)
-    rendered = render_prompts(loaded, tokenizer, source=str(prompts), max_len=model_context_length(model_dir, config.max_model_len))
+    with phases("loading prompts", str(prompts)):
+        tokenizer = load_tokenizer(model_dir, trust_remote_code=config.trust_remote_code, what="--model")
+        loaded = load_prompts(prompts, prompt_field=config.prompt_field, limit=config.limit)
+        rendered = render_prompts(loaded, tokenizer, source=str(prompts),
+                                  max_len=model_context_length(model_dir, config.max_model_len))
     model_hash = model_files_hash(model_dir)
     writer = RunWriter(out, spec=run_spec(config, model_dir, model_hash, rendered), overwrite=overwrite)
     size = config.shard_prompts
     done = set(writer.complete_shards())
     todo = [k for k in range(math.ceil(len(rendered) / size)) if k not in done]
     if not todo and (writer.path / MANIFEST_NAME).exists():
+        phases.say(f"{writer.path}: already generated with these settings; kept as is")
         return read_manifest(writer.path)
     reward = reward_function(rendered)
-    with engine_session(config.engine_settings(str(model_dir)), llm) as engine, \
-            progress(desc="generate", unit="tok", unit_scale=True, silent=silent) as bar:
-        for k in todo:
-            chunk = rendered[k * size:(k + 1) * size]
-            tokens, sequences = shard_tables(chunk, run_requests(engine, chunk, config, silent), config.n, reward)
-            writer.write_shard(k, tokens, sequences)
-            bar.update(tokens.num_rows)
-            bar.set_postfix_str(f"shard {k + 1}/{todo[-1] + 1}")
+    with contextlib.ExitStack() as stack:
+        with phases("starting vLLM engine", f"{model_dir.name}, loads the model"):
+            engine = stack.enter_context(engine_session(config.engine_settings(str(model_dir)), llm))
+        requests = sum(len(rendered[k * size:(k + 1) * size]) for k in todo) * config.n
+        with phases("generating", f"{requests} sequences"), \
+                progress(total=requests, desc="generate", unit="seq", silent=silent) as bar:
+            written = 0
+            for k in todo:
+                chunk = rendered[k * size:(k + 1) * size]
+                tokens, sequences = shard_tables(chunk, run_requests(engine, chunk, config, bar), config.n, reward)
+                writer.write_shard(k, tokens, sequences)
+                written += tokens.num_rows
+                bar.set_postfix_str(f"{written:,} response tokens, shard {k + 1}/{todo[-1] + 1} written")
         facts = engine_facts(engine)
-    manifest = generate_manifest(config, model_dir, model_hash, Path(prompts), rendered, facts,
-                                 tokenizer_section(model_dir), reward is not None)
-    return writer.finish(manifest)
+    with phases("writing manifest"):
+        manifest = generate_manifest(config, model_dir, model_hash, Path(prompts), rendered, facts,
+                                     tokenizer_section(model_dir), reward is not None)
+        return writer.finish(manifest)

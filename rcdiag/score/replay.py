@@ -7,6 +7,7 @@ the token's own entry is needed. Cost at T ≠ 1: V log-probs per position trave
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag.errors import ConfigError, RunDirError
-from rcdiag.progress import progress
+from rcdiag.progress import Phases, progress
 from rcdiag.score.engine import LOGPROBS_MODE, check_model_dir, engine_facts, engine_session, model_files_hash
 from rcdiag.score.engine import vllm_version as _vllm_version
 from rcdiag.score.generate import GenerateConfig
@@ -93,12 +94,13 @@ def _shard_inputs(tokens: pa.Table, sequences: pa.Table, file: Path) -> tuple[li
 
 
 def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig | None = None, *, llm: Any = None,
-               overwrite: bool = False, silent: bool = False) -> dict[str, Any]:
+               overwrite: bool = False, silent: bool = False, phases: Phases | None = None) -> dict[str, Any]:
     """Fill `rollout_logprob` of every token of a run by replaying its tokens through vLLM at
     `config.temperature`; returns the updated manifest. Shards already replayed with the same settings are
     skipped (resumable). Refuses a run that has rollout log-probs unless `overwrite`, and a temperature that
     differs from the one the manifest records."""
     config = config or GenerateConfig()
+    phases = phases or Phases(silent)
     run = open_run(run_path)
     recorded = (run.manifest.get("engine") or {}).get("temperature")
     if recorded is not None and float(recorded) != config.temperature:
@@ -115,11 +117,15 @@ def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig |
                     file).num_rows:
                 raise RunDirError(f"{file}: already holds rollout log-probs; pass --overwrite to replace them "
                                   "with the replay")
-    with engine_session(config.engine_settings(str(model_dir)), llm) as engine, \
-            progress(desc="replay", unit="tok", unit_scale=True, silent=silent) as bar:
-        for file in files:
-            _replay_shard(engine, run.path, file, config.temperature, marker)
-            bar.update(pq.read_metadata(file).num_rows)
+    total = sum(pq.read_metadata(file).num_rows for file in files)
+    with contextlib.ExitStack() as stack:
+        with phases("starting vLLM engine", f"{model_dir.name}, loads the model"):
+            engine = stack.enter_context(engine_session(config.engine_settings(str(model_dir)), llm))
+        with phases("replaying", f"{total:,} response tokens through vLLM"), \
+                progress(total=total, desc="replay", unit="tok", unit_scale=True, silent=silent) as bar:
+            for file in files:
+                _replay_shard(engine, run.path, file, config.temperature, marker)
+                bar.update(pq.read_metadata(file).num_rows)
         facts = engine_facts(engine)
     engine_section = {"name": "vllm", "version": _vllm_version(), "model": str(model_dir),
                       "logprobs_mode": LOGPROBS_MODE, "replayed": True, "temperature": config.temperature,

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag.errors import ConfigError, InputError, RunDirError
-from rcdiag.progress import progress
+from rcdiag.progress import Phases, progress
 from rcdiag.score.config import RescoreConfig
 from rcdiag.score.logprobs import choose_epilogue
 from rcdiag.score.packing import cu_seqlens_from_lengths, unpack_positions
@@ -176,45 +176,54 @@ def trainer_settings(model_path: str, model: Any, config: RescoreConfig, tempera
 
 
 def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConfig(), *,
-                silent: bool = False) -> dict[str, Any]:
+                silent: bool = False, phases: Phases | None = None) -> dict[str, Any]:
     """Write train_logprob / train_entropy for every token of a run; returns the updated manifest.
 
     Shards already rescored with the same settings are skipped (resumable); refusals happen before any work.
+    The bar counts the response tokens the run holds (the model also runs the prompts: the bar's rate is the
+    rate of stored log-probs). `phases` times checking, loading the model and rescoring.
     """
+    phases = phases or Phases(silent)
     run = open_run(run_path)
     temperature = run_temperature(run.manifest)
     model_path = config.train_model or engine_model_path(run.manifest)
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no engine model; pass --train-model")
-    model_config = load_config(model_path, trust_remote_code=config.trust_remote_code)
-    check_vocabulary(run.manifest, engine_model_path(run.manifest), model_path, model_config)
-    vocab_size, max_context = model_limits(model_config)
     files = _shard_files(run.path)
-    total = response_total = 0
-    for tok_file, seq_file in files:  # validate every shard before loading the model
-        tokens, sequences = _read(tok_file, seq_file)
-        pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}", vocab_size=vocab_size,
-                            max_context=max_context)
-        total += _input_tokens(pairs)
-        response_total += sum(r.size for _, r in pairs)
-    with _transformers_bars(not silent):
+    with phases("checking tokens", f"{len(files)} shard(s) against {Path(model_path).name}"):
+        model_config = load_config(model_path, trust_remote_code=config.trust_remote_code)
+        check_vocabulary(run.manifest, engine_model_path(run.manifest), model_path, model_config)
+        vocab_size, max_context = model_limits(model_config)
+        response_total = 0
+        for tok_file, seq_file in files:  # validate every shard before loading the model
+            tokens, sequences = _read(tok_file, seq_file)
+            pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}",
+                                vocab_size=vocab_size, max_context=max_context)
+            response_total += sum(r.size for _, r in pairs)
+    with phases("loading training model", f"{Path(model_path).name}, {config.train_dtype} on {config.device}"), \
+            _transformers_bars(not silent):
         model = load_model(model_path, dtype=config.train_dtype, device=config.device, attn=config.attn,
                            trust_remote_code=config.trust_remote_code)
     epilogue_name, epilogue = choose_epilogue(response_total, vocab_size, config.device)
     settings = trainer_settings(model_path, model, config, temperature, epilogue_name)
-    with progress(total=total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
+    with phases("rescoring", f"{response_total:,} response tokens"), \
+            progress(total=response_total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
         for k, (tok_file, seq_file) in enumerate(files):
             bar.set_postfix_str(f"shard {k + 1}/{len(files)}")
             tokens, sequences = _read(tok_file, seq_file)
             pairs = shard_pairs(tokens, sequences, source=f"{TOKENS_DIR}/{tok_file.name}",
                                 vocab_size=vocab_size, max_context=max_context)
+            responses, done_before = sum(r.size for _, r in pairs), bar.n
             if _marker(tok_file) == settings:
-                bar.update(_input_tokens(pairs))
+                bar.update(responses)
                 continue
+            share = responses / max(_input_tokens(pairs), 1)  # rows report model input tokens; the bar counts
             scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
-                                     chunk_tokens=config.chunk_tokens, epilogue=epilogue, on_row=bar.update,
+                                     chunk_tokens=config.chunk_tokens, epilogue=epilogue,
+                                     on_row=lambda n, share=share: bar.update(n * share),
                                      source=f"{SEQUENCES_DIR}/{seq_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
+            bar.update(done_before + responses - bar.n)  # exact at each shard's end (the share is per shard)
     return update_manifest(run.path, {"trainer": settings})
 
 

@@ -61,7 +61,7 @@ def test_bad_prompts_and_missing_options(tmp_path: Path, sample_model: Path, cap
     code, _, err = run_cli(["-m", sample_model, "-p", prompts, "-o", tmp_path / "out"], capsys)
     assert code == 1 and f"Error: {prompts} row 2: not valid JSON" in err and not (tmp_path / "out").exists()
     code, _, err = run_cli(["-p", prompts], capsys)
-    assert code == 1 and "Error: --model, --out required (or --rescore-only RUN" in err
+    assert code == 2 and "Error: --model, --out required (or --rescore-only RUN" in err  # a usage mistake
     code, _, err = run_cli(["-m", tmp_path, "-p", prompts, "-o", tmp_path / "o"], capsys)
     assert code == 1 and "not a local model directory with a config.json" in err
 

@@ -1,0 +1,102 @@
+"""`rcdiag score` as one library call: generate (stage 1), rescore (stage 2), or replay + rescore an imported run,
+with timed phases and a closing summary. The CLI only parses options into GenerateConfig / RescoreConfig and
+calls `score_run`; a notebook or script gets the same behaviour and the same summary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rcdiag.errors import ConfigError
+from rcdiag.progress import Phases
+from rcdiag.score.config import GenerateConfig, RescoreConfig
+from rcdiag.store.run import open_run
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """What a `score_run` call left behind: the run, its counts and how long each phase took."""
+
+    run: Path
+    manifest: dict[str, Any]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        return self.manifest.get("counts") or {}
+
+    @property
+    def rescored(self) -> bool:
+        return "trainer" in self.manifest
+
+    def one_line(self) -> str:
+        """`RUN: 6 sequences, 40 tokens in 1 shard(s) (generated + rescored)` — what --quiet prints."""
+        counts = self.counts
+        stages = "generated" + (" + rescored" if self.rescored else "")
+        return (f"{self.run}: {counts.get('sequences')} sequences, {counts.get('tokens')} tokens in "
+                f"{counts.get('shards')} shard(s) ({stages})")
+
+    def summary_lines(self) -> list[str]:
+        """The closing summary: what the run holds, where it is, the time per phase and the next command."""
+        counts = self.counts
+        stages = "generated" + (" and rescored" if self.rescored else ", not rescored yet")
+        lines = [f"Done: {counts.get('sequences', '?'):,} sequences, {counts.get('tokens', '?'):,} response tokens "
+                 f"in {counts.get('shards', '?')} shard(s), {stages}.",
+                 f"  run:  {self.run}"]
+        if self.seconds:
+            lines.append("  time: " + " · ".join(f"{name} {s:.1f} s" for name, s in self.seconds.items()))
+        if self.rescored:
+            lines.append(f"Next: rcdiag report {self.run}")
+        else:
+            lines.append(f"Next: rcdiag score --rescore-only {self.run}   (then: rcdiag report {self.run})")
+        return lines
+
+
+def score_run(out: str | Path, *, model: str | Path | None = None, prompts: str | Path | None = None,
+              generate: GenerateConfig = GenerateConfig(), rescore: RescoreConfig | None = RescoreConfig(),
+              rescore_only: bool = False, replay: bool = False, overwrite: bool = False, silent: bool = False,
+              phases: Phases | None = None) -> ScoreResult:
+    """Run `rcdiag score`'s stages on the run directory `out`.
+
+    - default: generate with vLLM from `model` and `prompts` into `out` (resumed when interrupted), then rescore
+      with transformers under `rescore` (None: stop after generation).
+    - `rescore_only`: `out` is an existing run; only rescore it.
+    - `replay`: `out` is an imported/retokenized run; replay its tokens through vLLM (`model`, default the run's
+      engine model, at `generate.temperature`) for rollout_logprob, then rescore.
+
+    vLLM is shut down before the training model loads. Raises ConfigError for missing inputs before any work.
+    """
+    phases = phases or Phases(silent)
+    out = Path(out)
+    if rescore_only and replay:
+        raise ConfigError("--rescore-only and --rescore-both exclude each other")
+    if rescore_only:
+        if rescore is None:
+            raise ConfigError("--rescore-only needs the rescoring stage (drop --generate-only)")
+    elif replay:
+        _replay(out, model, generate, overwrite, silent, phases)
+    else:
+        missing = [flag for flag, value in (("--model", model), ("--prompts", prompts)) if value is None]
+        if missing:
+            raise ConfigError(f"{', '.join(missing)} required (or --rescore-only RUN to rescore an existing run)")
+        # imported here, not at the top: `rcdiag score --help` stays light
+        from rcdiag.score.generate import generate_run
+
+        generate_run(model, prompts, out, generate, overwrite=overwrite, silent=silent, phases=phases)
+    if rescore is not None:
+        from rcdiag.score.rescore import rescore_run  # imports torch
+
+        rescore_run(out, rescore, silent=silent, phases=phases)
+    return ScoreResult(run=out, manifest=open_run(out).manifest, seconds=dict(phases.seconds))
+
+
+def _replay(run: Path, model: str | Path | None, config: GenerateConfig, overwrite: bool, silent: bool,
+            phases: Phases) -> None:
+    from rcdiag.score.replay import replay_run
+    from rcdiag.score.rescore import engine_model_path
+
+    engine_model = model or engine_model_path(open_run(run).manifest)
+    if engine_model is None:
+        raise ConfigError(f"{run}: the manifest names no engine model; pass --model")
+    replay_run(run, engine_model, config, overwrite=overwrite, silent=silent, phases=phases)

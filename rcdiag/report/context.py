@@ -1,0 +1,64 @@
+"""The one-line context of a run, from its manifest: engine (vLLM version, dtype, temperature, top-p/top-k,
+logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source.
+
+All manifest reading of the verdict's surfaces (report, dashboard Overview, notebook card) is in `run_context`,
+read defensively with .get, so that a typed manifest reader (rcdiag.store.manifest) can replace it in one place.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _section(manifest: Any, name: str) -> dict[str, Any]:
+    value = manifest.get(name) if isinstance(manifest, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def run_context(manifest: Any) -> dict[str, Any]:
+    """The context facts of a manifest: {'importer', 'source', 'engine': {...}, 'trainer': {...}} (None where
+    the manifest does not record a fact)."""
+    engine, trainer, source = (_section(manifest, k) for k in ("engine", "trainer", "source"))
+    sampling = engine.get("sampling") if isinstance(engine.get("sampling"), dict) else {}
+
+    def pick(*keys: str, where: tuple[dict[str, Any], ...] = (engine, sampling)) -> Any:
+        return next((d[k] for d in where for k in keys if d.get(k) is not None), None)
+
+    kind = str(source.get("kind") or "")
+    return {
+        "importer": kind.split(":", 1)[1] if kind.startswith("imported:") else None,
+        "source": source.get("path"),
+        "engine": {"name": pick("name"), "version": pick("version", "vllm_version"),
+                   "dtype": pick("dtype", "engine_dtype"), "temperature": pick("temperature"),
+                   "top_p": pick("top_p"), "top_k": pick("top_k"), "logprobs_mode": pick("logprobs_mode")},
+        "trainer": {"transformers": trainer.get("transformers_version"), "dtype": trainer.get("dtype"),
+                    "attention": trainer.get("attn_implementation"), "temperature": trainer.get("temperature")},
+    }
+
+
+def _g(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
+
+
+def _join(parts: list[str]) -> str:
+    return ", ".join(p for p in parts if p)
+
+
+def context_line(manifest: Any) -> str:
+    """'engine vLLM 0.10.1 (bfloat16, T=1, top-p 1, top-k off, processed_logprobs) → trainer transformers 4.56
+    (float32, sdpa)'; for an imported run, the importer and its source first."""
+    facts = run_context(manifest)
+    e, t = facts["engine"], facts["trainer"]
+    top_k = e["top_k"]
+    engine = _join([e["dtype"] and str(e["dtype"]), e["temperature"] is not None and f"T={_g(e['temperature'])}",
+                    e["top_p"] is not None and f"top-p {_g(e['top_p'])}",
+                    top_k is not None and (f"top-k {top_k}" if isinstance(top_k, int) and top_k > 0 else "top-k off"),
+                    e["logprobs_mode"] and str(e["logprobs_mode"])])
+    name = " ".join(str(x) for x in (e["name"] if e["name"] != "vllm" else "vLLM", e["version"]) if x)
+    trainer = _join([t["dtype"] and str(t["dtype"]), t["attention"] and str(t["attention"]),
+                     t["temperature"] is not None and f"T={_g(t['temperature'])}"])
+    tname = f"transformers {t['transformers']}" if t["transformers"] else ""
+    line = (f"engine {name or '(not recorded)'}" + (f" ({engine})" if engine else "")
+            + f" → trainer {tname or '(not recorded)'}".rstrip() + (f" ({trainer})" if trainer else ""))
+    if facts["importer"]:
+        line = f"imported by {facts['importer']} from {facts['source'] or '(source not recorded)'} · " + line
+    return line

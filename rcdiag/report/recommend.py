@@ -107,6 +107,11 @@ def _numbers(row: dict[str, Any]) -> dict[str, Any]:
     return {k: float(row[k]) for k in keys}
 
 
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def recommend(report: Any) -> dict[str, Any]:
     """{kind (KINDS), mode, threshold, lower, text, settings, alternatives, + the chosen row's numbers}."""
     o = report.options
@@ -124,8 +129,8 @@ def recommend(report: Any) -> dict[str, Any]:
     if errors:
         first = errors[0]
         others = f" (and {', '.join(f.name for f in errors[1:])})" if len(errors) > 1 else ""
-        return {**done("fix_check", f"Fix the failed check {first.name} first{others}: {first.message} "
-                       + (f"Fix: {first.fix} " if first.fix else "")
+        return {**done("fix_check", f"Fix the failed check {first.name} first{others}: {_sentence(first.message)} "
+                       + (f"Fix: {_sentence(first.fix)} " if first.fix else "")
                        + "No recommendation until then: the numbers below measure that defect, not numerical "
                          "mismatch. Re-run the report once it is fixed."), "settings": []}
     frame = report.sweep
@@ -157,13 +162,12 @@ def recommend(report: Any) -> dict[str, Any]:
         alternatives.append({"mode": mode, **({"threshold": float(pick[0]["threshold"]), **_numbers(pick[0])}
                                               if pick else {"threshold": None}),
                              "why": _why_not(pick[0] if pick else None, mode, heavy)})
-    reasons = "; ".join(verdict.reasons[:2])
     tail = (f"{share2:.2%} of tokens have a ratio above {EXTREME_RATIO:g} and carry {mass2:.1%} of the |ℓ| "
             "mass" if heavy else f"the token tail is light ({share2:.3%} of tokens beyond {EXTREME_RATIO:g})")
     if not good:
         pool = candidates or rows
         best = sorted(pool, key=lambda r: (-r["ess"], r["bias"]))[0]
-        return done("fix_source", f"Reweighting cannot absorb this mismatch ({verdict.status}: {reasons}): "
+        return done("fix_source", f"Reweighting cannot absorb this mismatch (verdict: {verdict.status}): "
                     f"{tail}, and no setting keeps ESS ≥ {ESS_TARGET} with a bias ≤ {BIAS_LIMIT:.0%} while "
                     f"throwing away ≤ {THROWN_LIMIT:.0%} of tokens. Fix the source of the mismatch (the same "
                     "dtype on both sides, an FP32 LM head, FP16 instead of BF16, routing replay for MoE). The "
@@ -173,7 +177,7 @@ def recommend(report: Any) -> dict[str, Any]:
     best = good[0]
     unit = "tokens" if best["level"] == "token" else "sequences"
     acts = ("throws away" if best["action"] == "mask" else "bounds the weight of")
-    text = (f"Use {best['mode']} at C={best['threshold']:g} ({verdict.status}: {reasons}). Here {tail}. At this "
+    text = (f"Use {best['mode']} at C={best['threshold']:g} (verdict: {verdict.status}). Here {tail}. At this "
             f"setting it {acts} the {best['clipped_frac']:.2%} of {unit} beyond C (their share of the log-ratio "
             f"mass: {best['beyond_mass']:.1%}), keeps ESS at {best['ess']:.4f} (≥ {ESS_TARGET}), adds a bias "
             f"|E[w]−1| = {best['bias']:.2%} and zeroes {best['thrown']:.2%} of tokens. "
@@ -181,7 +185,7 @@ def recommend(report: Any) -> dict[str, Any]:
             "token, token-level weights do not compound over a long sequence, and the largest such C adds the "
             "least bias.")
     if best["clipped_frac"] == 0:
-        text = (f"No correction is needed for the tail ({verdict.status}: {reasons}): {tail}, and every "
+        text = (f"No correction is needed for the tail (verdict: {verdict.status}): {tail}, and every "
                 f"acceptable setting clips nothing. If you keep one, {best['mode']} at C={best['threshold']:g} "
                 f"keeps ESS {best['ess']:.4f} and adds a bias of {best['bias']:.2%}.")
     for alt in alternatives:

@@ -20,7 +20,8 @@ from rcdiag.report.settings import trainer_settings
 BIAS_LIMIT = 0.05
 """The largest |E[w] − 1| a recommended setting may add (rcdiag's choice: 5 % of the gradient's scale)."""
 THROWN_LIMIT = 0.10
-"""The largest share of tokens a recommended setting may zero out (mask modes, rejection)."""
+"""The largest share of tokens a recommended setting may zero out (mask modes, rejection), and the largest share
+of tokens / sequences it may clip: beyond that the correction rewrites the batch instead of guarding its tail."""
 EXTREME_RATIO = 2.0
 """Tokens beyond this ratio are 'extreme' (R3, arXiv 2510.11370); verl's, ms-swift's and slime's default C."""
 HEAVY_SHARE = 1e-3
@@ -76,7 +77,8 @@ def _weigh(report: Any) -> list[dict[str, Any]]:
 
 
 def _acceptable(row: dict[str, Any]) -> bool:
-    return row["ess"] >= ESS_TARGET and row["bias"] <= BIAS_LIMIT and row["thrown"] <= THROWN_LIMIT
+    return (row["ess"] >= ESS_TARGET and row["bias"] <= BIAS_LIMIT and row["thrown"] <= THROWN_LIMIT
+            and row["clipped_frac"] <= THROWN_LIMIT)
 
 
 def _preference(row: dict[str, Any]) -> tuple:
@@ -96,6 +98,8 @@ def _why_not(row: dict[str, Any] | None, mode: str, heavy: bool) -> str:
         return f"{mode} at C={row['threshold']:g} adds a bias |E[w]−1| = {row['bias']:.1%} (> {BIAS_LIMIT:.0%})"
     if row["thrown"] > THROWN_LIMIT:
         return f"{mode} at C={row['threshold']:g} throws away {row['thrown']:.1%} of tokens"
+    if row["clipped_frac"] > THROWN_LIMIT:
+        return f"{mode} at C={row['threshold']:g} clips {row['clipped_frac']:.1%} (> {THROWN_LIMIT:.0%})"
     what = "throws away" if row["action"] == "mask" else "bounds"
     return (f"{mode} at C={row['threshold']:g} {what} {row['clipped_frac']:.2%} of "
             f"{'tokens' if row['level'] == 'token' else 'sequences'} (also acceptable)")
@@ -169,7 +173,7 @@ def recommend(report: Any) -> dict[str, Any]:
         best = sorted(pool, key=lambda r: (-r["ess"], r["bias"]))[0]
         return done("fix_source", f"Reweighting cannot absorb this mismatch (verdict: {verdict.status}): "
                     f"{tail}, and no setting keeps ESS ≥ {ESS_TARGET} with a bias ≤ {BIAS_LIMIT:.0%} while "
-                    f"throwing away ≤ {THROWN_LIMIT:.0%} of tokens. Fix the source of the mismatch (the same "
+                    f"clipping or throwing away ≤ {THROWN_LIMIT:.0%}. Fix the source of the mismatch (the same "
                     "dtype on both sides, an FP32 LM head, FP16 instead of BF16, routing replay for MoE). The "
                     f"least bad setting is {best['mode']} at C={best['threshold']:g} (ESS {best['ess']:.3f}, bias "
                     f"{best['bias']:.2%}, {best['clipped_frac']:.2%} clipped).", best, meets_target=False,

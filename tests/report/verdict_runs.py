@@ -14,13 +14,13 @@ TAIL_SHARE = 0.019
 WORST_LOG_RATIO = 22.6
 
 
-def heavy_tailed_run(path: str | Path, seed: int = 3) -> Run:
-    """A clean dense-like run whose tail is made MoE-like: TAIL_SHARE of the valid tokens get
+def heavy_tailed_run(path: str | Path, seed: int = 3, share: float = TAIL_SHARE) -> Run:
+    """A clean dense-like run whose tail is made MoE-like: `share` of the valid tokens get
     ℓ ~ U(0.8, 3) nats (ratio 2.2 … 20, the rollout log-prob lowered), one of them ℓ = 22.6 (χ² and k3 huge)."""
     tokens, sequences = synthetic_frames(SyntheticSpec(n_seq=160, seed=seed))
     rng = np.random.default_rng(seed)
     valid = np.flatnonzero(tokens["mask"].to_numpy())
-    hit = rng.choice(valid, size=round(TAIL_SHARE * valid.size), replace=False)
+    hit = rng.choice(valid, size=round(share * valid.size), replace=False)
     lift = rng.uniform(0.8, 3.0, size=hit.size)
     lift[0] = WORST_LOG_RATIO
     train = tokens["train_logprob"].to_numpy(dtype=np.float64)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.correction import IS_METRIC_NAMES
-from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, Verdict, verdict
+from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, VERDICT_THRESHOLD, Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
@@ -103,6 +103,20 @@ def headline_values(report: RunReport) -> dict[str, float]:
     --threshold (health.VERDICT_MODE)."""
     point = report.is_modes.get(VERDICT_MODE, {})
     return {**report.tails, **report.metrics, **{k: point[k] for k in ("ess", "is_weight_mean") if k in point}}
+
+
+def run_verdict(run: Any, scan: Scan | None = None) -> Verdict:
+    """The report's verdict of a Run without writing a report (the notebook card): canonical metrics, tails,
+    token_truncate at the default C, and the input checks. `scan`: a cached scan_run(run) to reuse."""
+    from rcdiag.analysis.correction import simulate
+    from rcdiag.analysis.metrics import compute_metrics
+    from rcdiag.checks.verdicts import run_checks
+    from rcdiag.report.scan import scan_run
+
+    point = simulate(run, VERDICT_MODE, VERDICT_THRESHOLD)
+    tails = (scan or scan_run(run)).tails.finish()
+    values = {**tails, **compute_metrics(run), **{k: point[k] for k in ("ess", "is_weight_mean")}}
+    return verdict(values, run_checks(run, thresholds=(VERDICT_THRESHOLD,)))
 
 
 def _library_numbers(report: RunReport, library: Library | InputError) -> None:

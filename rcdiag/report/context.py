@@ -39,6 +39,12 @@ def _g(x: Any) -> str:
     return f"{x:g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
 
 
+def _side(side: str, name: str, details: str) -> str:
+    if not name and not details:
+        return f"{side} (not recorded)"
+    return " ".join(x for x in (side, name, f"({details})" if name and details else details) if x)
+
+
 def _join(parts: list[str]) -> str:
     return ", ".join(p for p in parts if p)
 
@@ -57,8 +63,7 @@ def context_line(manifest: Any) -> str:
     trainer = _join([t["dtype"] and str(t["dtype"]), t["attention"] and str(t["attention"]),
                      t["temperature"] is not None and f"T={_g(t['temperature'])}"])
     tname = f"transformers {t['transformers']}" if t["transformers"] else ""
-    line = (f"engine {name or '(not recorded)'}" + (f" ({engine})" if engine else "")
-            + f" → trainer {tname or '(not recorded)'}".rstrip() + (f" ({trainer})" if trainer else ""))
+    line = f"{_side('engine', name, engine)} → {_side('trainer', tname, trainer)}"
     if facts["importer"]:
         line = f"imported by {facts['importer']} from {facts['source'] or '(source not recorded)'} · " + line
     return line

@@ -15,7 +15,6 @@ from rcdiag.report.build import build_report
 from rcdiag.report.make import make_report
 from rcdiag.report.options import MODES, ReportOptions
 from rcdiag.report.scan import scan_run
-from tests.fixtures.runs import build_run
 
 
 @pytest.fixture(scope="module")

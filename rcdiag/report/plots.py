@@ -19,10 +19,11 @@ SIZE = (6.4, 3.6)
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 
 
-def _figure(size: tuple[float, float] = SIZE) -> tuple[Figure, Any]:
-    """A figure with a fixed layout (margins set once: constrained layout costs ~1 s a figure, issue #15)."""
+def _figure(size: tuple[float, float] = SIZE, bottom: float = 0.15) -> tuple[Figure, Any]:
+    """A figure with a fixed layout (margins set once: constrained layout costs ~1 s a figure, issue #15);
+    `bottom` leaves room for rotated bucket labels."""
     fig = Figure(figsize=size, dpi=110)
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.2, top=0.9)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=bottom, top=0.9)
     return fig, fig.add_subplot()
 
 
@@ -78,7 +79,7 @@ def density_scatter(tails: TailAccumulator) -> Figure:
 def by_stratum(rows: list[dict[str, Any]] | Mapping[str, list[dict[str, Any]]], title: str,
                xlabel: str) -> Figure:
     """Mean |ℓ| (bars) and mean ℓ (markers) per bucket of one stratum; rows as StrataAccumulator.finish()."""
-    fig, ax = _figure()
+    fig, ax = _figure(bottom=0.3)
     runs = _runs(rows)
     labels = list(dict.fromkeys(r["bucket"] for table in runs.values() for r in table))
     width = 0.8 / max(len(runs), 1)
@@ -104,7 +105,7 @@ def log_ratio_vs_rollout(rows: list[dict[str, Any]] | Mapping[str, list[dict[str
 
     Unlike a b-vs-a density (a diagonal whenever the mismatch is small), this shows where the mismatch lives:
     typically in the low-probability tokens. Several runs: one colour per run."""
-    fig, ax = _figure()
+    fig, ax = _figure(bottom=0.3)
     runs = _runs(rows)
     labels = list(dict.fromkeys(r["bucket"] for table in runs.values() for r in table))
     x = np.arange(len(labels))
@@ -132,7 +133,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
     runs = _runs(sweep)
     modes = list(dict.fromkeys(m for frame in runs.values() for m in frame["mode"]))
     fig = Figure(figsize=(2.6 * max(len(modes), 1) + 0.6, 4.8), dpi=110)
-    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.12, top=0.88, wspace=0.25, hspace=0.12)
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.15, top=0.88, wspace=0.25, hspace=0.12)
     axes = fig.subplots(2, max(len(modes), 1), sharex=True, squeeze=False)
     ticks = sorted({float(c) for frame in runs.values() for c in frame["threshold"]})
     for (name, frame), color in zip(runs.items(), COLORS, strict=False):
@@ -153,7 +154,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
                      color="#555", va="bottom")
         for ax in (top, bottom):
             ax.set_xscale("log")
-            ax.set_xticks(ticks, [f"{c:g}" for c in ticks], fontsize=7)
+            ax.set_xticks(ticks, [f"{c:g}" for c in ticks], fontsize=7, rotation=60)
             ax.minorticks_off()
             ax.grid(alpha=0.3)
         bottom.set_xlabel("threshold C")

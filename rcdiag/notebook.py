@@ -211,18 +211,13 @@ def _verdict_html(run: Any, max_tokens: int) -> str:
     """The run's verdict as a coloured line (rcdiag.analysis.health), for runs of at most `max_tokens` rows."""
     if run.num_tokens > max_tokens:
         return ""
-    from rcdiag.analysis.health import COLOURS
     from rcdiag.report.build import run_verdict
+    from rcdiag.report.context import verdict_html
 
     try:
-        verdict = run_verdict(run, _cached_scan(run))
+        return verdict_html(run_verdict(run, _cached_scan(run)), max_reasons=5)
     except RcdiagError as exc:
         return f"<p>Verdict unavailable: {html.escape(str(exc))}</p>"
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons[:5])
-    return (f"<div class='verdict' data-status='{verdict.status}' style='background:{COLOURS[verdict.status]};"
-            f"color:#fff;border-radius:8px;padding:6px 12px;margin:6px 0'><b>{verdict.status.upper()}</b>"
-            + (f"<ul style='margin:2px 0 0 18px'>{reasons}</ul>" if reasons else " — input checks pass, every "
-               "headline metric inside its healthy band") + "</div>")
 
 
 def _headline_html(run: Any, max_tokens: int) -> str:

@@ -2,15 +2,13 @@
 rcdiag.report.context), headline metric cards coloured by band, the checks with their evidence, the manifest."""
 from __future__ import annotations
 
-import html
-
 import pandas as pd
 import streamlit as st
 
 from app import aggregates, bands, data, ui
 from rcdiag.analysis import health
 from rcdiag.errors import RcdiagError
-from rcdiag.report.context import context_line
+from rcdiag.report.context import context_line, verdict_html
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}
@@ -45,16 +43,6 @@ def render(ref: data.RunRef) -> None:
         st.dataframe(facts, hide_index=True, key="overview_settings", height=min(35 * (len(facts) + 1) + 3, 600))
     with st.expander("Manifest"):
         st.json(ref.manifest, expanded=1)
-
-
-def verdict_html(verdict: health.Verdict) -> str:
-    """The verdict as a coloured banner (health.COLOURS), reasons listed: the report's verdict card."""
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons)
-    return (f'<div class="rcdiag-verdict" data-status="{verdict.status}" style="background:'
-            f'{health.COLOURS[verdict.status]};color:#fff;border-radius:10px;padding:10px 16px;margin:6px 0">'
-            f'<div style="font-size:1.4em;font-weight:700">{verdict.status.upper()}</div>'
-            + (f'<ul style="margin:4px 0 0 18px">{reasons}</ul>' if reasons else
-               "<div>every headline metric inside its healthy band; input checks pass</div>") + "</div>")
 
 
 def manifest_facts(manifest: dict, sections: tuple[str, ...] = FACT_SECTIONS) -> pd.DataFrame:

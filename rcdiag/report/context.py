@@ -1,12 +1,16 @@
 """The one-line context of a run, from its manifest: engine (vLLM version, dtype, temperature, top-p/top-k,
 logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source.
 
-All manifest reading of the verdict's surfaces (report, dashboard Overview, notebook card) is in `run_context`,
+`verdict_html` is the verdict banner of the dashboard and the notebook card. All manifest reading of the
+verdict's surfaces (report, dashboard Overview, notebook card) is in `run_context`,
 read defensively with .get, so that a typed manifest reader (rcdiag.store.manifest) can replace it in one place.
 """
 from __future__ import annotations
 
+import html
 from typing import Any
+
+from rcdiag.analysis.health import COLOURS, Verdict
 
 
 def _section(manifest: Any, name: str) -> dict[str, Any]:
@@ -67,3 +71,14 @@ def context_line(manifest: Any) -> str:
     if facts["importer"]:
         line = f"imported by {facts['importer']} from {facts['source'] or '(source not recorded)'} · " + line
     return line
+
+
+def verdict_html(verdict: Verdict, max_reasons: int | None = None) -> str:
+    """The verdict as a coloured banner with its reasons (health.COLOURS), escaped: the dashboard Overview's and
+    the notebook card's (the report's own is its template's)."""
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons[:max_reasons])
+    return (f'<div class="rcdiag-verdict" data-status="{verdict.status}" style="background:'
+            f'{COLOURS[verdict.status]};color:#fff;border-radius:8px;padding:8px 14px;margin:6px 0">'
+            f'<div style="font-size:1.3em;font-weight:700">{verdict.status.upper()}</div>'
+            + (f'<ul style="margin:4px 0 0 18px">{reasons}</ul>' if reasons else
+               "<div>every headline metric inside its healthy band; input checks pass</div>") + "</div>")

@@ -151,3 +151,12 @@ def test_data_strings_are_escaped():
     assert md_escape("a|b") == "a\\|b" and md_escape("token_truncate") == "token_truncate"
     page = to_html([Block("p", evil), Block("table", headers=["t"], rows=[[evil]])], {}, evil)
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_notebook_card_shows_the_verdict_and_context(reports):
+    from rcdiag import notebook
+
+    run = notebook.Run(reports["heavy"][0].path) if hasattr(notebook, "Run") else reports["heavy"][0]
+    card = notebook.run_html(run)
+    assert 'data-status="alarm"' in card and "engine synthetic (bfloat16, T=1" in card
+    assert "chi2_token = 5.35e+13" in card

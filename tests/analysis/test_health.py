@@ -5,7 +5,17 @@ import math
 
 import pytest
 
-from rcdiag.analysis.health import ALARM, BANDS, BY_METRIC, HEALTHY, UNKNOWN, WARNING, at_least, verdict, worst
+from rcdiag.analysis.health import (
+    ALARM,
+    BANDS,
+    BY_METRIC,
+    HEALTHY,
+    UNKNOWN,
+    WARNING,
+    at_least,
+    verdict,
+    worst,
+)
 
 
 @pytest.mark.parametrize("metric,value,status", [

@@ -206,13 +206,17 @@ def _settings(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
-    """The HTML card of a Run: source (retokenized flagged), settings, counts, what the source lacks, and the
-    headline canonical metrics when the run has at most `max_tokens` token rows."""
+    """The HTML card of a Run: its context line (engine → trainer), source (retokenized flagged), settings, counts,
+    what the source lacks, and — when the run has at most `max_tokens` token rows — the verdict (the same as
+    `rcdiag report`'s) and the headline canonical metrics."""
+    from rcdiag.report.context import context_line
+
     manifest = run.manifest
     source = manifest.get("source") or {}
     counts = manifest.get("counts") or {}
     badge = " <span class='badge'>RETOKENIZED</span>" if source.get("retokenized") else ""
     parts = [f"<b>Run {html.escape(run.name)}</b>{badge} <code>{html.escape(str(run.path))}</code>",
+             f"<div class='context'>{html.escape(context_line(manifest))}</div>", _verdict_html(run, max_tokens),
              _table([("source", source.get("kind")), ("created", manifest.get("created")),
                      ("sequences", counts.get("sequences")), ("tokens", counts.get("tokens"))]
                     + _settings(manifest))]
@@ -222,6 +226,19 @@ def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
             parts.append(f"<div>{label}:<ul>{items}</ul></div>")
     parts.append(_headline_html(run, max_tokens))
     return f"<div class='rcdiag'>{_CSS}{''.join(parts)}</div>"
+
+
+def _verdict_html(run: Any, max_tokens: int) -> str:
+    """The run's verdict as a coloured line (rcdiag.analysis.health), for runs of at most `max_tokens` rows."""
+    if run.num_tokens > max_tokens:
+        return ""
+    from rcdiag.report.build import run_verdict
+    from rcdiag.report.context import verdict_html
+
+    try:
+        return verdict_html(run_verdict(run, _cached_scan(run)), max_reasons=5)
+    except RcdiagError as exc:
+        return f"<p>Verdict unavailable: {html.escape(str(exc))}</p>"
 
 
 def _headline_html(run: Any, max_tokens: int) -> str:

@@ -1,11 +1,14 @@
-"""Overview page: headline metric cards coloured by band, the checks with their evidence, the run manifest."""
+"""Overview page: the run's verdict and context line (the same as `rcdiag report`'s: rcdiag.analysis.health,
+rcdiag.report.context), headline metric cards coloured by band, the checks with their evidence, the manifest."""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
 from app import aggregates, bands, data, ui
+from rcdiag.analysis import health
 from rcdiag.errors import RcdiagError
+from rcdiag.report.context import context_line, verdict_html
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}
@@ -19,12 +22,14 @@ def render(ref: data.RunRef) -> None:
     except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
         st.error(f"No metrics for this run: {exc}")
         values = None
+    st.caption(context_line(ref.manifest))
     if values is not None:
+        st.html(verdict_html(health.verdict(values, aggregates.findings(*ref.key))))
         st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS
                               if name in values) + " · canonical convention")
         _cards(values)
         with st.expander("How the cards are coloured"):
-            st.markdown(bands.__doc__.split("\n\n", 1)[1])
+            st.markdown(health.__doc__.split("\n\n", 1)[1])
     _checks(ref)
     if values is not None:
         with st.expander("All metrics"):

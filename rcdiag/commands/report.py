@@ -6,12 +6,16 @@ from typing import Annotated
 
 import typer
 
+from rcdiag.analysis.health import ALARM, WARNING, at_least
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
+from rcdiag.report.build import RunReport
 from rcdiag.report.make import DEFAULT_COMPARISON_DIR, make_report
 from rcdiag.report.options import CONVENTIONS, ReportOptions
+from rcdiag.report.sections import checks_line
 
 DEFAULTS = ReportOptions()
+FAIL_ON = (WARNING, ALARM)
 
 
 def _thresholds(text: str | None) -> tuple[float, ...]:
@@ -40,12 +44,17 @@ def command(
         f"{','.join(f'{c:g}' for c in DEFAULTS.thresholds)}).")] = None,
     fail_if: Annotated[list[str] | None, typer.Option(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
+    fail_on: Annotated[str | None, typer.Option(
+        "--fail-on", metavar="warning|alarm",
+        help="Exit 1 when a run's verdict is this level or worse (rcdiag.analysis.health).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 
-    Checks (alignment, placeholders, temperature, top-p/top-k, storage precision) come first; then every
+    The verdict comes first: healthy / warning / alarm with its reasons (health bands and input checks), what
+    to do, and the trainer settings to paste (verl, TRL, ms-swift, slime). Input checks (alignment,
+    placeholders, temperature, top-p/top-k, storage precision) come next; then every
     METRICS.md metric with a 95% bootstrap interval, tail statistics, ℓ by position/probability/entropy/…,
     the four IS modes and verl's rejection options at --threshold, a threshold sweep and a recommendation.
 
@@ -63,8 +72,12 @@ def command(
 
         rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"
 
+        rcdiag report runs/sample --quiet --fail-on alarm    # CI: exit 1 on an alarm verdict
+
         rcdiag report runs/big --ray auto    # per-file accumulators as Ray tasks; the same numbers
     """
+    if fail_on is not None and fail_on not in FAIL_ON:
+        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
                             thresholds=_thresholds(thresholds), silent=quiet)
     if ray is not None:
@@ -75,11 +88,29 @@ def command(
         result = make_report([str(r) for r in runs], out, options, fail_if or ())
     if not quiet:
         for report in result.reports:
-            bad = [f for f in report.checks if f.severity in ("warning", "error")]
-            typer.echo(f"{report.name}: kl={report.metrics.get('kl', float('nan')):.4g}, "
-                       f"{len(bad)} check(s) need attention"
-                       + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad))
+            typer.echo(summary_line(report))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
+    failed = False
     if result.failures:
         typer.echo("Failed --fail-if conditions:\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
+        failed = True
+    at_level = [r for r in result.reports if fail_on is not None and at_least(r.verdict.status, fail_on)]
+    if at_level:
+        typer.echo(f"--fail-on {fail_on}:\n" + "\n".join(f"  {r.name}: {r.verdict.status}" for r in at_level),
+                   err=True)
+        failed = True
+    if failed:
         raise typer.Exit(1)
+
+
+def summary_line(report: RunReport) -> str:
+    """The terminal summary of one run: its verdict, what to do, the input checks that need attention."""
+    rec = report.recommendation
+    bad = [f for f in report.checks if f.severity in ("warning", "error")]
+    what = {"none": "no correction needed", "fix_check": "fix the failed input check first",
+            "fix_source": "fix the source of the mismatch", "unavailable": "no recommendation"}.get(
+        rec.get("kind"), f"use {rec.get('mode')} at C={rec.get('threshold') or 0:g}")
+    reasons = "".join(f"\n  {r}" for r in report.verdict.reasons[:4])
+    return (f"{report.name}: {report.verdict.status.upper()}: {what} "
+            f"(kl={report.metrics.get('kl', float('nan')):.4g}; {checks_line(report)}){reasons}"
+            + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad if f.message not in reasons))

@@ -1,5 +1,6 @@
 """Build a run's report: checks first, then metrics with bootstrap intervals, tails, strata, IS modes, a sweep
-and a recommendation in plain words. Writing the files is `rcdiag.report.render`; the CI gate is `rcdiag.report.gate`.
+a verdict (rcdiag.analysis.health) and a recommendation acting on it
+(rcdiag.report.recommend). Writing the files is `rcdiag.report.render`; the CI gate is `rcdiag.report.gate`.
 
     rep = rcdiag.report.build.build_report(rcdiag.open_run("runs/sample"))
     rep.metrics["kl"], rep.intervals["kl"], rep.recommendation["text"]
@@ -16,11 +17,13 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.correction import IS_METRIC_NAMES
+from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, VERDICT_THRESHOLD, Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
-from rcdiag.report.options import ESS_TARGET, MODES, WORST_SEQUENCES, ReportOptions, validate
+from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library, run_passes
+from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
 from rcdiag.tokenizers import run_tokenizer
 
@@ -47,6 +50,7 @@ class RunReport:
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
     recommendation: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
 
     @property
     def counts(self) -> dict[str, int]:
@@ -89,8 +93,30 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
         _library_numbers(report, library)
     except InputError as exc:
         report.metrics_error = str(exc)
+    report.verdict = verdict(headline_values(report), report.checks)
     report.recommendation = recommend(report)
     return report
+
+
+def headline_values(report: RunReport) -> dict[str, float]:
+    """What the verdict judges: the metrics, the tail statistics, and ESS / IS weight mean of token_truncate at
+    --threshold (health.VERDICT_MODE)."""
+    point = report.is_modes.get(VERDICT_MODE, {})
+    return {**report.tails, **report.metrics, **{k: point[k] for k in ("ess", "is_weight_mean") if k in point}}
+
+
+def run_verdict(run: Any, scan: Scan | None = None) -> Verdict:
+    """The report's verdict of a Run without writing a report (the notebook card): canonical metrics, tails,
+    token_truncate at the default C, and the input checks. `scan`: a cached scan_run(run) to reuse."""
+    from rcdiag.analysis.correction import simulate
+    from rcdiag.analysis.metrics import compute_metrics
+    from rcdiag.checks.verdicts import run_checks
+    from rcdiag.report.scan import scan_run
+
+    point = simulate(run, VERDICT_MODE, VERDICT_THRESHOLD)
+    tails = (scan or scan_run(run)).tails.finish()
+    values = {**tails, **compute_metrics(run), **{k: point[k] for k in ("ess", "is_weight_mean")}}
+    return verdict(values, run_checks(run, thresholds=(VERDICT_THRESHOLD,)))
 
 
 def _library_numbers(report: RunReport, library: Library | InputError) -> None:
@@ -108,43 +134,6 @@ def _library_numbers(report: RunReport, library: Library | InputError) -> None:
     chosen = [r for r in records if r["threshold"] in o.thresholds]
     report.sweep = pd.DataFrame.from_records(chosen, columns=["mode", "threshold", *IS_METRIC_NAMES])
     report.rejection = {opt: acc.finish(rows)[0] for opt, acc in rejections.items()}
-
-
-# ----------------------------------------------------------------------------------------------- recommendation
-def recommend(report: RunReport) -> dict[str, Any]:
-    """The (mode, threshold) of the sweep that keeps ESS ≥ 0.9 with the least clipping, and why, in plain words.
-
-    Ties in clipped_frac go to the earlier mode in MODES (token_truncate, the usual TIS, first), then the higher
-    ESS, then the smaller threshold (the tightest guard that clips no more).
-    """
-    errors = [f.name for f in report.checks if f.severity == "error"]
-    prefix = (f"Fix the failed checks first ({', '.join(errors)}): until then these numbers measure that defect, "
-              "not numerical mismatch. " if errors else "")
-    frame = report.sweep
-    if frame is None or len(frame) == 0:
-        why = report.metrics_error or "no IS sweep was computed"
-        return {"mode": None, "threshold": None, "text": prefix + f"No recommendation: {why}."}
-    if not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
-        return {"mode": None, "threshold": None, "text": prefix + "No recommendation: no valid token has a weight "
-                "(the run has no valid tokens)."}
-    rows = frame.assign(order=frame["mode"].map({m: i for i, m in enumerate(MODES)}))
-    ok = rows[rows["ess"] >= ESS_TARGET]
-    if ok.empty:
-        best = rows.sort_values(["ess", "order"], ascending=[False, True]).iloc[0]
-        text = (f"No mode keeps ESS ≥ {ESS_TARGET} at any threshold: the mismatch is too large for reweighting to "
-                f"absorb. The best available is {best['mode']} at C={best['threshold']:g} (ESS "
-                f"{best['ess']:.3f}, clipped {best['clipped_frac']:.2%}); fix the source of the mismatch.")
-        return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": False,
-                "text": prefix + text}
-    best = ok.sort_values(["clipped_frac", "order", "ess", "threshold"], ascending=[True, True, False, True]).iloc[0]
-    unit = "tokens" if best["mode"].startswith("token") else "sequences"
-    text = (f"Use {best['mode']} with threshold C={best['threshold']:g}: it keeps the effective sample size at "
-            f"{best['ess']:.4f} (≥ {ESS_TARGET}) while clipping only {best['clipped_frac']:.2%} of {unit}, the "
-            f"least of all settings that meet the ESS target. The mean IS weight is {best['is_weight_mean']:.4f} "
-            f"(its distance from 1, {abs(1 - best['is_weight_mean']):.2%}, is the bias left by truncation or "
-            f"masking) and {best['kept_token_frac']:.2%} of tokens keep a non-zero weight.")
-    return {"mode": best["mode"], "threshold": float(best["threshold"]), "meets_target": True,
-            "ess": float(best["ess"]), "clipped_frac": float(best["clipped_frac"]), "text": prefix + text}
 
 
 # ----------------------------------------------------------------------------------------------- worst items

@@ -19,8 +19,11 @@ SIZE = (6.4, 3.6)
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 
 
-def _figure(size: tuple[float, float] = SIZE) -> tuple[Figure, Any]:
-    fig = Figure(figsize=size, dpi=110, layout="constrained")
+def _figure(size: tuple[float, float] = SIZE, bottom: float = 0.15) -> tuple[Figure, Any]:
+    """A figure with a fixed layout (margins set once: constrained layout costs ~1 s a figure, issue #15);
+    `bottom` leaves room for rotated bucket labels."""
+    fig = Figure(figsize=size, dpi=110)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=bottom, top=0.9)
     return fig, fig.add_subplot()
 
 
@@ -51,7 +54,8 @@ def log_ratio_histogram(tails: TailAccumulator | Mapping[str, TailAccumulator], 
 
 
 def density_scatter(tails: TailAccumulator) -> Figure:
-    """2-D histogram of b (rollout) against a (training) log-probs, log colour scale, with the diagonal."""
+    """2-D histogram of b (rollout) against a (training) log-probs, log colour scale, with the diagonal (the
+    notebook's; the report shows log_ratio_vs_rollout instead)."""
     fig, ax = _figure((5.2, 4.4))
     counts = tails.density.T.astype(float)  # rows: b, columns: a
     lo, hi = DENSITY_RANGE
@@ -75,7 +79,7 @@ def density_scatter(tails: TailAccumulator) -> Figure:
 def by_stratum(rows: list[dict[str, Any]] | Mapping[str, list[dict[str, Any]]], title: str,
                xlabel: str) -> Figure:
     """Mean |ℓ| (bars) and mean ℓ (markers) per bucket of one stratum; rows as StrataAccumulator.finish()."""
-    fig, ax = _figure()
+    fig, ax = _figure(bottom=0.3)
     runs = _runs(rows)
     labels = list(dict.fromkeys(r["bucket"] for table in runs.values() for r in table))
     width = 0.8 / max(len(runs), 1)
@@ -96,28 +100,75 @@ def by_stratum(rows: list[dict[str, Any]] | Mapping[str, list[dict[str, Any]]], 
     return fig
 
 
-def sweep_curves(sweep: Any | Mapping[str, Any]) -> Figure:
-    """ESS and clipped fraction against the threshold C, one line per mode (and run); sweep as correction.sweep."""
-    fig = Figure(figsize=(9.0, 3.6), dpi=110, layout="constrained")
-    axes = fig.subplots(1, 2)
+def log_ratio_vs_rollout(rows: list[dict[str, Any]] | Mapping[str, list[dict[str, Any]]]) -> Figure:
+    """Mean |ℓ|, RMS and max |ℓ| against the rollout probability exp(b) (rows: the rollout_prob stratum), log y.
+
+    Unlike a b-vs-a density (a diagonal whenever the mismatch is small), this shows where the mismatch lives:
+    typically in the low-probability tokens. Several runs: one colour per run."""
+    fig, ax = _figure(bottom=0.3)
+    runs = _runs(rows)
+    labels = list(dict.fromkeys(r["bucket"] for table in runs.values() for r in table))
+    x = np.arange(len(labels))
+    for (name, table), color in zip(runs.items(), COLORS, strict=False):
+        by = {r["bucket"]: r for r in table}
+        for column, style, what in (("mean_abs", "-o", "mean |ℓ|"), ("rms", "--s", "RMS ℓ"),
+                                    ("max_abs", ":^", "max |ℓ|")):
+            y = [by[b][column] if b in by and by[b][column] and by[b][column] > 0 else np.nan for b in labels]
+            ax.plot(x, y, style, color=color, ms=3.5, label=f"{name} {what}".strip())
+    if any(r.get("max_abs") for table in runs.values() for r in table):
+        ax.set_yscale("log")
+    ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
+    ax.set_xlabel("rollout probability exp(b) (bucket)")
+    ax.set_ylabel("|ℓ| (nats, log scale)")
+    ax.set_title("Mismatch against the rollout probability")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=7, ncol=3 if len(runs) == 1 else 2)
+    return fig
+
+
+def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] | None = None,
+                 target: float = 0.9) -> Figure:
+    """ESS (top) and clipped share in percent (bottom) against C, one facet per mode, ticks at the swept
+    thresholds, the ESS target labelled and the `recommended` (mode, C) marked; several runs: one colour each."""
     runs = _runs(sweep)
-    styles = ("-", "--", ":", "-.")
-    for r, (name, frame) in enumerate(runs.items()):
-        for (mode, group), color in zip(frame.groupby("mode", sort=False), COLORS, strict=False):
-            group = group.sort_values("threshold")
-            label = f"{name} {mode}".strip()
-            for ax, column in zip(axes, ("ess", "clipped_frac"), strict=True):
-                ax.plot(group["threshold"], group[column], styles[r % 4], marker="o", ms=3, color=color,
-                        label=label)
-    for ax, column, title in zip(axes, ("ess", "clipped_frac"), ("Effective sample size", "Clipped fraction"),
-                                 strict=True):
-        ax.set_xscale("log")
-        ax.set_xlabel("threshold C")
-        ax.set_ylabel(column)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].axhline(0.9, color="#555", lw=0.8, ls=":")
-    axes[1].legend(frameon=False, fontsize=7)
+    modes = list(dict.fromkeys(m for frame in runs.values() for m in frame["mode"]))
+    fig = Figure(figsize=(2.6 * max(len(modes), 1) + 0.6, 4.8), dpi=110)
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.15, top=0.88, wspace=0.25, hspace=0.12)
+    axes = fig.subplots(2, max(len(modes), 1), sharex=True, squeeze=False)
+    ticks = sorted({float(c) for frame in runs.values() for c in frame["threshold"]})
+    for (name, frame), color in zip(runs.items(), COLORS, strict=False):
+        for k, mode in enumerate(modes):
+            group = frame[frame["mode"] == mode].sort_values("threshold")
+            axes[0, k].plot(group["threshold"], group["ess"], "-o", ms=3, color=color, label=name or None)
+            axes[1, k].plot(group["threshold"], 100 * group["clipped_frac"], "-o", ms=3, color=color)
+            if recommended is not None and recommended[0] == mode and len(runs) == 1:
+                row = group[group["threshold"] == recommended[1]]
+                for ax, y in ((axes[0, k], row["ess"]), (axes[1, k], 100 * row["clipped_frac"])):
+                    ax.plot(row["threshold"], y, "*", ms=13, color="#f59e0b", mec="#92400e", zorder=5,
+                            label="recommended" if ax is axes[0, k] else None)
+    for k, mode in enumerate(modes):
+        top, bottom = axes[0, k], axes[1, k]
+        top.set_title(mode, fontsize=10)
+        top.axhline(target, color="#555", lw=0.8, ls=":")
+        top.annotate(f"ESS target {target:g}", (0.02, target), xycoords=("axes fraction", "data"), fontsize=7,
+                     color="#555", va="bottom")
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.set_xticks(ticks, [f"{c:g}" for c in ticks], fontsize=7, rotation=60)
+            ax.minorticks_off()
+            ax.grid(alpha=0.3)
+        bottom.set_xlabel("threshold C")
+    axes[0, 0].set_ylabel("ESS / N")
+    axes[1, 0].set_ylabel("clipped (%)")
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="upper right", ncol=len(labels), frameon=False, fontsize=8)
+    fig.suptitle("Threshold sweep: effective sample size and share clipped", x=0.08, ha="left", fontsize=11)
     return fig
 
 

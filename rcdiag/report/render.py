@@ -12,19 +12,22 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rcdiag.checks.evidence import Finding
 from rcdiag.errors import ConfigError
+from rcdiag.report.template import render_page
 
 BADGE = {"ok": "✓ ok", "info": "ℹ info", "warning": "⚠ warning", "error": "✗ error"}
 
 
 @dataclass
 class Block:
-    """One piece of a report. kind: h | p | callout | cards | table | findings | image | details | links."""
+    """One piece of a report. kind: h | p | context | callout | verdict (text: the line, rows: reasons) | toc |
+    cards (rows: label, value, CI[, status]) | table | rawtable (a table folded in <details>) | findings |
+    settings (rows: Snippet dicts) | image | details | links."""
 
     kind: str
     text: str = ""
@@ -32,6 +35,7 @@ class Block:
     rows: list[Any] = field(default_factory=list)
     headers: list[str] = field(default_factory=list)
     image: str = ""  # PNG file name (md link; html embeds the bytes from `images`)
+    status: str = ""  # verdict: healthy | warning | alarm
 
 
 def fmt(value: Any) -> str:
@@ -68,117 +72,115 @@ def plain(obj: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- markdown
-def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def cell(v: Any) -> str:
-        return fmt(v).replace("|", "\\|").replace("\n", " ")
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|#])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+
+def md_escape(value: Any) -> str:
+    """A data-derived string made inert in Markdown: HTML (&, <, >) as entities, Markdown's markup characters
+    backslash-escaped, newlines as spaces (so a response text cannot open a link, a table cell or a tag)."""
+    text = html.escape(str(value), quote=False).replace("\r", " ").replace("\n", " ")
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def numeric_column(rows: Sequence[Sequence[Any]], j: int) -> bool:
+    """Whether column j holds only numbers (right-aligned); text columns are left-aligned."""
+    values = [row[j] for row in rows if j < len(row) and row[j] is not None and row[j] != ""]
+    return bool(values) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    align = ["---:" if numeric_column(rows, j) else ":---" for j in range(len(headers))]
+    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(md_escape(fmt(v)) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def _md_findings(findings: Sequence[Finding]) -> str:
     lines = []
     for f in findings:
-        lines.append(f"- **{BADGE[f.severity]}** `{f.name}`: {f.message}")
+        lines.append(f"- **{BADGE[f.severity]}** `{f.name}`: {md_escape(f.message)}")
         if f.fix and f.severity in ("warning", "error"):
-            lines.append(f"  - *Fix:* {f.fix}")
+            lines.append(f"  - *Fix:* {md_escape(f.fix)}")
     return "\n".join(lines)
 
 
+def _md_settings(snippets: Sequence[dict[str, Any]]) -> str:
+    out = []
+    for s in snippets:
+        fence = "````" if "```" in s["code"] else "```"
+        out.append(f"**{md_escape(s['framework'])}** (checked against {md_escape(s['version'])}: "
+                   f"{md_escape(s['source'])})\n\n{fence}{s['language']}\n{s['code']}\n{fence}"
+                   + (f"\n\n{md_escape(s['note'])}" if s.get("note") else ""))
+    return "\n\n".join(out)
+
+
+def _md_verdict(b: Block) -> str:
+    return f"> **{md_escape(b.text)}**" + "".join(f"\n> - {md_escape(r)}" for r in b.rows)
+
+
 MD: dict[str, Callable[[Block], str]] = {
-    "h": lambda b: "#" * b.level + " " + b.text,
-    "p": lambda b: b.text,
-    "callout": lambda b: "> " + b.text.replace("\n", "\n> "),
-    "cards": lambda b: _md_table(["metric", "value", "95% CI"], [(r[0], r[1], r[2]) for r in b.rows]),
+    "h": lambda b: "#" * b.level + " " + md_escape(b.text),
+    "p": lambda b: md_escape(b.text),
+    "context": lambda b: "*" + md_escape(b.text) + "*",
+    "callout": lambda b: "> " + md_escape(b.text),
+    "verdict": _md_verdict,
+    "toc": lambda b: "**Contents:** " + " · ".join(f"[{md_escape(label)}](#{anchor})" for label, anchor in b.rows),
+    "cards": lambda b: _md_table(["metric", "value", "95% CI", "status"], [list(r) + [""] * (4 - len(r))
+                                                                          for r in b.rows]),
     "table": lambda b: _md_table(b.headers, b.rows),
+    "rawtable": lambda b: f"<details><summary>{html.escape(b.text)}</summary>\n\n{_md_table(b.headers, b.rows)}"
+                          "\n\n</details>",
     "findings": lambda b: _md_findings(b.rows),
-    "image": lambda b: f"![{b.text}]({b.image})",
-    "details": lambda b: f"<details><summary>{b.text}</summary>\n\n```json\n{b.rows[0]}\n```\n</details>",
-    "links": lambda b: " · ".join(f"[{label}]({href})" for label, href in b.rows),
+    "settings": lambda b: _md_settings(b.rows),
+    "image": lambda b: f"![{md_escape(b.text)}]({b.image})",
+    "details": lambda b: f"<details><summary>{html.escape(b.text)}</summary>\n\n```json\n{b.rows[0]}\n```\n</details>",
+    "links": lambda b: " · ".join(f"[{md_escape(label)}]({href})" for label, href in b.rows),
 }
 
 
+def with_toc(blocks: Sequence[Block]) -> list[Block]:
+    """The blocks with each 'toc' block listing the level-2 headings."""
+    links = [(b.text, slug(b.text)) for b in blocks if b.kind == "h" and b.level == 2]
+    return [replace(b, rows=links) if b.kind == "toc" else b for b in blocks]
+
+
 def to_markdown(blocks: Sequence[Block]) -> str:
-    return "\n\n".join(MD[b.kind](b) for b in blocks) + "\n"
+    return "\n\n".join(MD[b.kind](b) for b in with_toc(blocks)) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------- html
-CSS = """
-body{font:15px/1.5 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1f2937;background:#f8fafc;margin:0}
-main{max-width:1100px;margin:0 auto;padding:24px 32px 64px}
-h1{font-size:26px;margin:8px 0 4px}h2{font-size:20px;margin:36px 0 10px;border-bottom:1px solid #e5e7eb;
-padding-bottom:4px}h3{font-size:16px;margin:22px 0 8px}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(190px,1fr));gap:12px}
-.card{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:12px 14px;box-shadow:0 1px 2px #0000000d}
-.card .label{font-size:12px;color:#6b7280;text-transform:uppercase;letter-spacing:.04em}
-.card .value{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
-.card .ci{font-size:12px;color:#6b7280}
-table{border-collapse:collapse;background:#fff;font-size:13px;margin:6px 0;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #e5e7eb;padding:4px 8px;text-align:right}th{background:#f1f5f9}
-td:first-child,th:first-child{text-align:left}
-.finding{background:#fff;border-left:5px solid #9ca3af;border-radius:6px;padding:8px 12px;margin:8px 0}
-.finding.error{border-color:#dc2626}.finding.warning{border-color:#d97706}.finding.ok{border-color:#16a34a}
-.finding.info{border-color:#2563eb}.badge{font-weight:600;margin-right:6px}
-.error .badge{color:#dc2626}.warning .badge{color:#b45309}.ok .badge{color:#15803d}.info .badge{color:#1d4ed8}
-.fix{color:#374151;font-size:13px;margin-top:4px}.callout{background:#eef2ff;border:1px solid #c7d2fe;
-border-radius:10px;padding:14px 16px;font-size:16px}img{max-width:100%;background:#fff;border:1px solid #e5e7eb;
-border-radius:8px;margin:6px 0}pre{background:#0f172a;color:#e2e8f0;padding:12px;border-radius:8px;overflow:auto;
-font-size:12px}code{font-size:13px}.muted{color:#6b7280}.scroll{overflow-x:auto;max-width:100%}
-.finding.ok{padding:3px 12px;margin:4px 0;font-size:14px;color:#4b5563}
-"""
-
-
-def _html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-
-
-def _html_cards(rows: Sequence[Sequence[Any]]) -> str:
-    cards = "".join(f'<div class="card"><div class="label">{html.escape(str(label))}</div>'
-                    f'<div class="value">{html.escape(fmt(value))}</div>'
-                    f'<div class="ci">{html.escape(ci)}</div></div>' for label, value, ci in rows)
-    return f'<div class="cards">{cards}</div>'
-
-
-def _html_findings(findings: Sequence[Finding]) -> str:
-    out = []
-    for f in findings:
-        fix = (f'<div class="fix"><b>Fix:</b> {html.escape(f.fix)}</div>'
-               if f.fix and f.severity in ("warning", "error") else "")
-        out.append(f'<div class="finding {f.severity}" data-check="{f.name}"><span class="badge">'
-                   f'{BADGE[f.severity]}</span><code>{f.name}</code> — {html.escape(f.message)}{fix}</div>')
-    return "".join(out)
-
-
-def _html(images: dict[str, bytes]) -> dict[str, Callable[[Block], str]]:
-    def image(b: Block) -> str:
-        data = base64.b64encode(images[b.image]).decode()
-        return f'<img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
-
-    return {
-        "h": lambda b: f'<h{b.level} id="{slug(b.text)}">{html.escape(b.text)}</h{b.level}>',
-        "p": lambda b: f"<p>{html.escape(b.text)}</p>",
-        "callout": lambda b: f'<div class="callout">{html.escape(b.text)}</div>',
-        "cards": lambda b: _html_cards(b.rows),
-        "table": lambda b: _html_table(b.headers, b.rows),
-        "findings": lambda b: _html_findings(b.rows),
-        "image": image,
-        "details": lambda b: f"<details><summary>{html.escape(b.text)}</summary><pre>"
-                             f"{html.escape(str(b.rows[0]))}</pre></details>",
-        "links": lambda b: "<p>" + " · ".join(f'<a href="{html.escape(href)}">{html.escape(label)}</a>'
-                                              for label, href in b.rows) + "</p>",
-    }
+def _prepare(b: Block, images: dict[str, bytes]) -> dict[str, Any]:
+    """A block as the template's plain strings (the template escapes them)."""
+    item: dict[str, Any] = {"kind": b.kind, "text": b.text, "level": b.level, "status": b.status}
+    if b.kind in ("table", "rawtable"):
+        item.update(headers=b.headers, cells=[[fmt(v) for v in row] for row in b.rows],
+                    align=["num" if numeric_column(b.rows, j) else "text" for j in range(len(b.headers))])
+    elif b.kind == "h":
+        item["anchor"] = slug(b.text)
+    elif b.kind == "verdict":
+        item["reasons"] = [str(r) for r in b.rows]
+    elif b.kind in ("toc", "links"):
+        item["links"] = b.rows
+    elif b.kind == "cards":
+        item["cards"] = [{"label": str(r[0]), "value": fmt(r[1]), "ci": r[2], "status": r[3] if len(r) > 3 else ""}
+                         for r in b.rows]
+    elif b.kind == "findings":
+        item["findings"] = [{"severity": f.severity, "name": f.name, "badge": BADGE[f.severity],
+                             "message": f.message,
+                             "fix": f.fix if f.fix and f.severity in ("warning", "error") else ""} for f in b.rows]
+    elif b.kind == "settings":
+        item["snippets"] = b.rows
+    elif b.kind == "image":
+        item["data"] = base64.b64encode(images[b.image]).decode()
+    elif b.kind == "details":
+        item["body"] = str(b.rows[0])
+    return item
 
 
 def to_html(blocks: Sequence[Block], images: dict[str, bytes], title: str) -> str:
-    """A self-contained page: inline CSS, plots as base64 PNG, no script, no external resource."""
-    writers = _html(images)
-    body = "\n".join(writers[b.kind](b) for b in blocks)
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
-            f'content="width=device-width,initial-scale=1"><title>{html.escape(title)}</title><style>{CSS}</style>'
-            f"</head><body><main>\n{body}\n</main></body></html>\n")
+    """A self-contained page (rcdiag.report.template): inline CSS, plots as base64 PNG, no script, no external
+    resource; every string escaped by Jinja2's autoescape."""
+    return render_page([_prepare(b, images) for b in with_toc(blocks)], title)
 
 
 # ----------------------------------------------------------------------------------------------- files

@@ -1,8 +1,11 @@
-"""What a report says, in order (checks first): RunReport(s) → render blocks, PNG plots and the metrics.json dict.
+"""What a report says, in order (verdict first): RunReport(s) → render blocks, PNG plots and the metrics.json dict.
 
-Single run: title, checks, headline cards with 95 % intervals, the recommendation, plots, every metric, tails,
-IS modes, rejection options, the sweep, strata, worst tokens and sequences, manifest. Several runs: the same
-numbers side by side with overlaid plots, and a link to each run's own report.
+Single run: title, context line (engine → trainer), the verdict (healthy / warning / alarm and why), contents,
+the recommendation with the trainer settings to paste, headline cards coloured by their band, the input checks,
+plots, the correction (IS modes, verl rejection options, the sweep as a mode × threshold pivot), where the
+mismatch comes from, the worst tokens; raw tables folded in <details>. Each thing is said once: identical sweep
+columns and rejection options that change nothing are collapsed. Several runs: the same numbers side by side
+with plots coloured by run, and a link to each run's own report.
 """
 from __future__ import annotations
 
@@ -11,27 +14,30 @@ from collections.abc import Sequence
 from typing import Any
 
 from rcdiag import __version__
+from rcdiag.analysis.health import VERDICT_MODE
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import TAIL_NAMES
 from rcdiag.report import plots
 from rcdiag.report.build import RunReport
+from rcdiag.report.context import context_line, run_context
+from rcdiag.report.correction_section import correction_blocks
+from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
 
-HEADLINE = ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff", "ess", "abs_log_ratio_mean", "abs_log_ratio_p99",
-            "abs_log_ratio_max", "frac_outside_0.8_1.25", "prob_pearson_corr")
-IS_COLUMNS = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess", "clipped_frac",
-              "fraction_high", "fraction_low", "kept_token_frac", "kept_seq_frac")
-STRATA_PLOTS = {"position": "l_by_position.png", "rollout_prob": "l_by_rollout_prob.png"}
-STRATUM_COLUMNS = ("bucket", "tokens", "share", "kl", "mean_log_ratio", "mean_abs", "rms", "max_abs")
+HEADLINE = ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff", "abs_log_ratio_mean", "abs_log_ratio_p99",
+            "abs_log_ratio_max", "frac_outside_0.5_2", "ess", "is_weight_mean", "prob_pearson_corr")
+STRATA_PLOTS = {"position": "l_by_position.png"}
+STRATUM_COLUMNS = ("bucket", "tokens", "share", "mean_log_ratio", "mean_abs", "rms", "max_abs")
+"""A stratum's kl is −mean_log_ratio (canonical): shown once, as mean ℓ."""
 
 
 def value_of(report: RunReport, name: str) -> float:
     """A headline value: METRICS.md metric, else token_truncate IS metric (ess), else tail statistic."""
     if name in report.metrics:
         return report.metrics[name]
-    if name == "ess":
-        return report.is_modes.get("token_truncate", {}).get("ess", float("nan"))
+    if name in ("ess", "is_weight_mean"):
+        return report.is_modes.get(VERDICT_MODE, {}).get(name, float("nan"))
     return report.tails.get(name, float("nan"))
 
 
@@ -41,7 +47,9 @@ def interval(report: RunReport, name: str) -> str:
 
 
 def headline_label(name: str, report: RunReport) -> str:
-    return f"ess (token_truncate, C={report.options.threshold:g})" if name == "ess" else name
+    if name in ("ess", "is_weight_mean"):
+        return f"{name} ({VERDICT_MODE}, C={report.options.threshold:g})"
+    return name
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -49,91 +57,108 @@ def figures(report: RunReport) -> dict[str, bytes]:
     """PNG bytes of every plot of one run, by file name."""
     s = report.scan
     figs = {"l_histogram.png": plots.log_ratio_histogram(s.tails),
-            "b_vs_a_density.png": plots.density_scatter(s.tails)}
+            "l_vs_rollout.png": plots.log_ratio_vs_rollout(report.strata["rollout_prob"])}
     for stratum, file in STRATA_PLOTS.items():
         figs[file] = plots.by_stratum(report.strata[stratum], f"ℓ by {titles()[stratum]}", titles()[stratum])
     if report.sweep is not None and len(report.sweep):
-        figs["sweep.png"] = plots.sweep_curves(report.sweep)
+        rec = report.recommendation
+        figs["sweep.png"] = plots.sweep_curves(report.sweep, (rec["mode"], rec["threshold"]) if rec.get("mode")
+                                               else None, ESS_TARGET)
     return {name: plots.png_bytes(fig) for name, fig in figs.items()}
 
 
 def comparison_figures(reports: Sequence[RunReport]) -> dict[str, bytes]:
     runs = {r.name: r for r in reports}
-    figs = {"l_histogram.png": plots.log_ratio_histogram({n: r.scan.tails for n, r in runs.items()})}
+    figs = {"l_histogram.png": plots.log_ratio_histogram({n: r.scan.tails for n, r in runs.items()}),
+            "l_vs_rollout.png": plots.log_ratio_vs_rollout({n: r.strata["rollout_prob"] for n, r in runs.items()})}
     for stratum, file in STRATA_PLOTS.items():
         figs[file] = plots.by_stratum({n: r.strata[stratum] for n, r in runs.items()},
                                       f"ℓ by {titles()[stratum]}", titles()[stratum])
     sweeps = {n: r.sweep for n, r in runs.items() if r.sweep is not None and len(r.sweep)}
     if sweeps:
-        figs["sweep.png"] = plots.sweep_curves(sweeps)
+        figs["sweep.png"] = plots.sweep_curves(sweeps, None, ESS_TARGET)
     return {name: plots.png_bytes(fig) for name, fig in figs.items()}
 
 
 # ----------------------------------------------------------------------------------------------- one run
+def checks_line(report: RunReport) -> str:
+    """'input checks pass' or 'N input check(s) need attention': checks are about the data's integrity, the
+    verdict about the mismatch."""
+    bad = [f for f in report.checks if f.severity in ("warning", "error")]
+    return f"{len(bad)} input check(s) need attention" if bad else "input checks pass"
+
+
 def _summary(report: RunReport) -> str:
     c = report.counts
     o = report.options
-    bad = [f for f in report.checks if f.severity in ("warning", "error")]
-    verdict = (f"{len(bad)} check(s) need attention" if bad else "all checks pass")
     return (f"{report.path} — {c.get('sequences', 0):,} sequences, {c.get('token_rows', 0):,} token rows "
             f"({c.get('tokens', 0):,} valid); convention {o.convention}, threshold C={o.threshold:g}"
-            f"{'' if o.lower is None else f', lower L={o.lower:g}'}; {verdict}.")
+            f"{'' if o.lower is None else f', lower L={o.lower:g}'}; {checks_line(report)}.")
 
 
-def _is_table(numbers: dict[str, dict[str, float]], first: str) -> Block:
-    return Block("table", headers=[first, *IS_COLUMNS],
-                 rows=[[mode, *(v.get(c) for c in IS_COLUMNS)] for mode, v in numbers.items()])
+def verdict_blocks(report: RunReport) -> list[Block]:
+    """The context line and the coloured verdict (shared by the report's top and the comparison)."""
+    v = report.verdict
+    return [Block("context", context_line(report.manifest)),
+            Block("verdict", f"{v.status.upper()}: " + _verdict_phrase(report), rows=v.reasons, status=v.status)]
+
+
+def _verdict_phrase(report: RunReport) -> str:
+    kind = report.recommendation.get("kind")
+    return {"fix_check": "fix the failed input check first", "none": "no correction needed",
+            "correct": f"correct with {report.recommendation.get('mode')} at "
+                       f"C={report.recommendation.get('threshold') or 0:g}",
+            "fix_source": "reweighting cannot absorb this mismatch; fix its source",
+            "unavailable": "no metrics"}.get(kind, "")
 
 
 def run_blocks(report: RunReport) -> list[Block]:
-    """The single-run report, checks first."""
+    """The single-run report, verdict first."""
     o = report.options
-    blocks = [Block("h", f"rcdiag report — {report.name}", level=1), Block("p", _summary(report)),
-              Block("h", "Checks"), Block("findings", rows=report.checks)]
+    rec = report.recommendation
+    blocks = [Block("h", f"rcdiag report — {report.name}", level=1), *verdict_blocks(report),
+              Block("p", _summary(report)), Block("toc")]
     if report.metrics_error:
         blocks.append(Block("callout", f"Metrics not computed: {report.metrics_error}"))
+    blocks += [Block("h", "Recommendation"), Block("callout", rec.get("text", ""))]
+    if rec.get("settings"):
+        what = (f"{rec['mode']} at C={rec['threshold']:g}" if rec.get("mode") else "no correction, metrics logged")
+        blocks += [Block("h", f"Settings to paste ({what})", level=3), Block("settings", rows=rec["settings"])]
+    if rec.get("alternatives"):
+        cols = ("mode", "threshold", "beyond_share", "beyond_mass", "ess", "bias", "thrown", "why")
+        blocks += [Block("h", "How each mode handles the tail", level=3),
+                   Block("table", headers=["mode", "C", "beyond C", "|ℓ| mass beyond C", "ESS", "bias |E[w]−1|",
+                                           "thrown away", "verdict"],
+                         rows=[[a.get(c) for c in cols] for a in rec["alternatives"]])]
     blocks += [Block("h", "Headline"),
-               Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n))
-                                    for n in HEADLINE]),
-               Block("p", f"Intervals: {o.level:.0%} percentile bootstrap over sequences ({o.replicates} Poisson "
-                          "replicates)."),
-               Block("h", "Recommendation"), Block("callout", report.recommendation.get("text", "")),
+               Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
+                                     report.verdict.metric_status.get(n, "")) for n in HEADLINE]),
+               Block("p", f"Colours: rcdiag's health bands (rcdiag.analysis.health; verl's documented warning "
+                          f"levels and published dense/MoE ranges). Intervals: {o.level:.0%} percentile bootstrap "
+                          f"over sequences ({o.replicates} Poisson replicates)."),
+               Block("h", "Input checks"), Block("findings", rows=report.checks),
                Block("h", "Distributions"),
                Block("image", "ℓ histogram (log count axis)", image="l_histogram.png"),
-               Block("image", "rollout vs training log-prob density", image="b_vs_a_density.png"),
-               Block("h", "All metrics"),
-               Block("table", headers=["metric", "value", f"{o.level:.0%} CI"],
-                     rows=[[k, v, interval(report, k)] for k, v in report.metrics.items()]),
-               Block("h", "Tails"), Block("table", headers=["statistic", "value"],
-                                          rows=[[k, report.tails.get(k)] for k in TAIL_NAMES])]
-    blocks += _correction_blocks(report)
+               Block("image", "mismatch against the rollout probability", image="l_vs_rollout.png")]
+    blocks += correction_blocks(report)
     blocks += _strata_blocks(report)
     blocks += _worst_blocks(report)
-    blocks.append(Block("details", "manifest.json", rows=[json.dumps(report.manifest, indent=2, default=str)]))
-    return blocks
-
-
-def _correction_blocks(report: RunReport) -> list[Block]:
-    o = report.options
-    blocks = [Block("h", f"IS modes at C={o.threshold:g}"), _is_table(report.is_modes, "mode")]
-    if report.rejection:
-        blocks += [Block("h", "Rejection options (verl, on token_truncate)", level=3),
-                   _is_table(report.rejection, "option")]
-    if report.sweep is not None and len(report.sweep):
-        blocks += [Block("h", "Threshold sweep"), Block("image", "ESS and clipped fraction", image="sweep.png"),
-                   Block("table", headers=["mode", "threshold", *IS_COLUMNS],
-                         rows=report.sweep[["mode", "threshold", *IS_COLUMNS]].values.tolist())]
+    blocks += [Block("h", "Raw numbers"),
+               Block("rawtable", "All metrics", headers=["metric", "value", f"{o.level:.0%} CI"],
+                     rows=[[k, v, interval(report, k)] for k, v in report.metrics.items()]),
+               Block("rawtable", "Tails", headers=["statistic", "value"],
+                     rows=[[k, report.tails.get(k)] for k in TAIL_NAMES]),
+               Block("details", "manifest.json", rows=[json.dumps(report.manifest, indent=2, default=str)])]
     return blocks
 
 
 def _strata_blocks(report: RunReport) -> list[Block]:
     blocks = [Block("h", "Where the mismatch comes from")]
     names = titles()
+    for stratum, file in STRATA_PLOTS.items():
+        blocks.append(Block("image", f"ℓ by {names[stratum]}", image=file))
     for stratum, rows in report.strata.items():
-        blocks.append(Block("h", f"ℓ by {names[stratum]}", level=3))
-        if stratum in STRATA_PLOTS:
-            blocks.append(Block("image", f"ℓ by {names[stratum]}", image=STRATA_PLOTS[stratum]))
-        blocks.append(Block("table", headers=list(STRATUM_COLUMNS),
+        blocks.append(Block("rawtable", f"ℓ by {names[stratum]}", headers=list(STRATUM_COLUMNS),
                             rows=[[r[c] for c in STRATUM_COLUMNS] for r in rows]))
     return blocks
 
@@ -142,12 +167,12 @@ def _worst_blocks(report: RunReport) -> list[Block]:
     tok = ["seq_id", "pos", "token_id", "log_ratio", "train_logprob", "rollout_logprob", "context"]
     seq = ["seq_id", "tokens", "mean_log_ratio", "max_abs_log_ratio", "finish_reason", "reward", "response_text"]
     prompts = ["prompt_id", "samples", "tokens", "mean_abs", "kl"]
-    return [Block("h", "Prompts with the largest mismatch (mean |ℓ|)"),
-            Block("table", headers=prompts, rows=[[p[c] for c in prompts] for p in report.prompts]),
-            Block("h", "Worst tokens by |ℓ|"),
+    return [Block("h", "Worst tokens by |ℓ|"),
             Block("table", headers=tok, rows=[[w.get(c, "") for c in tok] for w in report.worst_tokens]),
-            Block("h", "Worst sequences by |mean ℓ|"),
-            Block("table", headers=seq, rows=[[_short(w.get(c, "")) for c in seq] for w in report.worst_sequences])]
+            Block("rawtable", "Worst sequences by |mean ℓ|", headers=seq,
+                  rows=[[_short(w.get(c, "")) for c in seq] for w in report.worst_sequences]),
+            Block("rawtable", "Prompts with the largest mismatch (mean |ℓ|)", headers=prompts,
+                  rows=[[p[c] for c in prompts] for p in report.prompts])]
 
 
 def _short(value: Any, limit: int = 160) -> Any:
@@ -169,6 +194,8 @@ def run_data(report: RunReport) -> dict[str, Any]:
                       "level": o.level, "seed": o.seed},
         "tails": report.tails, "is_modes": report.is_modes, "rejection": report.rejection,
         "sweep": [] if report.sweep is None else report.sweep.to_dict(orient="records"),
+        "verdict": report.verdict.to_dict(), "context": {"line": context_line(report.manifest),
+                                                         **run_context(report.manifest)},
         "recommendation": report.recommendation, "checks": [f.to_dict() for f in report.checks],
         "strata": report.strata, "prompts": report.prompts, "worst_tokens": report.worst_tokens,
         "worst_sequences": report.worst_sequences,
@@ -189,19 +216,20 @@ def comparison_blocks(reports: Sequence[RunReport], links: dict[str, str]) -> li
                for c in ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac")]
     blocks = [Block("h", f"rcdiag comparison — {' vs '.join(names)}", level=1),
               Block("links", rows=[(f"{n}: full report", f"{links[n]}/report.html") for n in names]),
-              Block("h", "Checks"), Block("table", headers=["check", *names], rows=status),
-              Block("h", "Headline (95% CI)"), Block("table", headers=["metric", *names], rows=head),
-              Block("h", "Recommendations")]
-    blocks += [Block("callout", f"{r.name}: {r.recommendation.get('text', '')}") for r in reports]
-    blocks += [Block("h", "Distributions"), Block("image", "ℓ histograms", image="l_histogram.png"),
+              Block("toc"), Block("h", "Verdicts")]
+    for r in reports:
+        blocks += [Block("h", r.name, level=3), *verdict_blocks(r), Block("callout", r.recommendation.get("text", ""))]
+    blocks += [Block("h", "Input checks"), Block("table", headers=["check", *names], rows=status),
+               Block("h", "Headline (95% CI)"), Block("table", headers=["metric", *names], rows=head),
+               Block("h", "Distributions"), Block("image", "ℓ histograms", image="l_histogram.png"),
+               Block("image", "mismatch against the rollout probability", image="l_vs_rollout.png"),
                Block("image", "ℓ by position", image="l_by_position.png"),
-               Block("image", "ℓ by rollout probability", image="l_by_rollout_prob.png"),
-               Block("h", "Tails"), Block("table", headers=["statistic", *names],
-                                          rows=[[k, *(r.tails.get(k) for r in reports)] for k in TAIL_NAMES]),
                Block("h", f"IS modes at C={reports[0].options.threshold:g}"),
                Block("table", headers=["mode.metric", *names], rows=is_rows)]
     if any(r.sweep is not None and len(r.sweep) for r in reports):
         blocks.append(Block("image", "sweep", image="sweep.png"))
+    blocks.append(Block("rawtable", "Tails", headers=["statistic", *names],
+                        rows=[[k, *(r.tails.get(k) for r in reports)] for k in TAIL_NAMES]))
     return blocks
 
 

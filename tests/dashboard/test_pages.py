@@ -13,7 +13,7 @@ from app import bands, ui
 from rcdiag.checks.verdicts import run_checks
 from tests.dashboard.conftest import assert_clean
 
-CARD = re.compile(r'<div style="font-size:0.8em;color:#555">[^<]*· (\w+)</div><div [^>]*>([^<]*)</div>'
+CARD = re.compile(r'<div style="font-size:0.8em;color:#555">[^<]*· ([\w.]+)</div><div [^>]*>([^<]*)</div>'
                   r'<div [^>]*>(\w[\w/]*)</div>')
 
 

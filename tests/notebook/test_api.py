@@ -135,8 +135,9 @@ def test_plots_are_figures_with_the_data(noisy, tmp_path):
     with pytest.raises(ConfigError, match="unknown stratum"):
         noisy.plot.strata("colour")
     assert isinstance(noisy.plot.density(), Figure)
-    assert [a.get_title() for a in noisy.plot.sweep(modes=["token_mask"]).axes] == [
-        "Effective sample size", "Clipped fraction"]
+    sweep = noisy.plot.sweep(modes=["token_mask"])  # one facet per mode: ESS above, clipped % below
+    assert [a.get_title() for a in sweep.axes] == ["token_mask", ""]
+    assert [a.get_ylabel() for a in sweep.axes] == ["ESS / N", "clipped (%)"]
     seq_id = int(ref["seq_id"].iloc[0])
     bars = noisy.plot.sequence(seq_id).axes[0].containers[0]  # the BarContainer (axvspan shading excluded)
     valid = ref[ref["seq_id"] == seq_id]["ell"].to_numpy()

@@ -60,7 +60,7 @@ def _assert_rendered(page, shot: Path, expected_images: int) -> None:
 def test_single_report_renders(browser, synthetic_runs, tmp_path):
     result = make_report([synthetic_runs["top_p"]], tmp_path / "rep", ReportOptions(replicates=50))
     page, shot = _open(browser, result.out / "report.html", tmp_path)
-    _assert_rendered(page, shot, expected_images=5)
+    _assert_rendered(page, shot, expected_images=4)
     assert page.locator('.finding.warning[data-check="truncation_offset"]').count() == 1
     assert "Recommendation" in page.locator("h2#recommendation").inner_text()
     shutil.copy(shot, result.out / "screenshot.png")  # kept with the report for a human look on failure

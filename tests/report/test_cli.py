@@ -33,8 +33,8 @@ def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
     code, stdout, stderr = _run(capsys, "report", str(run.path), "--out", str(out), "--thresholds", "1.5,2,4",
                                 "--convention", "verl")
     assert code == 0, stderr
-    assert stdout.splitlines()[0].startswith("temperature: kl=0.02")
-    assert "error: temperature: b ≈ 1.356·a" in stdout
+    assert stdout.splitlines()[0].startswith("temperature: ALARM: fix the failed input check first (kl=0.02")
+    assert stdout.splitlines()[1].startswith("  check temperature (error): b ≈ 1.356·a")
     assert stdout.strip().endswith(f"Wrote {out}/report.html, report.md, metrics.json")
     data = json.loads((out / "metrics.json").read_text())
     assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0]}

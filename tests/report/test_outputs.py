@@ -11,7 +11,7 @@ from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.render import fmt, plain, write_files
 
-PNGS = {"l_histogram.png", "b_vs_a_density.png", "l_by_position.png", "l_by_rollout_prob.png", "sweep.png"}
+PNGS = {"l_histogram.png", "l_vs_rollout.png", "l_by_position.png", "sweep.png"}
 FAST = ReportOptions(replicates=100)
 
 
@@ -28,7 +28,7 @@ def test_all_outputs_written(clean_report):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((out / "metrics.json").read_text())
     assert set(data) >= {"metrics", "is_modes", "sweep", "checks", "counts", "manifest", "tails", "strata",
-                         "confidence_intervals", "recommendation", "rejection"}
+                         "confidence_intervals", "recommendation", "rejection", "verdict", "context"}
     assert len(data["sweep"]) == 4 * 7 and set(data["is_modes"]) == {
         "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}
     assert [c["name"] for c in data["checks"]][:1] and all(c["severity"] == "ok" for c in data["checks"])
@@ -47,18 +47,20 @@ def test_default_out_is_run_report_dir(synthetic_runs, tmp_path):
 
 def test_html_is_self_contained(clean_report):
     page = (clean_report.out / "report.html").read_text()
-    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == 5
+    assert len(re.findall(r'<img alt="[^"]*" src="data:image/png;base64,', page)) == len(PNGS)
     assert not re.search(r'(src|href)="(https?:|//|[a-z_]+\.png)', page), "no external or relative resource"
     assert "<script" not in page
-    assert page.index('id="checks"') < page.index('id="headline"') < page.index('id="recommendation"')
+    assert (page.index('data-status="healthy"') < page.index('id="recommendation"') < page.index('id="headline"')
+            < page.index('id="input-checks"'))
 
 
 def test_markdown_links_pngs_and_states_recommendation(clean_report):
     md = (clean_report.out / "report.md").read_text()
     for png in PNGS:
         assert f"]({png})" in md
-    assert md.index("## Checks") < md.index("## Headline")
-    assert "> Use token_truncate with threshold C=" in md
+    assert md.index("> **HEALTHY") < md.index("## Recommendation") < md.index("## Headline") < md.index(
+        "## Input checks")
+    assert "> No correction needed: " in md
 
 
 def test_replacing_a_report_is_atomic(tmp_path):

@@ -1,0 +1,84 @@
+"""The one-line context of a run, from its manifest: engine (vLLM version, dtype, temperature, top-p/top-k,
+logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source.
+
+`verdict_html` is the verdict banner of the dashboard and the notebook card. All manifest reading of the
+verdict's surfaces (report, dashboard Overview, notebook card) is in `run_context`,
+read defensively with .get, so that a typed manifest reader (rcdiag.store.manifest) can replace it in one place.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from rcdiag.analysis.health import COLOURS, Verdict
+
+
+def _section(manifest: Any, name: str) -> dict[str, Any]:
+    value = manifest.get(name) if isinstance(manifest, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def run_context(manifest: Any) -> dict[str, Any]:
+    """The context facts of a manifest: {'importer', 'source', 'engine': {...}, 'trainer': {...}} (None where
+    the manifest does not record a fact)."""
+    engine, trainer, source = (_section(manifest, k) for k in ("engine", "trainer", "source"))
+    sampling = engine.get("sampling") if isinstance(engine.get("sampling"), dict) else {}
+
+    def pick(*keys: str, where: tuple[dict[str, Any], ...] = (engine, sampling)) -> Any:
+        return next((d[k] for d in where for k in keys if d.get(k) is not None), None)
+
+    kind = str(source.get("kind") or "")
+    return {
+        "importer": kind.split(":", 1)[1] if kind.startswith("imported:") else None,
+        "source": source.get("path"),
+        "engine": {"name": pick("name"), "version": pick("version", "vllm_version"),
+                   "dtype": pick("dtype", "engine_dtype"), "temperature": pick("temperature"),
+                   "top_p": pick("top_p"), "top_k": pick("top_k"), "logprobs_mode": pick("logprobs_mode")},
+        "trainer": {"transformers": trainer.get("transformers_version"), "dtype": trainer.get("dtype"),
+                    "attention": trainer.get("attn_implementation"), "temperature": trainer.get("temperature")},
+    }
+
+
+def _g(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, int | float) and not isinstance(x, bool) else str(x)
+
+
+def _side(side: str, name: str, details: str) -> str:
+    if not name and not details:
+        return f"{side} (not recorded)"
+    return " ".join(x for x in (side, name, f"({details})" if name and details else details) if x)
+
+
+def _join(parts: list[str]) -> str:
+    return ", ".join(p for p in parts if p)
+
+
+def context_line(manifest: Any) -> str:
+    """'engine vLLM 0.10.1 (bfloat16, T=1, top-p 1, top-k off, processed_logprobs) → trainer transformers 4.56
+    (float32, sdpa)'; for an imported run, the importer and its source first."""
+    facts = run_context(manifest)
+    e, t = facts["engine"], facts["trainer"]
+    top_k = e["top_k"]
+    engine = _join([e["dtype"] and str(e["dtype"]), e["temperature"] is not None and f"T={_g(e['temperature'])}",
+                    e["top_p"] is not None and f"top-p {_g(e['top_p'])}",
+                    top_k is not None and (f"top-k {top_k}" if isinstance(top_k, int) and top_k > 0 else "top-k off"),
+                    e["logprobs_mode"] and str(e["logprobs_mode"])])
+    name = " ".join(str(x) for x in (e["name"] if e["name"] != "vllm" else "vLLM", e["version"]) if x)
+    trainer = _join([t["dtype"] and str(t["dtype"]), t["attention"] and str(t["attention"]),
+                     t["temperature"] is not None and f"T={_g(t['temperature'])}"])
+    tname = f"transformers {t['transformers']}" if t["transformers"] else ""
+    line = f"{_side('engine', name, engine)} → {_side('trainer', tname, trainer)}"
+    if facts["importer"]:
+        line = f"imported by {facts['importer']} from {facts['source'] or '(source not recorded)'} · " + line
+    return line
+
+
+def verdict_html(verdict: Verdict, max_reasons: int | None = None) -> str:
+    """The verdict as a coloured banner with its reasons (health.COLOURS), escaped: the dashboard Overview's and
+    the notebook card's (the report's own is its template's)."""
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons[:max_reasons])
+    return (f'<div class="rcdiag-verdict" data-status="{verdict.status}" style="background:'
+            f'{COLOURS[verdict.status]};color:#fff;border-radius:8px;padding:8px 14px;margin:6px 0">'
+            f'<div style="font-size:1.3em;font-weight:700">{verdict.status.upper()}</div>'
+            + (f'<ul style="margin:4px 0 0 18px">{reasons}</ul>' if reasons else
+               "<div>every headline metric inside its healthy band; input checks pass</div>") + "</div>")

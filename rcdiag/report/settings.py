@@ -1,0 +1,161 @@
+"""Trainer settings to paste for a recommended IS correction (mode, C, optional lower L) in verl, TRL, ms-swift
+and slime, with the version and source file each name was checked against, and a note where a framework cannot
+express the mode.
+
+Names, defaults and quoting were read in each framework's source (rcdiag's research notes, settings.md):
+
+- verl 0.10.0.dev (verl-project/verl @ 1dda039b, `verl/trainer/config/algorithm/rollout_correction.yaml`,
+  `verl/trainer/config/algorithm.py` RolloutCorrectionConfig, `verl/trainer/ppo/rollout_corr_helper.py`):
+  `algorithm.rollout_correction.{rollout_is, rollout_is_threshold, bypass_mode}`; a threshold string "L_U" means
+  IcePop masking and must be quoted ('key="L_U"') or Hydra reads 0.5_2 as the float 0.52. Sequence IS is the
+  product of the token ratios. TIS has no lower bound.
+- TRL 1.10.0.dev0 (huggingface/trl @ f2cd5771, `trl/trainer/grpo_config.py`): `GRPOConfig(use_vllm=True,
+  vllm_importance_sampling_correction, vllm_importance_sampling_mode, vllm_importance_sampling_clip_max,
+  vllm_importance_sampling_clip_min)`; sequence modes use the product of the token ratios.
+- ms-swift 4.6.0.dev0 (modelscope/ms-swift @ 3602360a, `swift/rlhf_trainers/args_mixin.py`):
+  `--rollout_importance_sampling_mode`, `--rollout_importance_sampling_threshold`; sequence modes use the
+  GEOMETRIC mean of the token ratios; no lower bound.
+- slime 0.3.1 (THUDM/slime @ 624b824a, `slime/utils/arguments.py`, `slime/backends/megatron_utils/loss.py`,
+  `examples/train_infer_mismatch_helper/mis.py`): `--use-tis --tis-clip C [--tis-clip-low L]`, token masking
+  through `--custom-tis-function-path slime.backends.megatron_utils.loss.icepop_function`, sequence modes
+  through mis.py and a YAML given by `--custom-config-path`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """One framework's setting: `code` to paste (`language` for highlighting), the version and source file the
+    names were checked against, and a `note` (what differs from rcdiag's simulation, or what cannot be said)."""
+
+    framework: str
+    version: str
+    source: str
+    language: str
+    code: str
+    note: str = ""
+
+
+VERL = ("verl", "0.10.0.dev (verl-project/verl @ 1dda039b)",
+        "verl/trainer/config/algorithm/rollout_correction.yaml, verl/trainer/ppo/rollout_corr_helper.py")
+TRL = ("TRL", "1.10.0.dev0 (huggingface/trl @ f2cd5771)", "trl/trainer/grpo_config.py")
+SWIFT = ("ms-swift", "4.6.0.dev0 (modelscope/ms-swift @ 3602360a)", "swift/rlhf_trainers/args_mixin.py")
+SLIME = ("slime", "0.3.1 (THUDM/slime @ 624b824a)",
+         "slime/utils/arguments.py, examples/train_infer_mismatch_helper/mis.py")
+NO_LOWER = 1e-9
+"""verl's IcePop needs a lower bound: 1e-9 lies below its exp(−20) ≈ 2.06e-9 floor, so it never fires."""
+PRODUCT_NOTE = ("rcdiag's {convention} convention forms the sequence ratio as {kind}; this framework uses the "
+                "product of the token ratios, so re-run `rcdiag report --convention {target}` to see its numbers "
+                "at this C before pasting.")
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def _verl(mode: str | None, c: float, lower: float | None) -> Snippet:
+    head = "actor_rollout_ref.rollout.calculate_log_probs=True \\\n"
+    if mode is None:
+        return Snippet(*VERL, "bash", head + "algorithm.rollout_correction.rollout_is=null",
+                       "metrics only: rollout_corr/* (kl, k3_kl, chi2_token, …) are logged, no weights applied.")
+    level, action = mode.split("_")
+    key = "algorithm.rollout_correction"
+    note = ""
+    if action == "truncate":
+        threshold = f"{key}.rollout_is_threshold={_g(c)}"
+        if lower is not None:
+            note = "verl's TIS clamps from above only: the lower bound L cannot be expressed (an \"L_U\" string " \
+                   "switches to masking)."
+    else:
+        threshold = f"'{key}.rollout_is_threshold=\"{_g(lower if lower is not None else NO_LOWER)}_{_g(c)}\"'"
+        note = "IcePop masking: weights outside [L, C] become 0; the loss denominator is unchanged."
+    code = (head + f"{key}.rollout_is={level} \\\n{threshold} \\\n{key}.bypass_mode=false")
+    return Snippet(*VERL, "bash", code, note)
+
+
+def _trl(mode: str | None, c: float, lower: float | None) -> Snippet:
+    if mode is None:
+        return Snippet(*TRL, "python", "GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=False)",
+                       "TRL corrects by default (sequence_mask, C = 3.0); it logs "
+                       "sampling/sampling_logp_difference/* either way.")
+    low = "" if lower is None else f",\n           vllm_importance_sampling_clip_min={_g(lower)}"
+    code = (f"GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True,\n"
+            f"           vllm_importance_sampling_mode=\"{mode}\",\n"
+            f"           vllm_importance_sampling_clip_max={_g(c)}{low})")
+    return Snippet(*TRL, "python", code)
+
+
+def _swift(mode: str | None, c: float, lower: float | None) -> Snippet:
+    head = "swift rlhf --rlhf_type grpo --use_vllm true \\\n  "
+    if mode is None:
+        return Snippet(*SWIFT, "bash", head + "--log_rollout_offpolicy_metrics true",
+                       "metrics only (rollout_correction/*), no weights applied.")
+    notes = []
+    if mode.startswith("sequence"):
+        notes.append("ms-swift's sequence modes bound the GEOMETRIC mean of the token ratios (rcdiag's "
+                     "--convention swift), not their product: C means something else than in verl/TRL.")
+    if mode == "sequence_mask":
+        notes.append("Kept sequences get their untruncated token ratios as weights.")
+    if lower is not None:
+        notes.append("No lower bound L exists in ms-swift.")
+    code = head + f"--rollout_importance_sampling_mode {mode} \\\n  --rollout_importance_sampling_threshold {_g(c)}"
+    return Snippet(*SWIFT, "bash", code, " ".join(notes))
+
+
+SLIME_YAML = """# rcdiag_mis.yaml (copy of mis.yaml; mis.py reads every key; write floats with a dot)
+use_tis: true
+use_rs: false
+tis_level: "sequence"
+rs_level: "sequence"
+tis_mode: "{tis_mode}"
+tis_lower_bound: {lower}
+tis_upper_bound: {upper}
+rs_lower_bound: null
+rs_upper_bound: null
+rs_veto_threshold: null
+tis_batch_normalize: false"""
+
+
+def _float(x: float) -> str:
+    text = repr(float(x))
+    return text if "." in text else text.replace("e", ".0e")
+
+
+def _slime(mode: str | None, c: float, lower: float | None) -> Snippet:
+    if mode is None:
+        return Snippet(*SLIME, "bash", "# nothing to set: train/train_rollout_logprob_abs_diff is logged whenever "
+                       "rollout log-probs exist", "Megatron backend only.")
+    low = "" if lower is None else f" --tis-clip-low {_g(lower)}"
+    if mode == "token_truncate":
+        return Snippet(*SLIME, "bash", f"--use-tis --tis-clip {_g(c)}{low}", "Megatron backend only.")
+    if mode == "token_mask":
+        return Snippet(*SLIME, "bash", f"--use-tis --tis-clip {_g(c)}{low} \\\n--custom-tis-function-path "
+                       "slime.backends.megatron_utils.loss.icepop_function",
+                       "icepop_function zeroes weights outside [L, C]; the loss mask is unchanged.")
+    tis_mode = ("clip" if lower is not None else "truncate") if mode == "sequence_truncate" else "mask"
+    yaml = SLIME_YAML.format(tis_mode=tis_mode, upper=_float(c), lower=_float(lower or 0.0))
+    code = ("--use-tis --custom-config-path rcdiag_mis.yaml \\\n--custom-tis-function-path "
+            "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp\n\n" + yaml)
+    return Snippet(*SLIME, "bash", code, "The README's --tis-mode / --mis-* flags do not exist (silently ignored): "
+                   "use the YAML. Megatron backend only.")
+
+
+BUILDERS = (_verl, _trl, _swift, _slime)
+
+
+def trainer_settings(mode: str | None, threshold: float | None = None, lower: float | None = None,
+                     convention: str = "canonical", sequence_ratio: str = "geometric") -> list[Snippet]:
+    """The snippets of every framework for `mode` at C = `threshold` (lower L optional); mode None gives the
+    'monitor only' settings (no correction, metrics logged). `sequence_ratio` is how the report's convention
+    forms a sequence ratio (Convention.is_seq_ratio): for sequence modes the product-based frameworks get a note
+    when it differs."""
+    c = float(threshold) if threshold is not None else 2.0
+    out = [build(mode, c, lower) for build in BUILDERS]
+    if mode is not None and mode.startswith("sequence") and not sequence_ratio.startswith("product"):
+        extra = PRODUCT_NOTE.format(convention=convention, kind="the geometric mean of the token ratios",
+                                    target="verl")
+        out = [Snippet(s.framework, s.version, s.source, s.language, s.code, f"{s.note} {extra}".strip())
+               if s.framework in ("verl", "TRL", "slime") else s for s in out]
+    return out

@@ -1,0 +1,162 @@
+"""The verdict-first report on three runs built here (healthy dense-like, heavy-tailed MoE-like, a temperature
+bug): verdicts, the recommendation's class, its numbers against rcdiag.simulate, the settings to paste,
+--fail-on, metrics.json, no duplicated rows, and escaping of data strings."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import rcdiag
+from rcdiag.analysis.health import ALARM, HEALTHY, WARNING, verdict
+from rcdiag.cli import main
+from rcdiag.report.make import make_report
+from rcdiag.report.options import ReportOptions
+from rcdiag.report.render import Block, md_escape, to_html, to_markdown
+from tests.report.verdict_runs import verdict_runs
+
+FAST = ReportOptions(replicates=40)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verdict")
+    runs = verdict_runs(root / "runs")
+    out = {}
+    for name, run in runs.items():
+        result = make_report([run], root / "reports" / name, FAST)
+        out[name] = (run, result.reports[0], result.out)
+    return out
+
+
+def test_verdicts(reports):
+    assert reports["healthy"][1].verdict.status == HEALTHY
+    assert reports["healthy"][1].verdict.reasons == []
+    heavy = reports["heavy"][1].verdict
+    assert heavy.status == ALARM
+    assert any(r.startswith("chi2_token = ") for r in heavy.reasons)
+    assert any(r.startswith("frac_outside_0.5_2 = 0.019") for r in heavy.reasons)
+    temp = reports["temperature"][1].verdict
+    assert temp.status in (ALARM, WARNING)
+    assert temp.first_check == "temperature" and temp.reasons[0].startswith("check temperature (error)")
+
+
+def test_recommendation_classes(reports):
+    healthy = reports["healthy"][1].recommendation
+    assert healthy["kind"] == "none" and healthy["text"].startswith("No correction needed")
+    assert "ESS" in healthy["text"] and "bias" in healthy["text"]
+    heavy = reports["heavy"][1].recommendation
+    assert heavy["kind"] == "correct" and heavy["clipped_frac"] > 0.01  # it acts on the 1.9 % tail
+    assert heavy["mode"].startswith("token") and heavy["threshold"] <= 2
+    assert "sequence_truncate" not in heavy["text"].split(".")[0]
+    temp = reports["temperature"][1].recommendation
+    assert temp["kind"] == "fix_check" and temp["text"].startswith("Fix the failed check temperature first")
+    assert temp["mode"] is None and temp["settings"] == []
+
+
+def test_recommended_numbers_equal_simulate(reports):
+    run, rep, _ = reports["heavy"]
+    rec = rep.recommendation
+    want = rcdiag.simulate(run, rec["mode"], threshold=rec["threshold"], convention=rep.options.convention)
+    for key in ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq_frac"):
+        assert rec[key] == pytest.approx(want[key], rel=1e-12, abs=1e-15), key
+    assert rec["bias"] == pytest.approx(abs(want["is_weight_mean"] - 1), rel=1e-12)
+
+
+def test_no_recommended_setting_clips_nothing_while_the_tail_is_heavy(reports):
+    rec = reports["heavy"][1].recommendation
+    assert rec["clipped_frac"] > 0 and rec["beyond_share"] == pytest.approx(0.019, abs=0.001)
+
+
+def test_settings_to_paste_for_every_framework(reports):
+    md = (reports["heavy"][2] / "report.md").read_text()
+    html = (reports["heavy"][2] / "report.html").read_text()
+    for text in ("algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2",
+                 "vllm_importance_sampling_mode=\"token_truncate\"", "vllm_importance_sampling_clip_max=2",
+                 "--rollout_importance_sampling_mode token_truncate", "--rollout_importance_sampling_threshold 2",
+                 "--use-tis --tis-clip 2"):
+        assert text in md, text
+    for framework in ("verl", "TRL", "ms-swift", "slime"):
+        assert f"<div class=\"head\">{framework}" in html
+    assert "0.10.0.dev" in md and "1.10.0.dev0" in md and "4.6.0.dev0" in md and "0.3.1" in md
+
+
+def test_report_opens_with_the_verdict(reports):
+    for name, status in (("healthy", "HEALTHY"), ("heavy", "ALARM")):
+        md = (reports[name][2] / "report.md").read_text().splitlines()
+        assert md[0].startswith("# rcdiag report") and md[2].startswith("*engine synthetic (bfloat16, T=1")
+        assert md[4].startswith(f"> **{status}: ")
+        html = (reports[name][2] / "report.html").read_text()
+        assert f'data-status="{status.lower()}"' in html
+        assert html.index("data-status") < html.index("<h2")
+    assert "input checks pass" in (reports["heavy"][2] / "report.md").read_text()
+
+
+def test_metrics_json_has_the_verdict(reports):
+    data = json.loads((reports["heavy"][2] / "metrics.json").read_text())
+    assert data["verdict"]["status"] == "alarm" and data["verdict"]["reasons"]
+    assert data["verdict"]["metric_status"]["chi2_token"] == "alarm"
+    assert data["verdict"]["metric_status"]["ess"] == "warning"  # 0.98: below the dense 0.99
+    assert data["recommendation"]["kind"] == "correct" and len(data["recommendation"]["settings"]) == 4
+    assert data["context"]["engine"]["logprobs_mode"] == "processed_logprobs"
+
+
+def test_healthy_report_has_no_duplicated_table_rows(reports):
+    md = (reports["healthy"][2] / "report.md").read_text()
+    lines = md.splitlines()
+    rows = [line for line, nxt in zip(lines, lines[1:] + [""], strict=True)
+            if line.startswith("| ") and not nxt.startswith(("|:", "|-"))]  # data rows, not headers
+    assert rows and len(rows) == len(set(rows))
+    assert "identical numbers for every mode" in md  # the sweep's identical thresholds are merged
+    assert "| kl |" not in md.split("## Where the mismatch comes from")[1].split("</details>")[0]
+
+
+@pytest.mark.parametrize("name,level,code", [("healthy", "warning", 0), ("heavy", "alarm", 1),
+                                             ("heavy", "warning", 1), ("temperature", "warning", 1)])
+def test_fail_on(reports, tmp_path, capsys, name, level, code):
+    run = reports[name][0]
+    got = main(["report", str(run.path), "--out", str(tmp_path / "r"), "--quiet", "--fail-on", level])
+    err = capsys.readouterr().err
+    assert got == code, err
+    if code:
+        assert f"--fail-on {level}:" in err and f"{name}: " in err
+
+
+def test_fail_on_rejects_unknown_level(reports, tmp_path, capsys):
+    """The same exit code and message style as the other bad options (test_cli), before any work."""
+    out = tmp_path / "r"
+    assert main(["report", str(reports["healthy"][0].path), "--out", str(out), "--fail-on", "bad"]) == 1
+    assert capsys.readouterr().err.startswith("Error: --fail-on 'bad': choose one of warning, alarm")
+    assert not out.exists()
+
+
+def test_cli_summary_line_is_the_verdict(reports, tmp_path, capsys):
+    assert main(["report", str(reports["heavy"][0].path), "--out", str(tmp_path / "r")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert re.match(r"heavy: ALARM: use token_truncate at C=2 \(kl=.*; input checks pass\)", first), first
+
+
+def test_verdict_from_check_dicts_and_values():
+    v = verdict({"kl": 0.05, "ess": 0.2}, [{"name": "placeholders", "severity": "warning", "message": "m"}])
+    assert v.status == ALARM and v.reasons[0] == "check placeholders (warning): m"
+    assert v.reasons[1].startswith("ess = 0.2 (alarm") and v.reasons[2].startswith("kl = 0.05 (warning")
+    assert verdict({"kl": float("nan")}).status == HEALTHY
+
+
+def test_data_strings_are_escaped():
+    evil = "x | <script>alert(1)</script> [l](http://e) *b* _i_"
+    md = to_markdown([Block("p", evil), Block("table", headers=["t"], rows=[[evil]])])
+    assert "<script>" not in md and "[l](http" not in md and "| <" not in md and " *b* " not in md
+    assert md_escape("a|b") == "a\\|b" and md_escape("token_truncate") == "token_truncate"
+    page = to_html([Block("p", evil), Block("table", headers=["t"], rows=[[evil]])], {}, evil)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_notebook_card_shows_the_verdict_and_context(reports):
+    from rcdiag import notebook
+
+    run = notebook.Run(reports["heavy"][0].path) if hasattr(notebook, "Run") else reports["heavy"][0]
+    card = notebook.run_html(run)
+    assert 'data-status="alarm"' in card and "engine synthetic (bfloat16, T=1" in card
+    assert "chi2_token = 5.35e+13" in card

@@ -91,7 +91,8 @@ class ISAccumulator:
     """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(B)`.
 
     Rejection options are applied first (rows they reject are not scored and count as not kept) — except under
-    verl, whose IS metrics use the original response mask (rejection ignored; its own `rs_*` numbers report it).
+    verl, whose IS metrics use the original response mask (rejection ignored; its own `rs_*` numbers report it;
+    kept_token_frac / kept_seq_frac still count rejected tokens as not kept).
     Weights and sequence ratios come from the original mask; kept_token_frac / kept_seq_frac are shares of all
     valid tokens / of sequences with T_i > 0. State is O(1) per mode (+ the weights when kept).
     """
@@ -110,6 +111,10 @@ class ISAccumulator:
             check_verl(self.rejection)
         self.extras = [VerlISExtras(m.level, m.action, m.upper, m.lower) for m in self.modes] if verl else []
         self.rs = VerlRejectionStats(self.rejection) if verl and self.rejection else None
+        # under verl the IS metrics ignore rejection; kept_token_frac / kept_seq_frac (rcdiag's own) still count
+        # what the loss keeps, from a second set of states over the tokens that survive rejection
+        self.kept = ([ModeStats(m.level, m.action, Bounds(m.upper, m.lower), conv) for m in self.modes]
+                     if conv.is_scope == "original" and self.rejection else [])
         self.keys: list[tuple[np.ndarray, ...]] | None = [] if keep_weights else None
 
     def update_chunk(self, chunk: TokenChunk) -> None:
@@ -119,6 +124,8 @@ class ISAccumulator:
         keep = self.rs.update(chunk) if self.rs is not None else keep_rows(self.rejection, chunk)
         view = ChunkView.build(chunk, conv, keep if conv.is_scope == "scored" else None)
         update_modes(self.stats, view)
+        if self.kept:
+            update_modes(self.kept, ChunkView.build(chunk, conv, keep))
         for extra in self.extras:
             extra.update(chunk, view.lr_rows, view.rho_rows)
         if self.keys is not None:
@@ -129,7 +136,7 @@ class ISAccumulator:
             raise ValueError("cannot merge IS accumulators of different modes or conventions")
         for mine, theirs in zip(self.stats, other.stats, strict=True):
             mine.merge(theirs)
-        for mine, theirs in zip(self.extras, other.extras, strict=True):
+        for mine, theirs in zip(self.extras + self.kept, other.extras + other.kept, strict=True):
             mine.merge(theirs)
         if self.rs is not None:
             self.rs.merge(other.rs)
@@ -143,6 +150,9 @@ class ISAccumulator:
         results = [stats.finish(num_sequences, divide) for stats in self.stats]
         for result, extra in zip(results, self.extras, strict=False):
             result.update(extra.finish(num_sequences, batch_normalize))
+        for result, kept in zip(results, self.kept, strict=False):
+            after = kept.finish(num_sequences)
+            result.update(kept_token_frac=after["kept_token_frac"], kept_seq_frac=after["kept_seq_frac"])
         if self.rs is not None:
             rs = self.rs.finish(num_sequences)
             for result in results:

@@ -165,15 +165,16 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
     seq_info = []  # per sequence: (log ratio, out-of-bounds, scored token count)
     for i, s in enumerate(seqs):
         keep = [True] * s.t
-        for option, up, lo in rejection if convention != "verl" else ():  # verl: IS metrics ignore rejection
+        for option, up, lo in rejection:
             keep = [k and r for k, r in zip(keep, rejection_keep(s, option, up, lo), strict=True)]
         for e, k in zip(s.ells, keep, strict=True):
             lr = e if convention == "trl" else clamp(e, -CLAMP, CLAMP)
-            tokens.append((i, lr, math.exp(lr), k))
+            # verl: the IS metrics ignore rejection (scored); what the loss keeps still drops rejected tokens
+            tokens.append((i, lr, math.exp(lr), True if convention == "verl" else k, k))
         lam = seq_log_ratio(s, convention)
-        seq_info.append((lam, lam > log_c or lam < log_l, sum(keep)))
+        seq_info.append((lam, lam > log_c or lam < log_l, s.t if convention == "verl" else sum(keep)))
     weights, ess_w, kept = [], [], []
-    for i, lr, rho, scored in tokens:
+    for i, lr, rho, scored, survives in tokens:
         lam, out_seq, _ = seq_info[i]
         if level == "token":
             out = lr > log_c or lr < log_l
@@ -191,7 +192,7 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
             else:
                 w = 0.0 if out else r
         is_kept = not (action == "mask" and out)
-        kept.append((i, scored and is_kept))
+        kept.append((i, survives and is_kept))
         if applied is not None:
             applied.append(w if scored else 0.0)
         if scored:
@@ -258,7 +259,7 @@ def _f32(k: int, n: int) -> float:
 
 def _fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo, bounds) -> dict[str, float]:
     if level == "token":
-        scored = [(lr, rho) for _, lr, rho, k in tokens if k]
+        scored = [(lr, rho) for _, lr, rho, k, _ in tokens if k]
         n = len(scored)
         high = sum(1 for lr, _ in scored if lr > log_c)
         low = sum(1 for lr, _ in scored if lr < log_lo)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.report.make import DEFAULT_COMPARISON_DIR, make_report
@@ -42,6 +43,8 @@ def command(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
+    keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
+                                      "framework's logged keys; implies that --convention).")] = DEFAULTS.keys,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 
@@ -65,8 +68,11 @@ def command(
 
         rcdiag report runs/big --ray auto    # per-file accumulators as Ray tasks; the same numbers
     """
+    keys = check_keys(keys)
+    if keys != DEFAULTS.keys and convention == DEFAULTS.convention:
+        convention = keys  # --keys verl reports verl's numbers under verl's names
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
-                            thresholds=_thresholds(thresholds), silent=quiet)
+                            thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
 

@@ -26,7 +26,7 @@ def padded(tokens, universe=None, junk: float = -7.0):
     positions hold `junk` (every masked reduction must ignore it)."""
     ids = sorted(set(tokens["seq_id"].tolist()) | set(universe or ()))
     rows = {s: [] for s in ids}
-    for s, p, x, y, k in sorted(zip(tokens["seq_id"], tokens["pos"], tokens["train_logprob"],
+    for s, _pos, x, y, k in sorted(zip(tokens["seq_id"], tokens["pos"], tokens["train_logprob"],
                                     tokens["rollout_logprob"], tokens["mask"], strict=True)):
         rows[int(s)].append((float(x), float(y), bool(k)))
     width = max([len(r) for r in rows.values()] + [1])

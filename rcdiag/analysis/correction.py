@@ -98,7 +98,10 @@ class ISAccumulator:
     """
 
     def __init__(self, modes: Sequence[CorrectionMode], convention: str | Convention = DEFAULT_CONVENTION, *,
-                 rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False) -> None:
+                 rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False,
+                 extras: bool = True) -> None:
+        """`extras`: also the numbers only a framework logs (verl's is_seq_*, rs_* …); a sweep, whose table has
+        the IS_METRIC_NAMES columns only, leaves them out."""
         self.convention = conv = get_convention(convention)
         self.modes = list(modes)
         for mode in self.modes:
@@ -106,8 +109,8 @@ class ISAccumulator:
         self.rejection = parse_rejections(rejection)
         self.stats = [ModeStats(m.level, m.action, Bounds(m.upper, m.lower), conv, keep_weights)
                       for m in self.modes]
-        verl = conv.framework == "verl"
-        if verl:
+        verl = conv.framework == "verl" and extras
+        if conv.framework == "verl":
             check_verl(self.rejection)
         self.extras = [VerlISExtras(m.level, m.action, m.upper, m.lower) for m in self.modes] if verl else []
         self.rs = VerlRejectionStats(self.rejection) if verl and self.rejection else None
@@ -226,7 +229,7 @@ def sweep(data: Any, modes: Iterable[str | CorrectionMode] = tuple(MODES),
     columns = ["mode", "threshold", *IS_METRIC_NAMES]
     if not grid:
         return pd.DataFrame(columns=columns)
-    accumulator = ISAccumulator(grid, convention, rejection=rejection)
+    accumulator = ISAccumulator(grid, convention, rejection=rejection, extras=False)
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
     results = accumulator.finish(rows, batch_normalize)
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
@@ -244,7 +247,7 @@ def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[
     grid = [get_mode(m).with_bounds(c) for m in modes for c in thresholds]
     metrics = MetricsAccumulator(convention)
     consumers: list[Any] = [metrics]
-    correction = ISAccumulator(grid, convention) if grid else None
+    correction = ISAccumulator(grid, convention, extras=False) if grid else None
     if correction is not None:
         consumers.append(correction)
     rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="analyze")

@@ -90,7 +90,10 @@ class Rejection:
 
     def keep_rows(self, chunk: TokenChunk) -> np.ndarray:
         """bool [n]: rows this option keeps (masked rows are irrelevant and kept)."""
-        values, per_seq = self.statistic(chunk)
+        return self.keep_from(chunk, *self.statistic(chunk))
+
+    def keep_from(self, chunk: TokenChunk, values: np.ndarray, per_seq: np.ndarray | None) -> np.ndarray:
+        """keep_rows from an already computed `statistic(chunk)`."""
         lo, hi = self.bounds()
         if per_seq is None:
             return (values >= lo) & (values <= hi)

@@ -163,9 +163,10 @@ class OptionStats:
         self.tokens = self.rows = self.high = self.low = self.seq_high = self.seq_low = 0
         self.masked_tokens = self.masked_rows = 0
 
-    def update(self, chunk: TokenChunk, keep: np.ndarray) -> None:
-        """Add a chunk; `keep`: this option's keep flags per row."""
+    def update(self, chunk: TokenChunk) -> np.ndarray:
+        """Add a chunk; returns this option's keep flags per row."""
         values, per_seq = self.rejection.statistic(chunk)
+        keep = self.rejection.keep_from(chunk, values, per_seq)
         counts = chunk.counts
         valid = counts > 0
         mask = chunk.mask
@@ -190,6 +191,7 @@ class OptionStats:
         self.rows += int(np.count_nonzero(valid))
         self.masked_tokens += int(np.count_nonzero(rejected))
         self.masked_rows += int(np.count_nonzero(np.logical_or.reduceat(rejected, chunk.starts)))
+        return keep
 
     def merge(self, other: OptionStats) -> None:
         for name in ("token_sum", "token_ext", "clamped", "seq"):
@@ -231,9 +233,7 @@ class VerlRejectionStats:
         """Add a chunk; returns the combined keep flags per row."""
         keep_all = np.ones(chunk.n, dtype=bool)
         for option in self.options:
-            keep = option.rejection.keep_rows(chunk)
-            option.update(chunk, keep)
-            keep_all &= keep
+            keep_all &= option.update(chunk)
         rejected = chunk.mask & ~keep_all
         self.tokens += int(chunk.counts.sum())
         self.masked_tokens += int(np.count_nonzero(rejected))

@@ -176,3 +176,16 @@ def test_keys_and_convention_must_agree():
     renamed = rcdiag.compute_metrics(tokens, keys="swift")
     assert renamed["rollout_correction/kl"] == canonical["kl"] or canonical["kl"] != canonical["kl"]
     assert renamed["rcdiag/tokens"] == canonical["tokens"]
+
+
+def test_verl_rejection_config_strings():
+    """verl's rollout_rs / rollout_rs_threshold: duplicates dropped before counting thresholds, one shared value or
+    one per option, k1 upper-only means [1/up, up], a lower bound on k2/k3 refused (verl raises ValueError)."""
+    chain = verl_rejections("token_k1, seq_mean_k3, token_k1", "2.0,0.01")
+    assert [(r.option, r.upper, r.lower) for r in chain] == [("token_k1", 2.0, None), ("seq_mean_k3", 0.01, None)]
+    assert chain[0].bounds() == (math.log(0.5), math.log(2.0))
+    assert [r.upper for r in verl_rejections("token_k3,seq_max_k2", "0.5")] == [0.5, 0.5]
+    with pytest.raises(ConfigError, match="one value shared"):
+        verl_rejections("token_k1,token_k2,token_k3", "1,2")
+    with pytest.raises(ConfigError, match="single upper bound"):
+        verl_rejections("token_k2", "0.1_0.5")

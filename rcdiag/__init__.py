@@ -17,6 +17,7 @@ _EXPORTS = {
     **dict.fromkeys(("open_run", "Run", "write_run", "compare"), "rcdiag.notebook"),
     **dict.fromkeys(("compute_metrics", "sequence_stats"), "rcdiag.analysis.metrics"),
     **dict.fromkeys(("simulate", "sweep", "CorrectionMode", "analyze"), "rcdiag.analysis.correction"),
+    "verl_rejections": "rcdiag.analysis.rejection",
     "import_run": "rcdiag.importers",
     "rescore_run": "rcdiag.score.rescore",
     "RescoreConfig": "rcdiag.score.config",

@@ -30,6 +30,15 @@ class Convention:
     - `float32_counts`: IS count metrics rounded as float32(k/N) (the framework's `.float()`).
     - `clipped_rows`: rows of sequence-level `clipped_frac`: "valid" or "all" (swift).
     - `high_low_rows`: rows of sequence-level fraction_high/low: "valid" or "all" (verl, on S vs float32 log C).
+    - `framework`: which framework's extra logged numbers to add ("verl": rollout_is_seq_*, batch_norm_factor and
+      the rollout_rs_* rejection statistics, verlstats.py; "trl": the sampling_logp_difference mean/max; "").
+    - `is_scope`: tokens the IS metrics are computed over: "scored" (valid and not rejected) or "original" (verl:
+      every valid token of the original response mask, rejection ignored).
+    - `batch_norm`: "divide" (canonical: the IS metrics are of the normalised weights) or "factor" (verl: metrics
+      before normalisation, plus batch_norm_factor).
+    - `no_upper`: an upper bound of None (no C) is allowed (TRL's vllm_importance_sampling_clip_max=None).
+    - `no_data`: "nan" (canonical: no valid token → NaN) or "trl" (TRL logs 0.0 for token modes, 1.0 for sequence
+      modes and 0.0 for the logp differences).
     """
 
     name: str
@@ -45,6 +54,11 @@ class Convention:
     float32_counts: frozenset[str] = frozenset()
     clipped_rows: str = "valid"
     high_low_rows: str = "valid"
+    framework: str = ""
+    is_scope: str = "scored"
+    batch_norm: str = "divide"
+    no_upper: bool = False
+    no_data: str = "nan"
 
 
 CONVENTIONS: dict[str, Convention] = {
@@ -56,14 +70,24 @@ CONVENTIONS: dict[str, Convention] = {
     "verl": Convention(
         "verl", seq_rows="all", k3="raw", chi2_seq="product", is_seq_ratio="product_clamped", ess="verl",
         allow_lower=frozenset({"mask"}), seq_extrema="raw",
-        float32_counts=frozenset({"fraction_high", "fraction_low"}), high_low_rows="all"),
-    "trl": Convention("trl", token_clamp=None, is_seq_ratio="product", seq_extrema="per_sequence"),
+        float32_counts=frozenset({"fraction_high", "fraction_low"}), high_low_rows="all", framework="verl",
+        is_scope="original", batch_norm="factor"),
+    "trl": Convention("trl", token_clamp=None, is_seq_ratio="product", seq_extrema="per_sequence", framework="trl",
+                      no_upper=True, no_data="trl"),
 }
-"""canonical = METRICS.md definitions; swift = ms-swift ≥ 3.11; verl = 0.9.x rollout_corr_helper; trl = GRPO.
+"""canonical = METRICS.md definitions; swift = ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py`; verl = v0.9.0
+`verl/trainer/ppo/rollout_corr_helper.py`; trl = v1.9.0 `trl/trainer/grpo_trainer.py` (GRPOTrainer).
 
-trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl gives the canonical values; its
-convention changes only the IS simulation (no ±20 clamp, product sequence ratio, per-sequence ratio statistics).
-verl's unclamped k3 is computed in float64 (inf only past ~709 nats; verl's float32 overflows past ~88)."""
+trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl gives the canonical values plus
+TRL's `sampling_logp_difference` mean/max; its convention changes the IS simulation (no ±20 clamp, product sequence
+ratio, per-sequence ratio statistics, optional upper bound, 0.0/1.0 with no valid token).
+verl's unclamped k3 is computed in float64 (inf only past ~709 nats; verl's float32 overflows past ~88).
+
+Ties: rcdiag decides ρ ≤ C exactly, in float64 log space (ℓ̂ ≤ log C), under every convention. The frameworks compare
+float32 values (exp_f32(ℓ_f32) with float32(C)), so within about one float32 ulp of C (|ρ/C − 1| ≲ 6e-8) a framework
+may keep a token that rcdiag counts above C, or the reverse; everywhere else the decisions agree. rcdiag does not
+emulate float32 because a tie decided by rounding is noise, and an exact rule keeps results independent of the
+stored dtype."""
 
 DEFAULT_CONVENTION = "canonical"
 

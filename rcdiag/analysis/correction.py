@@ -20,7 +20,8 @@ from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, Convention, get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
 from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
-from rcdiag.analysis.rejection import Rejection, keep_rows, parse_rejections
+from rcdiag.analysis.rejection import Rejection, check_verl, keep_rows, parse_rejections
+from rcdiag.analysis.verlstats import VerlISExtras, VerlRejectionStats
 from rcdiag.errors import ConfigError
 
 LEVELS = ("token", "sequence")
@@ -30,7 +31,8 @@ ACTIONS = ("truncate", "mask")
 @dataclass(frozen=True)
 class CorrectionMode:
     """An IS correction: `level` token|sequence, `action` truncate (clamp the weight to [L, C]) | mask (weight 0
-    outside [L, C]); `upper` = C, `lower` = L (None: no lower bound). Bounds are ratio bounds with L ≤ 1 ≤ C."""
+    outside [L, C]); `upper` = C (math.inf: no upper bound, TRL's clip_max=None, convention trl only), `lower` = L
+    (None: no lower bound). Bounds are ratio bounds with L ≤ 1 ≤ C."""
 
     level: str
     action: str
@@ -40,8 +42,8 @@ class CorrectionMode:
     def __post_init__(self) -> None:
         if self.level not in LEVELS or self.action not in ACTIONS:
             raise ConfigError(f"unknown correction mode {self.level}_{self.action}; choose one of {', '.join(MODES)}")
-        if not (isinstance(self.upper, (int, float)) and math.isfinite(self.upper) and self.upper >= 1.0):
-            raise ConfigError(f"threshold C must be a finite number ≥ 1, got {self.upper!r}")
+        if not (isinstance(self.upper, (int, float)) and not math.isnan(self.upper) and self.upper >= 1.0):
+            raise ConfigError(f"threshold C must be a number ≥ 1 (or None for no upper bound), got {self.upper!r}")
         if self.lower is not None and not (math.isfinite(self.lower) and 0.0 < self.lower <= 1.0):
             raise ConfigError(f"lower bound L must be in (0, 1], got {self.lower!r}")
 
@@ -76,78 +78,135 @@ def _check_convention(mode: CorrectionMode, conv: Convention) -> None:
     if mode.lower is not None and mode.action not in conv.allow_lower:
         raise ConfigError(f"convention {conv.name} has no lower bound for {mode.name}"
                           + ("; use convention canonical or trl" if conv.name != "canonical" else ""))
+    if math.isinf(mode.upper):
+        if not conv.no_upper:
+            raise ConfigError(f"threshold None (no upper bound) is TRL's clip_max=None; convention {conv.name} "
+                              "needs a threshold C (or use convention trl)")
+        if mode.action == "truncate" and mode.lower is None:  # TRL's GRPOConfig raises ValueError here
+            raise ConfigError(f"{mode.name} with neither an upper nor a lower bound: TRL refuses this "
+                              "configuration; give a threshold C or a lower bound L")
 
 
 class ISAccumulator:
     """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(B)`.
 
-    Rejection options are applied first (rows they reject are not scored and count as not kept); weights and
-    sequence ratios come from the original mask; kept_token_frac / kept_seq_frac are shares of all valid tokens /
-    of sequences with T_i > 0. State is O(1) per mode (+ the weights when kept).
+    Rejection options are applied first (rows they reject are not scored and count as not kept) — except under
+    verl, whose IS metrics use the original response mask (rejection ignored; its own `rs_*` numbers report it;
+    kept_token_frac / kept_seq_frac still count rejected tokens as not kept).
+    Weights and sequence ratios come from the original mask; kept_token_frac / kept_seq_frac are shares of all
+    valid tokens / of sequences with T_i > 0. State is O(1) per mode (+ the weights when kept).
     """
 
     def __init__(self, modes: Sequence[CorrectionMode], convention: str | Convention = DEFAULT_CONVENTION, *,
-                 rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False) -> None:
-        self.convention = get_convention(convention)
+                 rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False,
+                 extras: bool = True) -> None:
+        """`extras`: also the numbers only a framework logs (verl's is_seq_*, rs_* …); a sweep, whose table has
+        the IS_METRIC_NAMES columns only, leaves them out."""
+        self.convention = conv = get_convention(convention)
         self.modes = list(modes)
         for mode in self.modes:
-            _check_convention(mode, self.convention)
+            _check_convention(mode, conv)
         self.rejection = parse_rejections(rejection)
-        self.stats = [ModeStats(m.level, m.action, Bounds(m.upper, m.lower), self.convention, keep_weights)
+        self.stats = [ModeStats(m.level, m.action, Bounds(m.upper, m.lower), conv, keep_weights)
                       for m in self.modes]
-        self.keys: list[tuple[np.ndarray, np.ndarray]] | None = [] if keep_weights else None
+        verl = conv.framework == "verl" and extras
+        if conv.framework == "verl":
+            check_verl(self.rejection)
+        self.extras = [VerlISExtras(m.level, m.action, m.upper, m.lower) for m in self.modes] if verl else []
+        self.rs = VerlRejectionStats(self.rejection) if verl and self.rejection else None
+        # under verl the IS metrics ignore rejection; kept_token_frac / kept_seq_frac (rcdiag's own) still count
+        # what the loss keeps, from a second set of states over the tokens that survive rejection
+        self.kept = ([ModeStats(m.level, m.action, Bounds(m.upper, m.lower), conv) for m in self.modes]
+                     if conv.is_scope == "original" and self.rejection else [])
+        self.keys: list[tuple[np.ndarray, ...]] | None = [] if keep_weights else None
 
     def update_chunk(self, chunk: TokenChunk) -> None:
         if chunk.n == 0:
             return
-        update_modes(self.stats, ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk)))
+        conv = self.convention
+        keep = self.rs.update(chunk) if self.rs is not None else keep_rows(self.rejection, chunk)
+        view = ChunkView.build(chunk, conv, keep if conv.is_scope == "scored" else None)
+        update_modes(self.stats, view)
+        if self.kept:
+            update_modes(self.kept, ChunkView.build(chunk, conv, keep))
+        for extra in self.extras:
+            extra.update(chunk, view.lr_rows, view.rho_rows)
         if self.keys is not None:
-            self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos))
+            self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos, keep))
 
     def merge(self, other: ISAccumulator) -> ISAccumulator:
         if [m for m in other.modes] != self.modes or other.convention != self.convention:
             raise ValueError("cannot merge IS accumulators of different modes or conventions")
         for mine, theirs in zip(self.stats, other.stats, strict=True):
             mine.merge(theirs)
+        for mine, theirs in zip(self.extras + self.kept, other.extras + other.kept, strict=True):
+            mine.merge(theirs)
+        if self.rs is not None:
+            self.rs.merge(other.rs)
         return self
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> list[dict[str, float]]:
-        return [stats.finish(num_sequences, batch_normalize) for stats in self.stats]
+        """One dict per mode: IS_METRIC_NAMES (+ under verl the is_seq_*, is_oob_ratio, batch_norm_factor and
+        rs_* numbers). Batch normalisation divides the metrics by the token mean (canonical), or under verl
+        leaves them as verl logs them (before normalisation) and adds batch_norm_factor."""
+        divide = batch_normalize and self.convention.batch_norm == "divide"
+        results = [stats.finish(num_sequences, divide) for stats in self.stats]
+        for result, extra in zip(results, self.extras, strict=False):
+            result.update(extra.finish(num_sequences, batch_normalize))
+        for result, kept in zip(results, self.kept, strict=False):
+            after = kept.finish(num_sequences)
+            result.update(kept_token_frac=after["kept_token_frac"], kept_seq_frac=after["kept_seq_frac"])
+        if self.rs is not None:
+            rs = self.rs.finish(num_sequences)
+            for result in results:
+                result.update(rs)
+        return results
 
     def weights_frame(self, index: int = 0, batch_normalize: bool = False) -> Any:
         """Per-token weights of mode `index`: DataFrame seq_id, pos, weight (NaN on masked rows, 0 where masked
-        out or rejected), kept (bool)."""
+        out or rejected), kept (bool). Batch normalisation divides by the token mean (verl: by verl's factor)."""
         import pandas as pd
 
         stats = self.stats[index]
         parts = stats.weights or []
         weight = np.concatenate(parts) if parts else np.zeros(0)
+        keys = self.keys or []
+        if self.convention.is_scope == "original" and any(k[2] is not None for k in keys):
+            keep = np.concatenate([np.ones(k[0].size, bool) if k[2] is None else k[2] for k in keys])
+            weight = np.where(keep | np.isnan(weight), weight, 0.0)  # the loss mask drops rejected tokens
         if batch_normalize:
-            weight = weight / stats.token_mean()
-        seq = np.concatenate([k[0] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
-        pos = np.concatenate([k[1] for k in self.keys]) if self.keys else np.zeros(0, dtype=np.int64)
+            weight = weight / (self.extras[index].factor() if self.extras else stats.token_mean())
+        seq = np.concatenate([k[0] for k in keys]) if keys else np.zeros(0, dtype=np.int64)
+        pos = np.concatenate([k[1] for k in keys]) if keys else np.zeros(0, dtype=np.int64)
         return pd.DataFrame({"seq_id": seq, "pos": pos, "weight": weight, "kept": weight > 0})
 
 
 def simulate(data: Any, mode: str | CorrectionMode, threshold: float | None = DEFAULT_THRESHOLD,
-             lower: float | None = None, convention: str = DEFAULT_CONVENTION, *,
+             lower: float | None = None, convention: str | None = None, *,
              rejection: Iterable[Rejection | str | tuple] = (), batch_normalize: bool = False,
              return_weights: bool = False, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-             silent: bool = True) -> dict[str, Any]:
+             silent: bool = True, keys: str | None = None) -> dict[str, Any]:
     """Simulate one IS correction on `data` (Run, DataFrame or Arrow table of token rows; see compute_metrics).
 
     `mode`: a preset name (token_truncate, token_mask, sequence_truncate, sequence_mask) or a CorrectionMode;
-    `threshold` C (None: the mode's own, 2.0 for presets) and `lower` L. `convention` picks the framework's
-    formulas (canonical | swift | verl | trl); the keys are METRICS.md's whatever the convention. `rejection`:
-    verl options such as "token_k3:0.01" or ("seq_mean_k1", 2.0, 0.5), chained. `batch_normalize` divides the
-    weights by their token mean (is_weight_mean becomes 1; ESS is unchanged).
+    `threshold` C (None: no upper bound — TRL's clip_max=None, convention trl only) and `lower` L. `convention`
+    picks the framework's formulas (canonical | swift | verl | trl; default canonical, or the framework named by
+    `keys`). `rejection`: verl options such as "token_k3:0.01" or ("seq_mean_k1", 2.0, 0.5), chained (see also
+    rejection.verl_rejections for verl's own config strings). `batch_normalize` divides the weights by their
+    token mean (is_weight_mean becomes 1; ESS is unchanged); under verl the metrics stay as verl logs them
+    (before normalisation) and `batch_norm_factor` is verl's divisor.
+    `keys`: "canonical" (METRICS.md names, default) or "verl" | "swift" | "trl" — the framework's own logged key
+    names (keys.py; numbers the framework does not log get an "rcdiag/" prefix).
     Returns {IS metric: float} (NaN where nothing is scored; ESS NaN with a RuntimeWarning when every weight is
     0), plus "weights": DataFrame(seq_id, pos, weight, kept) when `return_weights`.
     """
-    chosen = get_mode(mode).with_bounds(threshold, lower)
-    accumulator = ISAccumulator([chosen], convention, rejection=rejection, keep_weights=return_weights)
+    from rcdiag.analysis.keys import key_convention, rename
+
+    conv = key_convention(keys, convention)
+    chosen = get_mode(mode).with_bounds(math.inf if threshold is None else threshold, lower)
+    accumulator = ISAccumulator([chosen], conv, rejection=rejection, keep_weights=return_weights)
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="simulate")
-    result: dict[str, Any] = dict(accumulator.finish(rows, batch_normalize)[0])
+    result: dict[str, Any] = rename(accumulator.finish(rows, batch_normalize)[0], keys)
     if return_weights:
         result["weights"] = accumulator.weights_frame(0, batch_normalize)
     return result
@@ -170,7 +229,7 @@ def sweep(data: Any, modes: Iterable[str | CorrectionMode] = tuple(MODES),
     columns = ["mode", "threshold", *IS_METRIC_NAMES]
     if not grid:
         return pd.DataFrame(columns=columns)
-    accumulator = ISAccumulator(grid, convention, rejection=rejection)
+    accumulator = ISAccumulator(grid, convention, rejection=rejection, extras=False)
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
     results = accumulator.finish(rows, batch_normalize)
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
@@ -188,7 +247,7 @@ def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[
     grid = [get_mode(m).with_bounds(c) for m in modes for c in thresholds]
     metrics = MetricsAccumulator(convention)
     consumers: list[Any] = [metrics]
-    correction = ISAccumulator(grid, convention) if grid else None
+    correction = ISAccumulator(grid, convention, extras=False) if grid else None
     if correction is not None:
         consumers.append(correction)
     rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="analyze")

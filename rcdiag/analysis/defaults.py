@@ -5,6 +5,11 @@ A light module (no numba, no pandas) so that checks and the CLI can read them wi
 from __future__ import annotations
 
 DEFAULT_THRESHOLD = 2.0
-"""The IS threshold C: verl's `rollout_is_threshold`, TRL's and ms-swift's default cap (METRICS.md)."""
+"""The IS threshold C. 2.0 is the default of verl v0.9.0 (`algorithm.rollout_correction.rollout_is_threshold`),
+ms-swift v4.5.2 (`--rollout_importance_sampling_threshold`) and slime (`--tis-clip`). TRL v1.9.0 differs: its
+`vllm_importance_sampling_clip_max` defaults to 3.0, with mode `sequence_mask` (GRPOConfig). rcdiag keeps 2.0 — the
+majority default, and the stricter cap, so the report errs towards showing what a correction would remove; TRL's 3.0
+is always in the sweep (DEFAULT_THRESHOLDS) and `simulate(run, "sequence_mask", 3.0, convention="trl")` gives TRL's
+default setting."""
 DEFAULT_THRESHOLDS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """The thresholds of the report's sweep."""

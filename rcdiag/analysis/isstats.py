@@ -19,6 +19,7 @@ from rcdiag.analysis import kernels
 from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP, Convention
+from rcdiag.analysis.verlstats import f32_share
 
 IS_METRIC_NAMES = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess", "clipped_frac",
                    "fraction_high", "fraction_low", "kept_token_frac", "kept_seq_frac")
@@ -179,6 +180,11 @@ class Bounds:
         """log of lo = L, or 1/C without L (for fraction_low)."""
         return self.log_lower if self.lower is not None else -self.log_upper
 
+    @property
+    def lo(self) -> float:
+        """lo = L, or 1/C without L (0 without an upper bound)."""
+        return self.lower if self.lower is not None else 1.0 / self.upper
+
 
 class ModeStats:
     """IS metrics of one (level, action, C, L) under one convention; update with ChunkViews, merge, finish."""
@@ -264,22 +270,22 @@ class ModeStats:
             self.per_seq.add_repeated(w, np.ones(w.size, dtype=np.int64))
         if conv.seq_extrema == "raw":
             self.raw.add(view.seq_sum[chunk.counts > 0])
-        self._count_sequences(lam, counts, high, low, out)
+        self._count_sequences(lam, counts, high, low, out, view.seq_sum[scored])
         if self.weights is not None:
             full = np.zeros(view.stat_counts.size)
             full[scored] = w
             self.weights.append(view.full_rows(view.scored_rows(full) if rows is None else rows, 0.0))
 
     def _count_sequences(self, lam: np.ndarray, counts: np.ndarray, high: np.ndarray, low: np.ndarray,
-                         out: np.ndarray) -> None:
+                         out: np.ndarray, raw_sum: np.ndarray) -> None:
         c, b = self.counts, self.bounds
         self.n_scored_seqs += int(lam.size)
         c["high"] += int(np.count_nonzero(high))
         c["low"] += int(np.count_nonzero(low))
         c["clipped"] += int(np.count_nonzero(out))
-        if self.conv.high_low_rows == "all":
-            c["high_f32"] += int(np.count_nonzero(lam > float(np.float32(b.log_upper))))
-            c["low_f32"] += int(np.count_nonzero(lam < float(np.float32(b.log_lo))))
+        if self.conv.high_low_rows == "all":  # verl: unclamped S_i vs torch.log(torch.tensor(x)), float32
+            c["high_f32"] += int(np.count_nonzero(raw_sum > float(np.log(np.float32(b.upper)))))
+            c["low_f32"] += int(np.count_nonzero(raw_sum < float(np.log(np.float32(b.lo)))))
         kept = ~out if self.action == "mask" else np.ones(out.size, dtype=bool)
         c["kept_tokens"] += int(counts[kept].sum())
         c["kept_seqs"] += int(np.count_nonzero(kept))
@@ -308,6 +314,10 @@ class ModeStats:
             if num_sequences > self.n_valid_seqs:
                 lo, hi = min(lo, 0.0), max(hi, 0.0)
             w_min, w_max = math.exp(lo), math.exp(min(hi, LOG_RATIO_CLAMP))
+        if conv.no_data == "trl" and self.n_valid_tokens == 0:
+            # TRL v1.9.0 grpo_trainer.py logs 0.0 when a batch has no valid token (token modes: nothing to
+            # flatten) and exp(0) = 1.0 per row in sequence modes (rows without tokens have ratio 1).
+            mean = w_min = w_max = 1.0 if sequence_level and num_sequences else 0.0
         out = {"is_weight_mean": mean, "is_weight_std": std, "is_weight_min": w_min, "is_weight_max": w_max,
                "ess": self._ess()}
         out.update(self._fractions(num_sequences))
@@ -343,11 +353,11 @@ class ModeStats:
         scored = self.tok.moments.n if token else self.n_scored_seqs
         clipped = ratio(c["clipped"], scored)
         if not token and conv.clipped_rows == "all":
-            clipped = _f32(c["high"], num_sequences)
+            clipped = f32_share(c["high"], num_sequences)
         high, low = ratio(c["high"], scored), ratio(c["low"], scored)
         if "fraction_high" in conv.float32_counts:
             rows = scored if token else num_sequences
-            high, low = _f32(c["high_f32"], rows), _f32(c["low_f32"], rows)
+            high, low = f32_share(c["high_f32"], rows), f32_share(c["low_f32"], rows)
         return {"clipped_frac": clipped, "fraction_high": high, "fraction_low": low,
                 "kept_token_frac": ratio(c["kept_tokens"], self.n_valid_tokens),
                 "kept_seq_frac": ratio(c["kept_seqs"], self.n_valid_seqs)}
@@ -367,8 +377,3 @@ def update_modes(stats: list[ModeStats], view: ChunkView) -> None:
             mode.update(view)
 
 
-def _f32(k: int, n: int) -> float:
-    """The framework's float32 count share: float32(k) / float32(n) in float32 (NaN when n = 0)."""
-    if n == 0:
-        return math.nan
-    return float(np.float32(k) / np.float32(n))

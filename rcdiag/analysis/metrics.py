@@ -55,6 +55,7 @@ class MetricsAccumulator:
         self.valid_sequences = 0
         self.sums = {name: ExactSum() for name in _TOKEN_SUMS + _SEQ_SUMS}
         self.diff = Extremum()
+        self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
         self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
 
@@ -86,7 +87,10 @@ class MetricsAccumulator:
         sum_ell = chunk.sum_ell
         self.sums["ell"].add(sum_ell)
         self.sums["k3"].add(chunk.seq_column(_K3[conv.k3]))
-        self.sums["chi2"].add(chunk.seq_column("chi2"))  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
+        self.sums["chi2"].add(chunk.seq_column("chi2"))
+        if conv.framework == "trl":
+            self.abs_sum.add(chunk.seq_column("abs_ell"))
+            self.abs_max.add(chunk.sums[2])  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
         t = counts[valid].astype(np.float64)
@@ -115,20 +119,28 @@ class MetricsAccumulator:
         for name, total in self.sums.items():
             total.merge(other.sums[name])
         self.diff.merge(other.diff)
+        self.abs_sum.merge(other.abs_sum)
+        self.abs_max.merge(other.abs_max)
         return self
 
     # ------------------------------------------------------------------ result
     def finish(self, num_sequences: int | None = None) -> dict[str, float]:
         """The metrics dict (METRICS.md names, then counts). `num_sequences` = B, the rows of the sequences table
-        (default: sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0."""
+        (default: sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0.
+        Under trl, also TRL's `sampling_logp_difference` mean and max of |ℓ| over valid tokens (unclamped) as
+        abs_log_ratio_mean / abs_log_ratio_max: 0.0 without a valid token, as TRL v1.9.0 logs."""
         self._flush()
         rows = self.seen_sequences if num_sequences is None else int(num_sequences)
         if rows < self.seen_sequences:
             raise ValueError(f"num_sequences={rows} is less than the {self.seen_sequences} sequences with tokens")
         empty = rows - self.valid_sequences
         counts = {"tokens": self.tokens, "sequences": rows, "empty_sequences": empty}
+        trl = {}
+        if self.convention.framework == "trl":
+            trl = {"abs_log_ratio_mean": self.abs_sum.value() / self.tokens if self.tokens else 0.0,
+                   "abs_log_ratio_max": self.abs_max.hi if self.tokens else 0.0}
         if self.tokens == 0:
-            return {**dict.fromkeys(METRIC_NAMES, math.nan), **counts}
+            return {**dict.fromkeys(METRIC_NAMES, math.nan), **trl, **counts}
         n = self.tokens
         all_rows = self.convention.seq_rows == "all"
         denominator = rows if all_rows else self.valid_sequences
@@ -149,22 +161,29 @@ class MetricsAccumulator:
             "log_ppl_diff_max": diff_max, "log_ppl_diff_min": diff_min, "ppl_ratio": seq_mean("ppl_ratio"),
             "chi2_token": self.sums["chi2"].value() / n, "chi2_seq": seq_mean("chi2_seq"),
         }
-        return {**values, **counts}
+        return {**values, **trl, **counts}
 
 
-def compute_metrics(data: Any, convention: str = DEFAULT_CONVENTION, *, sequences: Any = None,
-                    batch_rows: int = DEFAULT_BATCH_ROWS, silent: bool = True) -> dict[str, float]:
+def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any = None,
+                    batch_rows: int = DEFAULT_BATCH_ROWS, silent: bool = True, keys: str | None = None
+                    ) -> dict[str, float]:
     """Every METRICS.md diagnostic of `data` in one streaming pass.
 
     `data`: a `Run` (B = its sequences table, so empty responses count), or a DataFrame / Arrow table of token rows
     (seq_id int, pos int, rollout_logprob, train_logprob float; mask optional, default all valid; B = distinct
-    seq_ids, or the rows of `sequences` when given). `convention`: canonical | swift | verl | trl.
-    Returns {metric: float} in METRIC_NAMES order plus int counts `tokens` (valid), `sequences` (B) and
-    `empty_sequences` (T_i = 0). No valid token → metrics NaN (never "no mismatch"). Bad rows raise InputError.
+    seq_ids, or the rows of `sequences` when given). `convention`: canonical | swift | verl | trl (default
+    canonical, or the framework named by `keys`). `keys`: "canonical" (METRICS.md names) or "verl" | "swift" |
+    "trl": the framework's logged key names (keys.py), e.g. "rollout_corr/kl"; numbers the framework does not log
+    are prefixed "rcdiag/".
+    Returns {metric: float} in METRIC_NAMES order (+ trl's abs_log_ratio_mean/max under trl) plus int counts
+    `tokens` (valid), `sequences` (B) and `empty_sequences` (T_i = 0). No valid token → metrics NaN (never "no
+    mismatch"). Bad rows raise InputError.
     """
-    accumulator = MetricsAccumulator(convention)
+    from rcdiag.analysis.keys import key_convention, rename
+
+    accumulator = MetricsAccumulator(key_convention(keys, convention))
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="metrics")
-    return accumulator.finish(rows)
+    return rename(accumulator.finish(rows), keys)
 
 
 def sequence_stats(data: Any, *, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,

@@ -51,13 +51,14 @@ class Rejection:
             raise ConfigError(f"unknown rejection option {self.option!r}; choose from {', '.join(OPTIONS)}")
         if not (math.isfinite(self.upper) and self.upper > 0):
             raise ConfigError(f"rejection {self.option}: upper bound must be a positive number, got {self.upper}")
-        if self.lower is not None and not (0 < self.lower <= self.upper if self.statistic == "k1"
+        if self.lower is not None and not (0 < self.lower <= self.upper if self.statistic_name == "k1"
                                            else self.lower <= self.upper):
             raise ConfigError(f"rejection {self.option}: lower bound {self.lower} must be ≤ upper {self.upper}"
-                              + (" and > 0" if self.statistic == "k1" else ""))
+                              + (" and > 0" if self.statistic_name == "k1" else ""))
 
     @property
-    def statistic(self) -> str:
+    def statistic_name(self) -> str:
+        """k1, k2 or k3."""
         return self.option.rsplit("_", 1)[1]
 
     @property
@@ -66,18 +67,18 @@ class Rejection:
 
     def bounds(self) -> tuple[float, float]:
         """(lo, hi) on the statistic itself."""
-        if self.statistic == "k1":
+        if self.statistic_name == "k1":
             lower = self.lower if self.lower is not None else 1.0 / self.upper
             return math.log(lower), math.log(self.upper)
         return (-math.inf if self.lower is None else self.lower), self.upper
 
-    def keep_rows(self, chunk: TokenChunk) -> np.ndarray:
-        """bool [n]: rows this option keeps (masked rows are irrelevant and kept)."""
+    def statistic(self, chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray | None]:
+        """(token statistic per row [n], per-sequence statistic [S] or None for token options). Masked rows hold
+        the statistic of ℓ̂ = 0 (irrelevant); a sequence without valid rows has seq_sum = seq_mean = seq_max = 0."""
         lh = chunk.log_ratio(LOG_RATIO_CLAMP)
-        values = _STAT[self.statistic](lh, chunk.ratio_m1(LOG_RATIO_CLAMP))
-        lo, hi = self.bounds()
+        values = _STAT[self.statistic_name](lh, chunk.ratio_m1(LOG_RATIO_CLAMP))
         if self.scope == "token":
-            return (values >= lo) & (values <= hi)
+            return values, None
         values = chunk.valid_or(values, 0.0)
         if self.scope == "seq_max":
             per_seq = chunk.seq_max(values, 0.0)
@@ -85,6 +86,17 @@ class Rejection:
             per_seq = chunk.seq_sum(values)
             if self.scope == "seq_mean":
                 per_seq = per_seq / np.maximum(chunk.counts, 1)
+        return values, per_seq
+
+    def keep_rows(self, chunk: TokenChunk) -> np.ndarray:
+        """bool [n]: rows this option keeps (masked rows are irrelevant and kept)."""
+        return self.keep_from(chunk, *self.statistic(chunk))
+
+    def keep_from(self, chunk: TokenChunk, values: np.ndarray, per_seq: np.ndarray | None) -> np.ndarray:
+        """keep_rows from an already computed `statistic(chunk)`."""
+        lo, hi = self.bounds()
+        if per_seq is None:
+            return (values >= lo) & (values <= hi)
         return chunk.per_row((per_seq >= lo) & (per_seq <= hi))
 
 
@@ -115,6 +127,31 @@ def parse_rejections(items: Iterable[Rejection | str | tuple] | str | None) -> t
     if isinstance(items, (str, Rejection)):
         items = (items,)
     return tuple(parse_rejection(item) for item in items)
+
+
+def check_verl(rejections: tuple[Rejection, ...]) -> None:
+    """ConfigError for what verl 0.9.0 refuses (`_parse_rollout_rs_thresholds`, rollout_corr_helper.py): a lower
+    bound on a k2/k3 option (verl takes a single upper bound there)."""
+    for rejection in rejections:
+        if rejection.lower is not None and rejection.statistic_name != "k1":
+            raise ConfigError(f"rejection {rejection.option}: verl takes a single upper bound for k2/k3 options "
+                              f"(a 'lower_upper' threshold raises ValueError there); drop the lower bound "
+                              f"{rejection.lower} or use convention canonical")
+
+
+def verl_rejections(rollout_rs: str, rollout_rs_threshold: str | float) -> tuple[Rejection, ...]:
+    """Rejections from verl's own config values: `rollout_rs="token_k1,seq_mean_k3"` (comma list, duplicates
+    dropped, order kept) and `rollout_rs_threshold` (one value shared by all options, or one per option; k1 options
+    take "lower_upper" or an upper bound whose lower bound is 1/upper), as verl 0.9.0 reads them."""
+    options = list(dict.fromkeys(o.strip() for o in str(rollout_rs).split(",") if o.strip()))
+    specs = [p.strip() for p in str(rollout_rs_threshold).split(",") if p.strip()]
+    if not options or len(specs) not in (1, len(options)):
+        raise ConfigError(f"rollout_rs_threshold {rollout_rs_threshold!r}: give one value shared by all options or "
+                          f"exactly {len(options)} (one per option of {rollout_rs!r})")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    out = tuple(parse_rejection(f"{option}:{spec}") for option, spec in zip(options, specs, strict=True))
+    check_verl(out)
+    return out
 
 
 def keep_rows(rejections: tuple[Rejection, ...], chunk: TokenChunk) -> np.ndarray | None:

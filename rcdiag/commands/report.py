@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from rcdiag.analysis.health import ALARM, WARNING, at_least
+from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.report.build import RunReport
@@ -49,6 +50,8 @@ def command(
         help="Exit 1 when a run's verdict is this level or worse (rcdiag.analysis.health).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
+    keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
+                                      "framework's logged keys; implies that --convention).")] = DEFAULTS.keys,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 
@@ -78,8 +81,11 @@ def command(
     """
     if fail_on is not None and fail_on not in FAIL_ON:
         raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
+    keys = check_keys(keys)
+    if keys != DEFAULTS.keys and convention == DEFAULTS.convention:
+        convention = keys  # --keys verl reports verl's numbers under verl's names
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
-                            thresholds=_thresholds(thresholds), silent=quiet)
+                            thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
 

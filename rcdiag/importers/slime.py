@@ -52,26 +52,46 @@ def _load(path: Path, opts: ImportOptions, what: str) -> dict[str, Any]:
     return data
 
 
-def _rollout_files(path: Path) -> list[tuple[Path, list[Path]]]:
-    """(rollout dump, its train dumps) pairs for a file, a --dump-details directory or a directory of dumps."""
+def _rollout_files(path: Path) -> tuple[list[tuple[Path, list[Path]]], list[Path]]:
+    """((rollout dump, its train dumps) pairs, skipped eval dumps) for a file, a --dump-details directory or a
+    directory of dumps. slime's eval pass writes `eval_{id}.pt` beside the training `{id}.pt`
+    (RolloutManager._save_debug_rollout_data, evaluation=True: samples of every eval dataset, no train dump);
+    they are a different population, so a directory import skips them (unless there is nothing else) and each
+    imports as its own run when given as the PATH."""
     if path.is_file():
-        return [(path, [])]
+        return [(path, [])], []
     if not path.is_dir():
         raise InputError("no such file or directory", file=str(path))
     rollout_dir = path / "rollout_data"
     if rollout_dir.is_dir():
+        train, evals = _split_eval(sorted(rollout_dir.glob("*.pt"), key=_natural))
         pairs = []
-        for file in sorted(rollout_dir.glob("*.pt"), key=_natural):
+        for file in train:
             train_dir = path / "train_data"
             trains = [train_dir / file.name] if (train_dir / file.name).exists() else sorted(
                 train_dir.glob(f"{file.stem}_*.pt"), key=_natural)
             pairs.append((file, trains))
         if pairs:
-            return pairs
-    files = sorted(path.glob("*.pt"), key=_natural)
-    if not files:
+            return pairs, evals
+    train, evals = _split_eval(sorted(path.glob("*.pt"), key=_natural))
+    if not train and not evals:
         raise InputError("no *.pt dumps here (expected rollout_data/{id}.pt or {id}.pt files)", file=str(path))
-    return [(file, []) for file in files]
+    return ([(file, []) for file in train], evals) if train else ([(file, []) for file in evals], [])
+
+
+def _split_eval(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(training dumps, eval dumps `eval_{id}.pt`)."""
+    evals = [f for f in files if f.name.startswith("eval_")]
+    return [f for f in files if not f.name.startswith("eval_")], evals
+
+
+def _skipped_line(evals: list[Path]) -> list[str]:
+    """The warning naming skipped eval dumps and how to import one."""
+    if not evals:
+        return []
+    names = ", ".join(f.name for f in evals[:4]) + (f" … ({len(evals)} in all)" if len(evals) > 4 else "")
+    return [f"skipped {len(evals)} eval dump(s) ({names}): evaluation samples are not training rollouts; import "
+            f"one as its own run with `rcdiag import slime {evals[0]} -o RUN`"]
 
 
 def _natural(path: Path) -> list[Any]:
@@ -173,7 +193,7 @@ def _attach_train(records: list[Record], train: dict[int, tuple[np.ndarray, Any,
 def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
     """Read slime/miles dumps into records (see the module docstring for the layouts)."""
     require_consent(path, fmt, opts.allow_pickle)
-    pairs = _rollout_files(path)
+    pairs, evals = _rollout_files(path)
     if opts.train_path:
         if len(pairs) != 1:
             raise InputError("--train-data goes with a single rollout dump file", file=str(path))
@@ -200,4 +220,7 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
         lacks.insert(0, "rollout_log_probs (the rollout engine's logprobs were not recorded)")
     conventions = {**CONVENTIONS, "train_logprobs": "log_probs from the train dump, matched by sample index"
                    if with_train else "none"}
-    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks)
+    if pairs and all(f.name.startswith("eval_") for f, _ in pairs):
+        conventions["population"] = "evaluation samples (slime eval_{id}.pt dumps), not training rollouts"
+    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks,
+                    warnings=_skipped_line(evals))

@@ -1,7 +1,12 @@
 """Import verl's pickled DataProto batch cache (`gen_batch.dp`), or a dict of its tensors, without verl installed.
 
 PATH is a `gen_batch.dp` file (or any pickle / torch.save of a DataProto or of a dict of tensors) or a directory
-searched for `**/gen_batch.dp` (SkipManager: `{dump_dir}/…/{step}/gen_batch.dp` next to `meta.json`).
+searched for `**/gen_batch.dp`. verl's RolloutSkip (`verl/utils/rollout_skip.py`, `RolloutSkip.dump`) writes
+`{dump_dir}/{experiment}_{project}/GBS{n}_N{n}_in{p}_out{r}/genstep_{gen_step:06d}/gen_batch.dp` with
+`DataProto.save_to_disk` (pickle.dump), next to `new_batch.dp` (the prompts; not read) and `meta.json`
+(`global_steps`, the step). verl's `DataProto.__getstate__` (`verl/protocol.py`) pickles the state
+(torch.save bytes of the consolidated TensorDict batch, non_tensor_batch, meta_info) — or, with
+VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, (batch_size, device, {key: (dtype, shape, uint8 bytes)}) first.
 Tensors: `responses` [B, R] right-padded, `response_mask` [B, R] (0 on padding and tool tokens),
 `rollout_log_probs` [B, R] float32 right-padded with 0.0, `old_log_probs` [B, R] where present (trainer side),
 `prompts` [B, P] left-padded, `attention_mask` [B, P+R] (gives the true prompt and response lengths).
@@ -17,6 +22,7 @@ import numpy as np
 from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_presence, length_pattern
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
+from rcdiag.importers.tensordicts import TORCH_DTYPES, load_tensordict_bytes
 from rcdiag.progress import iterate
 
 TOKEN_FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "old_log_probs",
@@ -32,9 +38,13 @@ CONVENTIONS = {
 
 
 def _unwrap(obj: Any, file: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(tensors, non-tensor arrays, meta_info) from a DataProto stand-in, a TensorDict stand-in or a dict."""
+    """(tensors, non-tensor arrays, meta_info) from a DataProto, a TensorDict stand-in or a dict."""
     if isinstance(obj, dict) and "batch" not in obj:
         return obj, {}, {}
+    state = getattr(obj, "_state", None)
+    if isinstance(state, tuple) and len(state) == 3:  # verl's DataProto.__getstate__: (batch, non_tensor, meta)
+        blob, non_tensor, meta = state
+        return _state_batch(blob, file), dict(non_tensor or {}), dict(meta or {})
     get = obj.get if isinstance(obj, dict) else lambda k, d=None: getattr(obj, k, d)
     batch = get("batch")
     if isinstance(batch, PlainContainer):  # a TensorDict: its tensors live in `_tensordict` (or `_dict`)
@@ -43,6 +53,37 @@ def _unwrap(obj: Any, file: Path) -> tuple[dict[str, Any], dict[str, Any], dict[
         raise InputError(f"cannot find the DataProto's tensor batch (got {type(batch).__name__})", file=str(file),
                          field="batch", hint="export the tensors as a dict with torch.save and import that")
     return batch, dict(get("non_tensor_batch") or {}), dict(get("meta_info") or {})
+
+
+def _state_batch(blob: Any, file: Path) -> dict[str, Any]:
+    """The tensor batch of verl's pickled DataProto state: torch.save bytes of a TensorDict (the default), or
+    VERL_DATAPROTO_SERIALIZATION_METHOD=numpy's (batch_size, device, {key: (dtype, shape, uint8 bytes)})."""
+    if isinstance(blob, (bytes, bytearray)):
+        batch = load_tensordict_bytes(bytes(blob), file)
+    elif isinstance(blob, tuple) and len(blob) == 3 and isinstance(blob[2], dict):
+        batch = {str(k): _numpy_tensor(k, v, file) for k, v in blob[2].items()}
+    else:
+        raise InputError(f"the DataProto has no tensor batch (got {type(blob).__name__})", file=str(file),
+                         field="batch", hint="dump the batch after generation (RolloutSkip writes gen_batch.dp)")
+    if not isinstance(batch, dict):
+        raise InputError(f"cannot find the DataProto's tensor batch (got {type(batch).__name__})", file=str(file),
+                         field="batch", hint="export the tensors as a dict with torch.save and import that")
+    return batch
+
+
+def _numpy_tensor(key: str, encoded: Any, file: Path) -> np.ndarray:
+    """One tensor of verl's numpy serialisation (protocol.serialize_single_tensor): (dtype, shape, uint8 data)."""
+    if not (isinstance(encoded, tuple) and len(encoded) == 3):
+        raise InputError("nested (ragged) tensors are not supported", file=str(file), field=str(key),
+                         hint="pad the field to [batch, length] before dumping")
+    dtype, shape, data = encoded
+    kind = TORCH_DTYPES.get(str(dtype))
+    if kind is None:
+        raise InputError(f"unsupported tensor dtype {dtype!r}", file=str(file), field=str(key))
+    raw = np.frombuffer(bytes(np.asarray(data, dtype=np.uint8)), dtype=np.uint16 if kind == "bfloat16" else kind)
+    if kind == "bfloat16":  # the high half of a float32
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.reshape(tuple(int(x) for x in shape))
 
 
 def _matrix(batch: dict[str, Any], name: str, file: Path, shape: tuple[int, int] | None) -> np.ndarray | None:
@@ -138,8 +179,8 @@ def _files(path: Path) -> list[tuple[Path, int | None]]:
         meta = file.parent / "meta.json"
         if meta.exists():
             step = json.loads(meta.read_text()).get("global_steps")
-        elif file.parent.name.isdigit():
-            step = int(file.parent.name)
+        elif file.parent.name.removeprefix("genstep_").isdigit():  # RolloutSkip: genstep_{gen_step:06d}
+            step = int(file.parent.name.removeprefix("genstep_"))
         out.append((file, step))
     return sorted(out, key=lambda p: (p[1] is None, p[1] or 0, str(p[0])))
 

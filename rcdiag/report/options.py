@@ -33,6 +33,8 @@ class ReportOptions:
     level: float = DEFAULT_LEVEL
     seed: int = 0
     silent: bool = True
+    keys: str = "canonical"
+    """Key names in metrics.json: canonical | verl | swift | trl (rcdiag.analysis.keys)."""
 
     def __post_init__(self) -> None:
         # one rule with analysis.conventions.get_convention: names are case-insensitive (--convention VERL)
@@ -50,3 +52,6 @@ def validate(options: ReportOptions) -> None:
     smallest = min((options.threshold, *options.thresholds))
     if options.lower is not None and not (0 < options.lower < smallest):
         raise ConfigError(f"--lower must lie in (0, {smallest:g}) (below every threshold), got {options.lower!r}")
+    from rcdiag.analysis.keys import key_convention
+
+    key_convention(options.keys, options.convention)

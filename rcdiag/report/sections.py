@@ -15,6 +15,7 @@ from typing import Any
 
 from rcdiag import __version__
 from rcdiag.analysis.health import VERDICT_MODE
+from rcdiag.analysis.keys import rename
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import TAIL_NAMES
 from rcdiag.report import plots
@@ -186,13 +187,14 @@ def run_data(report: RunReport) -> dict[str, Any]:
     return {
         "rcdiag_version": __version__, "run": {"name": report.name, "path": report.path},
         "options": {"convention": o.convention, "threshold": o.threshold, "lower": o.lower,
-                    "thresholds": list(o.thresholds)},
-        "metrics": {k: v for k, v in report.metrics.items() if k not in counts_keys},
+                    "thresholds": list(o.thresholds), "keys": o.keys},
+        "metrics": rename({k: v for k, v in report.metrics.items() if k not in counts_keys}, o.keys),
         "metrics_error": report.metrics_error,
         "confidence_intervals": report.intervals,
         "bootstrap": {"method": "percentile, Poisson(1) weights over sequences", "replicates": o.replicates,
                       "level": o.level, "seed": o.seed},
-        "tails": report.tails, "is_modes": report.is_modes, "rejection": report.rejection,
+        "tails": report.tails and rename(report.tails, o.keys), "is_modes": _renamed(report.is_modes, o.keys),
+        "rejection": _renamed(report.rejection, o.keys),
         "sweep": [] if report.sweep is None else report.sweep.to_dict(orient="records"),
         "verdict": report.verdict.to_dict(), "context": {"line": context_line(report.manifest),
                                                          **run_context(report.manifest)},
@@ -201,6 +203,11 @@ def run_data(report: RunReport) -> dict[str, Any]:
         "worst_sequences": report.worst_sequences,
         "counts": report.counts, "manifest": report.manifest,
     }
+
+
+def _renamed(tables: dict[str, dict[str, Any]] | None, keys: str) -> dict[str, dict[str, Any]] | None:
+    """{mode or option: IS metrics} with the metrics under the chosen key names."""
+    return tables and {name: rename(values, keys) for name, values in tables.items()}
 
 
 # ----------------------------------------------------------------------------------------------- comparison

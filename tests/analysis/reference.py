@@ -72,8 +72,12 @@ def metrics(seqs: list[Seq], convention: str) -> dict[str, float]:
     counts = {"tokens": n, "sequences": len(seqs), "empty_sequences": len(seqs) - len(valid)}
     names = ("kl", "k3_kl", "training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl", "log_ppl_diff",
              "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token", "chi2_seq")
+    trl = {}
+    if convention == "trl":  # TRL's sampling_logp_difference: |ℓ| over valid tokens, 0.0 without any
+        trl = {"abs_log_ratio_mean": math.fsum(abs(e) for e in ells) / n if n else 0.0,
+               "abs_log_ratio_max": max((abs(e) for e in ells), default=0.0)}
     if n == 0:
-        return {**dict.fromkeys(names, NAN), **counts}
+        return {**dict.fromkeys(names, NAN), **trl, **counts}
     k3 = []
     for e in ells:
         if convention == "verl":
@@ -107,7 +111,7 @@ def metrics(seqs: list[Seq], convention: str) -> dict[str, float]:
         "log_ppl_diff_max": max(per["diff"]), "log_ppl_diff_min": min(per["diff"]),
         "ppl_ratio": mean(per["ratio"]),
         "chi2_token": math.fsum(math.expm1(2 * clamp(e, -CLAMP, CLAMP)) for e in ells) / n,
-        "chi2_seq": mean(per["chi2"]), **counts,
+        "chi2_seq": mean(per["chi2"]), **trl, **counts,
     }
 
 
@@ -165,11 +169,12 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
             keep = [k and r for k, r in zip(keep, rejection_keep(s, option, up, lo), strict=True)]
         for e, k in zip(s.ells, keep, strict=True):
             lr = e if convention == "trl" else clamp(e, -CLAMP, CLAMP)
-            tokens.append((i, lr, math.exp(lr), k))
+            # verl: the IS metrics ignore rejection (scored); what the loss keeps still drops rejected tokens
+            tokens.append((i, lr, math.exp(lr), True if convention == "verl" else k, k))
         lam = seq_log_ratio(s, convention)
-        seq_info.append((lam, lam > log_c or lam < log_l, sum(keep)))
+        seq_info.append((lam, lam > log_c or lam < log_l, s.t if convention == "verl" else sum(keep)))
     weights, ess_w, kept = [], [], []
-    for i, lr, rho, scored in tokens:
+    for i, lr, rho, scored, survives in tokens:
         lam, out_seq, _ = seq_info[i]
         if level == "token":
             out = lr > log_c or lr < log_l
@@ -187,7 +192,7 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
             else:
                 w = 0.0 if out else r
         is_kept = not (action == "mask" and out)
-        kept.append((i, scored and is_kept))
+        kept.append((i, survives and is_kept))
         if applied is not None:
             applied.append(w if scored else 0.0)
         if scored:
@@ -217,14 +222,18 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
         sums = [math.fsum(s.ells) for s in seqs]
         out["is_weight_max"] = math.exp(min(max(sums), CLAMP))
         out["is_weight_min"] = math.exp(min(sums))
+    if convention == "trl" and n_valid == 0:  # TRL logs 0.0 (token modes) / exp(0) = 1.0 per row (sequence modes)
+        value = 1.0 if level == "sequence" and seqs else 0.0
+        out.update(is_weight_mean=value, is_weight_min=value, is_weight_max=value)
     out["ess"] = _ess(ess_w, convention)
-    out.update(_fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo))
+    out.update(_fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo,
+                           (upper, lower if lower is not None else 1 / upper)))
     if n_valid == 0:
         out.update(clipped_frac=NAN, fraction_high=NAN, fraction_low=NAN)
     out["kept_token_frac"] = sum(1 for _, k in kept if k) / n_valid if n_valid else NAN
     kept_seqs = {i for i, k in kept if k}
     out["kept_seq_frac"] = len(kept_seqs) / n_valid_seqs if n_valid_seqs else NAN
-    if batch_normalize:  # divide by the token mean of the weights
+    if batch_normalize and convention != "verl":  # divide by the token mean (verl logs pre-normalisation)
         scale = mean(weights)
         for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):
             out[key] = out[key] / scale if scale else NAN
@@ -248,9 +257,9 @@ def _f32(k: int, n: int) -> float:
     return float(np.float32(k) / np.float32(n)) if n else NAN
 
 
-def _fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo) -> dict[str, float]:
+def _fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, log_lo, bounds) -> dict[str, float]:
     if level == "token":
-        scored = [(lr, rho) for _, lr, rho, k in tokens if k]
+        scored = [(lr, rho) for _, lr, rho, k, _ in tokens if k]
         n = len(scored)
         high = sum(1 for lr, _ in scored if lr > log_c)
         low = sum(1 for lr, _ in scored if lr < log_lo)
@@ -268,8 +277,9 @@ def _fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, 
     b = len(seqs)
     if convention == "swift":
         out["clipped_frac"] = _f32(sum(1 for lam, _ in rows if lam > log_c), b)
-    if convention == "verl":
-        c32, lo32 = float(np.float32(log_c)), float(np.float32(log_lo))
-        out["fraction_high"] = _f32(sum(1 for lam, _ in rows if lam > c32), b)
-        out["fraction_low"] = _f32(sum(1 for lam, _ in rows if lam < lo32), b)
+    if convention == "verl":  # verl: unclamped S_i vs torch.log(torch.tensor(x)) in float32, over all B rows
+        c32, lo32 = (float(np.log(np.float32(x))) for x in bounds)
+        sums = [math.fsum(s.ells) for s in seqs]
+        out["fraction_high"] = _f32(sum(1 for x in sums if x > c32), b)
+        out["fraction_low"] = _f32(sum(1 for x in sums if x < lo32), b)
     return out

@@ -79,9 +79,14 @@ def test_sweep_rows_equal_simulate_reference(tokens, convention):
        upper=st.sampled_from([0.01, 0.5, 2.0]), lower=st.sampled_from([None, 0.001]),
        mode=st.sampled_from(MODES), normalize=st.booleans())
 def test_rejection_and_normalisation_match_reference(tokens, option, upper, lower, mode, normalize):
-    """verl rejection options (chained with a token_k1 band) and batch normalisation."""
+    """verl rejection options (chained with a token_k1 band) and batch normalisation (verl refuses a lower bound
+    on k2/k3 options: so does rcdiag under verl)."""
     if option.endswith("k1"):
         upper = max(upper, 1.0) * 1.5
+    elif lower is not None:
+        with pytest.raises(ConfigError, match="single upper bound"):
+            rcdiag.simulate(tokens, mode, 2.0, convention="verl", rejection=[(option, upper, lower)])
+        lower = None
     chain = ((option, upper, lower), ("token_k1", 50.0, None))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -115,15 +120,34 @@ def test_returned_weights_match_reference(convention, mode):
     assert frame["weight"][~valid].isna().all()
     applied: list[float] = []
     ref.is_metrics(ref.sequences(tokens), convention, mode, 1.5, rejection=chain, applied=applied)
-    scored = [w for w, k in zip(applied, _scored_flags(tokens, chain), strict=True) if k]
+    flags = _scored_flags(tokens, chain)
+    scored = [w for w, k in zip(applied, flags, strict=True) if k]
     scale = sum(scored) / len(scored)
+    if convention == "verl":  # verl v0.9.0: weights of the original mask; the factor of its own level
+        scale = _verl_factor(tokens, mode, applied)
+        applied = [w if k else 0.0 for w, k in zip(applied, flags, strict=True)]  # the loss mask drops them
     got = frame["weight"][valid].to_numpy()
     want = [w / scale for w in applied]
     worst = max(range(len(want)), key=lambda i: abs(got[i] - want[i]), default=None)
     assert worst is None or abs(got[worst] - want[worst]) <= 1e-12 * max(1.0, abs(want[worst])), (
         f"largest deviation at valid token {worst}: got {got[worst]!r}, reference {want[worst]!r}")
-    if not (convention == "trl" and mode.startswith("sequence")):  # trl's mean is over sequences, not tokens
+    if convention == "verl":  # verl logs the metrics before normalisation, and the factor
+        assert result["batch_norm_factor"] == pytest.approx(scale, rel=1e-12)
+    elif not (convention == "trl" and mode.startswith("sequence")):  # trl's mean is over sequences, not tokens
         assert result["is_weight_mean"] == pytest.approx(1.0, rel=1e-12)
+
+
+def _verl_factor(tokens, mode, applied) -> float:
+    """verl's batch-norm divisor: token mean of the weights (token level), or the mean over rows with tokens of
+    each row's weight (sequence level: every token of a row carries the row's weight)."""
+    if mode.startswith("token"):
+        return sum(applied) / len(applied)
+    firsts, i = [], 0
+    for s in ref.sequences(tokens):
+        if s.t:
+            firsts.append(applied[i])
+        i += s.t
+    return sum(firsts) / len(firsts)
 
 
 def _scored_flags(tokens, chain) -> list[bool]:

@@ -1,0 +1,100 @@
+"""The frameworks' own names for rcdiag's numbers: ONE table per framework, read by the library (`keys=`) and by
+every writer of metrics (the report's metrics.json, exports) through `rename`.
+
+Key strings as the frameworks log them (prefixes included):
+- verl v0.9.0 `verl/trainer/ppo/rollout_corr_helper.py`: `rollout_corr/<key>` (decoupled mode; bypass mode logs the
+  same keys under `actor/rollout_corr/`, per micro-batch — not reproducible offline).
+- ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py` `_update_metrics`: `rollout_correction/<key>`.
+- TRL v1.9.0 `trl/trainer/grpo_trainer.py` `_generate_and_score_completions`: `sampling/...` (eval runs prefix
+  `eval_`).
+A number the framework does not log keeps its rcdiag name under an `rcdiag/` prefix, so a renamed dict never
+passes one of rcdiag's own numbers off as the framework's.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rcdiag.errors import ConfigError
+
+KEY_STYLES = ("canonical", "verl", "swift", "trl")
+"""Values of `keys=` / `--keys`: canonical = METRICS.md names (unchanged); the others = the framework's keys."""
+RCDIAG_PREFIX = "rcdiag/"
+
+OFFPOLICY_NAMES = ("training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl",
+                   "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+                   "chi2_token", "chi2_seq")
+"""The off-policy diagnostics verl and ms-swift both log, under the same suffix."""
+
+VERL_KEYS: dict[str, str] = {
+    **{name: f"rollout_corr/{name}" for name in OFFPOLICY_NAMES},
+    "is_weight_mean": "rollout_corr/rollout_is_mean", "is_weight_std": "rollout_corr/rollout_is_std",
+    "is_weight_min": "rollout_corr/rollout_is_min", "is_weight_max": "rollout_corr/rollout_is_max",
+    "ess": "rollout_corr/rollout_is_eff_sample_size",
+    "fraction_high": "rollout_corr/rollout_is_ratio_fraction_high",
+    "fraction_low": "rollout_corr/rollout_is_ratio_fraction_low",
+    "is_oob_ratio": "rollout_corr/rollout_is_oob_ratio",
+    "batch_norm_factor": "rollout_corr/rollout_is_batch_norm_factor",
+    **{f"is_seq_{s}": f"rollout_corr/rollout_is_seq_{s}" for s in (
+        "mean", "std", "min", "max", "max_deviation", "fraction_high", "fraction_low")},
+    "rs_masked_fraction": "rollout_corr/rollout_rs_masked_fraction",
+    "rs_seq_masked_fraction": "rollout_corr/rollout_rs_seq_masked_fraction",
+}
+"""verl: rcdiag name → key. Per-option rejection numbers `rs_<option>_<suffix>` → `rollout_corr/rollout_rs_...`."""
+
+SWIFT_KEYS: dict[str, str] = {
+    **{name: f"rollout_correction/{name}" for name in OFFPOLICY_NAMES},
+    **{name: f"rollout_correction/{name}" for name in ("is_weight_mean", "ess", "clipped_frac")},
+}
+"""ms-swift: rcdiag name → key."""
+
+TRL_KEYS: dict[str, str] = {
+    "is_weight_min": "sampling/importance_sampling_ratio/min",
+    "is_weight_mean": "sampling/importance_sampling_ratio/mean",
+    "is_weight_max": "sampling/importance_sampling_ratio/max",
+    "abs_log_ratio_mean": "sampling/sampling_logp_difference/mean",
+    "abs_log_ratio_max": "sampling/sampling_logp_difference/max",
+}
+"""TRL: rcdiag name → key (TRL logs no KL, PPL, χ², ESS or fractions for the mismatch)."""
+
+TABLES: dict[str, Mapping[str, str]] = {"verl": VERL_KEYS, "swift": SWIFT_KEYS, "trl": TRL_KEYS}
+
+
+def check_keys(keys: str | None) -> str:
+    """The key style (None → canonical); ConfigError listing the choices when unknown."""
+    style = "canonical" if keys is None else str(keys).lower()
+    if style not in KEY_STYLES:
+        raise ConfigError(f"unknown keys {keys!r}; choose one of {', '.join(KEY_STYLES)}")
+    return style
+
+
+def key_convention(keys: str | None, convention: str | None) -> str:
+    """The convention to compute with: the given one, else the framework named by `keys`, else canonical.
+    A framework's key names on another convention's numbers would mislabel them: ConfigError."""
+    style = check_keys(keys)
+    if style == "canonical":
+        return convention or "canonical"
+    if convention is not None and str(getattr(convention, "name", convention)).lower() != style:
+        raise ConfigError(f"keys={style!r} names {style}'s numbers, but convention={convention!r} computes another "
+                          f"framework's; leave convention out or pass convention={style!r}")
+    return style
+
+
+def framework_key(name: str, keys: str | None) -> str:
+    """One rcdiag name under the key style (`rcdiag/<name>` for a number the framework does not log)."""
+    style = check_keys(keys)
+    if style == "canonical":
+        return name
+    table = TABLES[style]
+    if name in table:
+        return table[name]
+    if style == "verl" and name.startswith("rs_"):
+        return f"rollout_corr/rollout_{name}"
+    return RCDIAG_PREFIX + name
+
+
+def rename(values: Mapping[str, object], keys: str | None) -> dict[str, object]:
+    """`values` with every key under the key style, order kept (canonical: unchanged)."""
+    style = check_keys(keys)
+    if style == "canonical":
+        return dict(values)
+    return {framework_key(name, style): value for name, value in values.items()}

@@ -37,7 +37,8 @@ def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
     assert stdout.splitlines()[1].startswith("  check temperature (error): b ≈ 1.356·a")
     assert stdout.strip().endswith(f"Wrote {out}/report.html, report.md, metrics.json")
     data = json.loads((out / "metrics.json").read_text())
-    assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0]}
+    assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0],
+                               "keys": "canonical"}
     want = rcdiag.compute_metrics(rcdiag.open_run(run.path), convention="verl")
     assert data["metrics"]["k3_kl"] == pytest.approx(want["k3_kl"], rel=1e-12)
     assert sorted({row["threshold"] for row in data["sweep"]}) == [1.5, 2.0, 4.0]

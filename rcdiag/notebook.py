@@ -22,6 +22,7 @@ from typing import Any
 
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.store import run as store_run
+from rcdiag.store.manifest import Engine, Manifest, Trainer
 from rcdiag.store import writer as store_writer
 from rcdiag.tokenizers import run_tokenizer
 
@@ -170,17 +171,15 @@ def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) 
 
 # ------------------------------------------------------------------------------------------- HTML for a Run
 def _settings(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    engine = manifest.get("engine") or {}
-    sampling = engine.get("sampling") or {}
-    trainer = manifest.get("trainer") or {}
-    models = manifest.get("models") or {}
-    rows = [("engine", engine.get("name")), ("logprobs_mode", engine.get("logprobs_mode")),
-            ("engine dtype", engine.get("dtype")), ("trainer dtype", trainer.get("dtype")),
-            ("temperature (sample / train)", f"{sampling.get('temperature')} / {trainer.get('temperature')}"
-             if sampling or trainer else None),
-            ("top_p / top_k", f"{sampling.get('top_p')} / {sampling.get('top_k')}" if sampling else None)]
-    for role, model in models.items():
-        rows.append((f"model ({role})", model.get("path") if isinstance(model, Mapping) else model))
+    """The card's settings rows, read through the typed manifest (old `engine.sampling` layouts included)."""
+    typed = Manifest.from_dict(dict(manifest))
+    engine, trainer = typed.engine or Engine(), typed.trainer or Trainer()
+    rows = [("engine", engine.name), ("logprobs_mode", engine.logprobs_mode),
+            ("engine dtype", engine.dtype), ("trainer dtype", trainer.dtype),
+            ("temperature (sample / train)", f"{engine.temperature} / {trainer.temperature}"
+             if typed.engine or typed.trainer else None),
+            ("top_p / top_k", f"{engine.top_p} / {engine.top_k}" if typed.engine else None)]
+    rows += [(f"model ({role})", ref.path) for role, ref in typed.models.items()]
     return [(k, v) for k, v in rows if v not in (None, "None / None")]
 
 

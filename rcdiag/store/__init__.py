@@ -6,7 +6,7 @@ _EXPORTS = {
     **dict.fromkeys(("TOKEN_SCHEMA", "SEQUENCE_SCHEMA"), "rcdiag.store.schema"),
     **dict.fromkeys(("MANIFEST_NAME", "TOKENS_DIR", "SEQUENCES_DIR", "write_json_atomic", "write_parquet_atomic"),
                     "rcdiag.store.files"),
-    **dict.fromkeys(("SCHEMA_VERSION", "new_manifest", "read_manifest", "update_manifest"), "rcdiag.store.manifest"),
+    **dict.fromkeys(("SCHEMA_VERSION", "Manifest", "load_manifest", "new_manifest", "read_manifest", "update_manifest"), "rcdiag.store.manifest"),
     **dict.fromkeys(("Run", "open_run"), "rcdiag.store.run"),
     **dict.fromkeys(("RunWriter", "write_run"), "rcdiag.store.writer"),
 }

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError
 from rcdiag.store.files import DEFAULT_READ_ROWS, SEQUENCES_DIR, TOKENS_DIR
-from rcdiag.store.manifest import read_manifest
+from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
 
 
@@ -36,7 +36,10 @@ class Run:
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunDirError(f"{self.path}: no such run directory")
-        self.manifest: dict[str, Any] = read_manifest(self.path)
+        self.info: Manifest = load_manifest(self.path)
+        """The typed manifest (rcdiag.store.manifest.Manifest)."""
+        self.manifest: dict[str, Any] = self.info.to_dict()
+        """The same manifest as a plain (normalised) dict, for JSON-minded code."""
 
     def __repr__(self) -> str:
         counts = self.manifest.get("counts", {})

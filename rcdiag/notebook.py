@@ -22,8 +22,8 @@ from typing import Any
 
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.store import run as store_run
-from rcdiag.store.manifest import Engine, Manifest, Trainer
 from rcdiag.store import writer as store_writer
+from rcdiag.store.manifest import Engine, Manifest, Trainer
 from rcdiag.tokenizers import run_tokenizer
 
 HTML_METRICS_MAX_TOKENS = 2_000_000

@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.errors import InputError
+from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float64, mask_as_bool
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
-DEFAULT_BATCH_ROWS = 1 << 16
-"""Rows per record batch read: buffers stay small enough to be reused by the allocators (measured with the fused
-kernels: 1 << 17 and 1 << 18 rows cost 15–30 % more CPU in reading and kernels, page faults on fresh buffers)."""
+DEFAULT_BATCH_ROWS = DEFAULT_READ_ROWS
+"""Rows per record batch read: the store's one read size (rcdiag.store.files.DEFAULT_READ_ROWS, why it is that)."""
 _INTEGER_COLUMNS = ("seq_id", "pos")
 _FLOAT_COLUMNS = ("rollout_logprob", "train_logprob")
 _HINTS = {

@@ -6,7 +6,9 @@ metrics refuse them; the report then says so instead of crashing).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator, TokenView
 from rcdiag.analysis.tails import TailAccumulator
 from rcdiag.checks.evidence import CheckAccumulator
-from rcdiag.progress import progress
+from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import column_as_float64, mask_as_bool
 
@@ -72,16 +74,10 @@ def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
 
 
 def scan_run(run: Any, *, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True,
-             batch_size: int = DEFAULT_READ_ROWS) -> Scan:
-    """One pass over `run` (a Run). The progress bar (tokens/s) shows on runs ≥ PROGRESS_MIN_TOKENS."""
-    info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
-    scan = new_scan(info, threshold, lower)
-    total = run.num_tokens
-    offsets: dict[str, int] = {}
-    hide = silent or total < PROGRESS_MIN_TOKENS
-    with progress(total=total, desc=f"scan {run.name}", unit="tok", unit_scale=True, silent=hide) as bar:
-        for file, batch in run.iter_batches(SCAN_COLUMNS, batch_size=batch_size):
-            update(scan, batch, file, offsets.get(file, 0))
-            offsets[file] = offsets.get(file, 0) + batch.num_rows
-            bar.update(batch.num_rows)
+             batch_size: int = DEFAULT_READ_ROWS, keep: Callable[[pa.RecordBatch], pa.Array] | None = None) -> Scan:
+    """One pass over `run` (a Run); `keep` (rcdiag.store.batches.keep_seq_ids) restricts it to some sequences.
+    The progress bar (tokens/s) shows on runs ≥ PROGRESS_MIN_TOKENS."""
+    scan = new_scan(SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS))), threshold, lower)
+    feed_batches(run, SCAN_COLUMNS, partial(update, scan), keep=keep, batch_size=batch_size,
+                 desc=f"scan {run.name}", silent=silent, progress_min_tokens=PROGRESS_MIN_TOKENS)
     return scan

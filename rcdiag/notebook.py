@@ -16,11 +16,11 @@ cheap; the store below knows nothing of this layer.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.numbers import fmt
 from rcdiag.store import run as store_run
 from rcdiag.store import writer as store_writer
 from rcdiag.store.manifest import Engine, Manifest, Trainer
@@ -37,22 +37,9 @@ _CSS = ("<style>.rcdiag td,.rcdiag th{padding:2px 8px;text-align:left}.rcdiag .n
         ".rcdiag .masked{color:#999;text-decoration:line-through}</style>")
 
 
-def fmt(value: Any) -> str:
-    """A number for display: ints as is, floats with 4 significant digits (scientific when tiny/huge)."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value) or value == 0:
-            return str(value)
-        return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
-    return html.escape(str(value))
-
-
 def _table(rows: list[tuple[str, Any]], header: tuple[str, str] | None = None) -> str:
     head = f"<tr><th>{header[0]}</th><th>{header[1]}</th></tr>" if header else ""
-    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='{_cell_class(v)}'>{fmt(v)}</td></tr>"
+    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='{_cell_class(v)}'>{html.escape(fmt(v))}</td></tr>"
                    for k, v in rows)
     return f"<table>{head}{body}</table>"
 

@@ -49,7 +49,7 @@ def _table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
     for ref, name in zip(refs, names, strict=True):
         columns[name] = aggregates.headline(*ref.key)
     rows = [m for m in TABLE_METRICS if any(m in v for v in columns.values())]
-    return pd.DataFrame({name: [ui.fmt(v[m]) if m in v else "–" for m in rows] for name, v in columns.items()},
+    return pd.DataFrame({name: [ui.fmt(v.get(m)) for m in rows] for name, v in columns.items()},
                         index=pd.Index(rows, name="metric"))
 
 

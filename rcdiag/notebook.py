@@ -24,6 +24,7 @@ from rcdiag.numbers import fmt
 from rcdiag.store import run as store_run
 from rcdiag.store import writer as store_writer
 from rcdiag.store.manifest import Engine, Manifest, Trainer
+from rcdiag.store.names import unique_run_names
 from rcdiag.tokenizers import run_tokenizer
 
 HTML_METRICS_MAX_TOKENS = 2_000_000
@@ -138,17 +139,15 @@ def local_tokenizer(run: Any) -> Any | None:
 def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) -> Any:
     """Headline metrics of several runs side by side: a DataFrame (rows: metrics; columns: runs).
 
-    `runs`: {label: Run}, or a list of Runs labelled by directory name (by path when two names clash). With
-    exactly two runs a third column `difference` (second − first) is added.
+    `runs`: {label: Run}, or a list of Runs labelled by rcdiag.store.names.unique_run_names (the directory name;
+    `name-parent` when two clash, as in the comparison report). With exactly two runs a third column `difference` (second − first) is added.
     """
     import pandas as pd
 
     if isinstance(runs, Mapping):
         named = dict(runs)
     else:
-        names = [r.name for r in runs]
-        unique = len(set(names)) == len(names)
-        named = {(r.name if unique else str(r.path)): r for r in runs}  # same-named runs: tell them by path
+        named = dict(zip(unique_run_names([r.path for r in runs]), runs, strict=True))
     frame = pd.DataFrame({name: pd.Series(dict(metrics(run, convention))) for name, run in named.items()})
     if len(named) == 2:
         first, second = frame.columns

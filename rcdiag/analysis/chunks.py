@@ -102,14 +102,8 @@ class TokenChunk:
         """Per-sequence max over valid rows (`fill` for a sequence without valid rows)."""
         return np.maximum.reduceat(self.valid_or(values, fill), self.starts)
 
-    def seq_min(self, values: np.ndarray, fill: float = np.inf) -> np.ndarray:
-        return np.minimum.reduceat(self.valid_or(values, fill), self.starts)
-
     def valid_or(self, values: np.ndarray, fill: float) -> np.ndarray:
         return values if self.all_valid else np.where(self.mask, values, fill)
-
-    def valid_values(self, values: np.ndarray) -> np.ndarray:
-        return values if self.all_valid else values[self.mask]
 
     def per_row(self, per_sequence: np.ndarray) -> np.ndarray:
         """Broadcast a per-sequence array to rows."""

@@ -100,7 +100,7 @@ def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig |
     differs from the one the manifest records."""
     config = config or GenerateConfig()
     run = open_run(run_path)
-    recorded = (run.manifest.get("engine") or {}).get("temperature")
+    recorded = run.info.engine.temperature if run.info.engine is not None else None
     if recorded is not None and float(recorded) != config.temperature:
         raise ConfigError(f"{run.path}: the manifest records sampling temperature {recorded}; replay with "
                           f"--temperature {recorded}")

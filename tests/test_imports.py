@@ -191,9 +191,9 @@ def test_cycle_finder_on_a_known_graph() -> None:
 def test_light_commands_import_no_heavy_stack(argv: list[str]) -> None:
     """`rcdiag report --help` (and import, dashboard, the root help) load neither torch, vLLM nor transformers:
     commands are imported lazily and only the one being run is loaded."""
-    code = ("import sys\nfrom rcdiag.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+    code = (f"import sys\nfrom rcdiag.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('torch', 'vllm', 'transformers', 'rcdiag.commands.score', "
-            "'rcdiag.commands.probe') if m in sys.modules))") % (argv,)
+            "'rcdiag.commands.probe') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                          env={"COLUMNS": "100", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr

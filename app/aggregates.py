@@ -10,17 +10,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 import streamlit as st
 
 from app import bands, data
 from rcdiag.analysis.correction import DEFAULT_THRESHOLD
-from rcdiag.analysis.strata import SequenceInfo, titles
+from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
 from rcdiag.checks.evidence import sequence_lengths
 from rcdiag.checks.verdicts import findings as verdicts
-from rcdiag.report.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, new_scan, update
+from rcdiag.report.scan import scan_run
+from rcdiag.store.batches import keep_seq_ids
 from rcdiag.store.run import open_run
 
 SHOWN_STRATA = ("position", "rollout_prob", "entropy")
@@ -39,17 +38,8 @@ def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str,
     `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `filters` explicitly:
     the cache key is made from the arguments as given (small, whatever the run's size)."""
     run = open_run(path)
-    info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
-    scan = new_scan(info, DEFAULT_THRESHOLD, None)
     keep_ids = None if filters is None else data.seq_ids_where(data.sequence_index(path, mtime), *filters)
-    offsets: dict[str, int] = {}
-    for file, batch in run.iter_batches(list(SCAN_COLUMNS)):
-        row0 = offsets.get(file, 0)
-        offsets[file] = row0 + batch.num_rows
-        if keep_ids is not None:
-            batch = batch.filter(is_member(batch.column("seq_id"), keep_ids))
-        if batch.num_rows:
-            update(scan, batch, file, row0)
+    scan = scan_run(run, keep=None if keep_ids is None else keep_seq_ids(keep_ids))
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
     out = {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
     if filters is None:  # the whole run: the same pass gathered the checks' evidence
@@ -92,11 +82,6 @@ def density(tails: TailAccumulator) -> pd.DataFrame:
     step = factor * width
     return pd.DataFrame({"a_lo": start + ia * step, "a_hi": start + (ia + 1) * step,
                          "b_lo": start + ib * step, "b_hi": start + (ib + 1) * step, "count": coarse[ia, ib]})
-
-
-def is_member(seq_ids: pa.Array, keep: np.ndarray) -> pa.Array:
-    """Boolean Arrow mask of the rows whose seq_id is in `keep`."""
-    return pc.is_in(seq_ids, value_set=pa.array(keep, pa.int64()))
 
 
 def findings(path: str, mtime: float) -> list[dict[str, Any]]:

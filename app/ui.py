@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import bands, data
 from rcdiag.errors import RcdiagError
+from rcdiag.numbers import fmt  # the one formatter; views call ui.fmt
 
 GIVEN = "rcdiag_given_runs"
 CURRENT = "rcdiag_current_run"
@@ -95,18 +96,9 @@ def guarded(render: Callable[[], None]) -> None:
 def card(label: str, value: float | None, status: str, help_text: str = "") -> str:
     """HTML of one metric card coloured by its band status (bands.COLOURS)."""
     colour = bands.COLOURS[status]
-    shown = "–" if value is None else fmt(value)
+    shown = fmt(value)
     return (f'<div class="rcdiag-card" title="{html.escape(help_text)}" style="border-left:6px solid {colour};'
             f'padding:6px 10px;margin:4px 0;background:#fafafa;border-radius:4px">'
             f'<div style="font-size:0.8em;color:#555">{html.escape(label)}</div>'
             f'<div style="font-size:1.4em;font-weight:600">{shown}</div>'
             f'<div style="font-size:0.75em;color:{colour};font-weight:600">{status}</div></div>')
-
-
-def fmt(value: float) -> str:
-    """Metric display format: 4 significant digits, scientific below 1e-3 (the format tests look for)."""
-    if value != value:  # NaN
-        return "NaN"
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}"
-    return f"{value:.3e}"

@@ -16,14 +16,16 @@ cheap; the store below knows nothing of this layer.
 from __future__ import annotations
 
 import html
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.numbers import fmt
 from rcdiag.store import run as store_run
 from rcdiag.store import writer as store_writer
+from rcdiag.store.manifest import Engine, Manifest, Trainer
+from rcdiag.store.names import unique_run_names
 from rcdiag.tokenizers import fast_tokenizer, run_tokenizer
 
 HTML_METRICS_MAX_TOKENS = 2_000_000
@@ -37,22 +39,9 @@ _CSS = ("<style>.rcdiag td,.rcdiag th{padding:2px 8px;text-align:left}.rcdiag .n
         ".rcdiag .masked{color:#999;text-decoration:line-through}</style>")
 
 
-def fmt(value: Any) -> str:
-    """A number for display: ints as is, floats with 4 significant digits (scientific when tiny/huge)."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value) or value == 0:
-            return str(value)
-        return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
-    return html.escape(str(value))
-
-
 def _table(rows: list[tuple[str, Any]], header: tuple[str, str] | None = None) -> str:
     head = f"<tr><th>{header[0]}</th><th>{header[1]}</th></tr>" if header else ""
-    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='{_cell_class(v)}'>{fmt(v)}</td></tr>"
+    body = "".join(f"<tr><td>{html.escape(str(k))}</td><td class='{_cell_class(v)}'>{html.escape(fmt(v))}</td></tr>"
                    for k, v in rows)
     return f"<table>{head}{body}</table>"
 
@@ -171,17 +160,15 @@ def local_tokenizer(run: Any) -> Any | None:
 def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) -> Any:
     """Headline metrics of several runs side by side: a DataFrame (rows: metrics; columns: runs).
 
-    `runs`: {label: Run}, or a list of Runs labelled by directory name (by path when two names clash). With
-    exactly two runs a third column `difference` (second − first) is added.
+    `runs`: {label: Run}, or a list of Runs labelled by rcdiag.store.names.unique_run_names (the directory name;
+    `name-parent` when two clash, as in the comparison report). With exactly two runs a third column `difference` (second − first) is added.
     """
     import pandas as pd
 
     if isinstance(runs, Mapping):
         named = dict(runs)
     else:
-        names = [r.name for r in runs]
-        unique = len(set(names)) == len(names)
-        named = {(r.name if unique else str(r.path)): r for r in runs}  # same-named runs: tell them by path
+        named = dict(zip(unique_run_names([r.path for r in runs]), runs, strict=True))
     frame = pd.DataFrame({name: pd.Series(dict(metrics(run, convention))) for name, run in named.items()})
     if len(named) == 2:
         first, second = frame.columns
@@ -191,17 +178,15 @@ def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) 
 
 # ------------------------------------------------------------------------------------------- HTML for a Run
 def _settings(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    engine = manifest.get("engine") or {}
-    sampling = engine.get("sampling") or {}
-    trainer = manifest.get("trainer") or {}
-    models = manifest.get("models") or {}
-    rows = [("engine", engine.get("name")), ("logprobs_mode", engine.get("logprobs_mode")),
-            ("engine dtype", engine.get("dtype")), ("trainer dtype", trainer.get("dtype")),
-            ("temperature (sample / train)", f"{sampling.get('temperature')} / {trainer.get('temperature')}"
-             if sampling or trainer else None),
-            ("top_p / top_k", f"{sampling.get('top_p')} / {sampling.get('top_k')}" if sampling else None)]
-    for role, model in models.items():
-        rows.append((f"model ({role})", model.get("path") if isinstance(model, Mapping) else model))
+    """The card's settings rows, read through the typed manifest (old `engine.sampling` layouts included)."""
+    typed = Manifest.from_dict(dict(manifest))
+    engine, trainer = typed.engine or Engine(), typed.trainer or Trainer()
+    rows = [("engine", engine.name), ("logprobs_mode", engine.logprobs_mode),
+            ("engine dtype", engine.dtype), ("trainer dtype", trainer.dtype),
+            ("temperature (sample / train)", f"{engine.temperature} / {trainer.temperature}"
+             if typed.engine or typed.trainer else None),
+            ("top_p / top_k", f"{engine.top_p} / {engine.top_k}" if typed.engine else None)]
+    rows += [(f"model ({role})", ref.path) for role, ref in typed.models.items()]
     return [(k, v) for k, v in rows if v not in (None, "None / None")]
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYER_OF = {
     "rcdiag": "ground", "rcdiag.errors": "ground", "rcdiag.progress": "ground", "rcdiag.tokenizers": "ground",
-    "rcdiag.lazy": "ground", "rcdiag.__main__": "cli", "rcdiag.cli": "cli", "rcdiag.notebook": "notebook",
+    "rcdiag.lazy": "ground", "rcdiag.numbers": "ground", "rcdiag.__main__": "cli", "rcdiag.cli": "cli", "rcdiag.notebook": "notebook",
     "rcdiag.runstore": "compat", "rcdiag.sample": "compat",
 }
 """Top-level modules' layers; a subpackage's modules take the subpackage's name as their layer."""

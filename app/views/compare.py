@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, charts, data, ui
+from rcdiag.store.names import unique_run_names
 
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
                  "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "abs_log_ratio_mean", "abs_log_ratio_p99",
@@ -24,7 +25,7 @@ def render() -> None:
     if len(refs) < 2:
         st.info("Choose at least two runs to compare.")
         return
-    names = _unique_names(refs)
+    names = unique_run_names([r.path for r in refs])
     table = _table(refs, names)
     st.dataframe(table, key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3)
     _overlays(refs, names)
@@ -38,18 +39,13 @@ def _open(path: str) -> data.RunRef | None:
         return None
 
 
-def _unique_names(refs: list[data.RunRef]) -> list[str]:
-    names = [r.name for r in refs]
-    return [n if names.count(n) == 1 else f"{n} ({Path(r.path).parent.name})" for n, r in zip(names, refs, strict=True)]
-
-
 def _table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
     """Rows: metrics (TABLE_METRICS present in any run); columns: runs; values formatted with ui.fmt."""
     columns = {}
     for ref, name in zip(refs, names, strict=True):
         columns[name] = aggregates.headline(*ref.key)
     rows = [m for m in TABLE_METRICS if any(m in v for v in columns.values())]
-    return pd.DataFrame({name: [ui.fmt(v[m]) if m in v else "–" for m in rows] for name, v in columns.items()},
+    return pd.DataFrame({name: [ui.fmt(v.get(m)) for m in rows] for name, v in columns.items()},
                         index=pd.Index(rows, name="metric"))
 
 

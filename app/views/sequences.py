@@ -67,7 +67,7 @@ def _detail(ref: data.RunRef, seq_id: int, stats: pd.Series) -> None:
     cols = st.columns(len(STATS_SHOWN))
     for col, name in zip(cols, STATS_SHOWN, strict=True):
         value = stats.get(name)
-        col.metric(name, "–" if value is None or pd.isna(value) else ui.fmt(float(value)))
+        col.metric(name, ui.fmt(None if value is None or pd.isna(value) else float(value)))
     facts = {k: row.get(k) for k in ("prompt_id", "sample_index", "finish_reason", "reward", "response_len")}
     st.caption(" · ".join(f"{k}: {v}" for k, v in facts.items() if v is not None))
     st.markdown("**Prompt**")

@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.errors import InputError
+from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float64, mask_as_bool
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
-DEFAULT_BATCH_ROWS = 1 << 16
-"""Rows per record batch read: buffers stay small enough to be reused by the allocators (measured with the fused
-kernels: 1 << 17 and 1 << 18 rows cost 15–30 % more CPU in reading and kernels, page faults on fresh buffers)."""
+DEFAULT_BATCH_ROWS = DEFAULT_READ_ROWS
+"""Rows per record batch read: the store's one read size (rcdiag.store.files.DEFAULT_READ_ROWS, why it is that)."""
 _INTEGER_COLUMNS = ("seq_id", "pos")
 _FLOAT_COLUMNS = ("rollout_logprob", "train_logprob")
 _HINTS = {
@@ -102,14 +102,8 @@ class TokenChunk:
         """Per-sequence max over valid rows (`fill` for a sequence without valid rows)."""
         return np.maximum.reduceat(self.valid_or(values, fill), self.starts)
 
-    def seq_min(self, values: np.ndarray, fill: float = np.inf) -> np.ndarray:
-        return np.minimum.reduceat(self.valid_or(values, fill), self.starts)
-
     def valid_or(self, values: np.ndarray, fill: float) -> np.ndarray:
         return values if self.all_valid else np.where(self.mask, values, fill)
-
-    def valid_values(self, values: np.ndarray) -> np.ndarray:
-        return values if self.all_valid else values[self.mask]
 
     def per_row(self, per_sequence: np.ndarray) -> np.ndarray:
         """Broadcast a per-sequence array to rows."""

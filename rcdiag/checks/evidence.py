@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.progress import progress
+from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import column_as_float64, mask_as_bool
 
@@ -215,12 +215,7 @@ def _plausible(values: np.ndarray) -> np.ndarray:
 def accumulate(run: Any, *, silent: bool = True, batch_size: int = DEFAULT_READ_ROWS) -> CheckAccumulator:
     """One streaming pass over a Run's token files (progress bar in tokens unless `silent`)."""
     acc = CheckAccumulator()
-    offsets: dict[str, int] = {}
-    with progress(total=run.num_tokens, desc="checks", unit="tok", unit_scale=True, silent=silent) as bar:
-        for file, batch in run.iter_batches(CHECK_COLUMNS, batch_size=batch_size):
-            acc.update(batch, file, offsets.get(file, 0))
-            offsets[file] = offsets.get(file, 0) + batch.num_rows
-            bar.update(batch.num_rows)
+    feed_batches(run, CHECK_COLUMNS, acc.update, batch_size=batch_size, desc="checks", silent=silent)
     return acc
 
 

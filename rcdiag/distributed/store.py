@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError
 from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME, SEQUENCES_DIR, TOKENS_DIR, shard_name
+from rcdiag.store.manifest import normalise
 from rcdiag.store.writer import RunWriter
 
 
@@ -116,6 +117,7 @@ class UriRunWriter:
         manifest = {**manifest, "spec": self.spec}
         manifest["counts"] = {**manifest.get("counts", {}), "sequences": rows(SEQUENCES_DIR),
                               "tokens": rows(TOKENS_DIR), "shards": len(self._files(SEQUENCES_DIR))}
+        manifest = normalise(manifest, f"{self._join(MANIFEST_NAME)} (being written)")
         _write_json(self.fs, self._join(MANIFEST_NAME), manifest)
         if self.fs.get_file_info(self._join(PENDING_NAME)).type == pafs.FileType.File:
             self.fs.delete_file(self._join(PENDING_NAME))

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.manifest import abs_path
 
 
 @dataclass
@@ -247,7 +248,7 @@ def nonfinite_warning(records: Sequence[Record]) -> list[str]:
 # --------------------------------------------------------------------------------------------- writing
 def source_section(imported: Imported) -> dict[str, Any]:
     return {
-        "kind": f"imported:{imported.fmt}", "format": imported.fmt, "path": str(imported.path),
+        "kind": f"imported:{imported.fmt}", "format": imported.fmt, "path": abs_path(imported.path),
         "retokenized": imported.retokenized, "conventions": imported.conventions,
         "lacks": imported.lacks, "warnings": imported.warnings, "mask_counts": imported.mask_counts,
     }

@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from rcdiag.errors import ConfigError, RunDirError
 from rcdiag.probe.factors import (
@@ -82,17 +80,14 @@ def sample_tokens(run: Run, n: int, seed: int, vocab_size: int, max_context: int
                   ) -> tuple[pd.DataFrame, list[Pair]]:
     """Draw up to `n` sequences with a response (seeded, sorted by seq_id): their token rows (seq_id, pos,
     token_id, mask, rollout) and validated (prompt ids, response ids) pairs in the same order."""
-    sequences = run.sequence_table(["seq_id", "prompt_token_ids", "response_len"])
-    tokens = run.token_table(["seq_id", "pos", "token_id", "rollout_logprob", "mask"])
-    counts = pd.Series(np.asarray(tokens.column("seq_id"))).value_counts()
-    candidates = np.array(sorted(counts.index), dtype=np.int64)
+    candidates = np.unique(np.asarray(run.token_table(["seq_id"]).column("seq_id"), dtype=np.int64))
     if candidates.size == 0:
         raise RunDirError(f"{run.path}: no sequence has response tokens; nothing to probe")
     rng = np.random.default_rng(seed)
     chosen = np.sort(rng.choice(candidates, size=min(n, candidates.size), replace=False))
-    keep_seq = pc.is_in(sequences.column("seq_id"), pa.array(chosen))
-    keep_tok = pc.is_in(tokens.column("seq_id"), pa.array(chosen))
-    sequences, tokens = sequences.filter(keep_seq), tokens.filter(keep_tok)
+    # only the chosen sequences' rows are read (Parquet filters), never the whole token table
+    sequences = run.sequence_table(["seq_id", "prompt_token_ids", "response_len"], seq_ids=chosen)
+    tokens = run.token_table(["seq_id", "pos", "token_id", "rollout_logprob", "mask"], seq_ids=chosen)
     pairs = shard_pairs(tokens, sequences, source="tokens", vocab_size=vocab_size, max_context=max_context)
     frame = tokens.to_pandas().rename(columns={"rollout_logprob": ROLLOUT})
     return frame, pairs

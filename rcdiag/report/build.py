@@ -62,10 +62,6 @@ class RunReport:
         counts["token_rows"] = int(self.scan.checks.tokens)
         return counts
 
-    @property
-    def worst_severity(self) -> str:
-        return self.checks[0].severity if self.checks else "ok"
-
 
 def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
     """The full report of a Run: per token file, the scan and the library's metrics/IS accumulators, merged in

@@ -7,23 +7,25 @@ is the same code in the same order, so both give bit-identical numbers.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.chunks import stream
+from rcdiag.analysis.chunks import sequence_universe, stream
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.errors import InputError
 from rcdiag.progress import progress
 from rcdiag.report.options import MODES, ReportOptions
-from rcdiag.report.scan import Scan, scan_run
+from rcdiag.report.scan import Scan, scan_run, sequence_info
+from rcdiag.store.files import SEQUENCES_DIR
 from rcdiag.store.run import Run, open_run
 from rcdiag.store.schema import check_keys
 
@@ -32,15 +34,22 @@ MapFiles = Callable[[Callable[[int], "Partial"], Iterable[int]], Iterable["Parti
 
 
 class FileView(Run):
-    """A complete run restricted to one token file (sequence files and manifest unchanged)."""
+    """A complete run restricted to one token file and its own shard's sequences file (shard k of tokens/ and
+    sequences/ hold the same sequences; a token file without a same-named sequences file sees them all)."""
 
     def __init__(self, run: Run, file: Path):
         self.__dict__.update(run.__dict__)
         self._file = file
+        own = run.path / SEQUENCES_DIR / file.name
+        self._sequences = [own] if own.is_file() else run.sequence_files
 
     @property
     def token_files(self) -> list[Path]:
         return [self._file]
+
+    @property
+    def sequence_files(self) -> list[Path]:
+        return self._sequences
 
 
 @dataclass
@@ -105,10 +114,10 @@ def _edge_keys(file: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | No
     return key(head, 0), key(tail, tail.num_rows - 1)
 
 
-def passes(run: Run, options: Any) -> tuple[Scan, Any]:
+def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -> tuple[Scan, Any]:
     """Both passes over `run` (a Run or FileView): (scan, library accumulators with `.rows` — or the InputError
-    the metrics refused the data with)."""
-    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=True)
+    the metrics refused the data with). `finish_labels`: see rcdiag.report.scan.scan_run."""
+    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=True, finish_labels=finish_labels)
     library = library_accumulators(options)
     try:
         library.rows = stream(run, library.consumers, silent=True)
@@ -117,11 +126,12 @@ def passes(run: Run, options: Any) -> tuple[Scan, Any]:
     return scan, library
 
 
-def file_partial(run_path: str, options: Any, index: int) -> Partial:
-    """The partial of token file `index` (in sorted order) of the run at `run_path`."""
+def file_partial(run_path: str, options: Any, index: int, *, finish_labels: Sequence[str] | None = None) -> Partial:
+    """The partial of token file `index` (in sorted order) of the run at `run_path`, reading only its own shard's
+    sequences; `finish_labels` are the whole run's (the driver reads them once)."""
     run = open_run(run_path)
     file = run.token_files[index]
-    scan, library = passes(FileView(run, file), options)
+    scan, library = passes(FileView(run, file), options, finish_labels)
     return Partial(scan, library, *_edge_keys(file), file=f"tokens/{file.name}")
 
 
@@ -151,11 +161,20 @@ def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tup
     if count == 0:
         return passes(run, options)
     mapper = map_files or map
-    task = partial(file_partial, str(run.path), options)
+    info = sequence_info(run)  # the whole run's, once: each file's task reads only its own shard
+    task = partial(file_partial, str(run.path), options, finish_labels=tuple(info.finish_labels))
     hide = options.silent or count < 2
     parts = []
     with progress(total=count, desc=f"report {run.name}", unit="file", silent=hide) as bar:
         for part in mapper(task, range(count)):
             parts.append(part)
             bar.update(1)
-    return merge_partials(parts)
+    scan, library = merge_partials(parts)
+    scan.info = info
+    try:  # B and the duplicate check span the whole sequences table, as one pass over the run does
+        rows = sequence_universe(None, pa.table({"seq_id": info.seq_id})).size
+    except InputError as exc:
+        return scan, exc
+    if not isinstance(library, InputError):
+        library.rows = rows
+    return scan, library

@@ -18,6 +18,7 @@ from typing import Any
 
 from rcdiag.checks.evidence import Finding
 from rcdiag.errors import ConfigError
+from rcdiag.numbers import fmt  # re-exported: the report's cells use the one formatter
 from rcdiag.report.template import render_page
 
 BADGE = {"ok": "✓ ok", "info": "ℹ info", "warning": "⚠ warning", "error": "✗ error"}
@@ -36,21 +37,6 @@ class Block:
     headers: list[str] = field(default_factory=list)
     image: str = ""  # PNG file name (md link; html embeds the bytes from `images`)
     status: str = ""  # verdict: healthy | warning | alarm
-
-
-def fmt(value: Any) -> str:
-    """Numbers for people: NaN/None → '—', tiny or huge → 3 significant digits in e-notation, else 4 digits."""
-    if value is None:
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if math.isnan(value):
-        return "—"
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        return f"{value:.3e}"
-    return f"{value:.4g}"
 
 
 def slug(text: str) -> str:

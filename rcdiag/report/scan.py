@@ -6,7 +6,9 @@ metrics refuse them; the report then says so instead of crashing).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator, TokenView
 from rcdiag.analysis.tails import TailAccumulator
 from rcdiag.checks.evidence import CheckAccumulator
-from rcdiag.progress import progress
+from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import column_as_float64, mask_as_bool
 
@@ -72,16 +74,28 @@ def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
 
 
 def scan_run(run: Any, *, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True,
-             batch_size: int = DEFAULT_READ_ROWS) -> Scan:
-    """One pass over `run` (a Run). The progress bar (tokens/s) shows on runs ≥ PROGRESS_MIN_TOKENS."""
-    info = SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
+             batch_size: int = DEFAULT_READ_ROWS, keep: Callable[[pa.RecordBatch], pa.Array] | None = None,
+             finish_labels: Sequence[str] | None = None) -> Scan:
+    """One pass over `run` (a Run); `keep` (rcdiag.store.batches.keep_seq_ids) restricts it to some sequences.
+    `finish_labels`: the whole run's finish-reason labels (sequence_info(...).finish_labels) when `run` holds
+    only part of the sequences (one shard), so partial strata line up when merged. The progress bar (tokens/s)
+    shows on runs ≥ PROGRESS_MIN_TOKENS."""
+    info = sequence_info(run)
+    if finish_labels is not None:
+        info = relabel(info, finish_labels)
     scan = new_scan(info, threshold, lower)
-    total = run.num_tokens
-    offsets: dict[str, int] = {}
-    hide = silent or total < PROGRESS_MIN_TOKENS
-    with progress(total=total, desc=f"scan {run.name}", unit="tok", unit_scale=True, silent=hide) as bar:
-        for file, batch in run.iter_batches(SCAN_COLUMNS, batch_size=batch_size):
-            update(scan, batch, file, offsets.get(file, 0))
-            offsets[file] = offsets.get(file, 0) + batch.num_rows
-            bar.update(batch.num_rows)
+    feed_batches(run, SCAN_COLUMNS, partial(update, scan), keep=keep, batch_size=batch_size,
+                 desc=f"scan {run.name}", silent=silent, progress_min_tokens=PROGRESS_MIN_TOKENS)
     return scan
+
+
+def sequence_info(run: Any) -> SequenceInfo:
+    """The per-sequence attributes the scan buckets by, from `run`'s sequences files (O(#sequences))."""
+    return SequenceInfo.from_table(run.sequence_table(list(SEQUENCE_COLUMNS)))
+
+
+def relabel(info: SequenceInfo, labels: Sequence[str]) -> SequenceInfo:
+    """`info` with its finish codes re-pointed into `labels` (sorted, a superset of info's own labels)."""
+    own = np.asarray(info.finish_labels, dtype=str)
+    codes = np.searchsorted(np.asarray(labels, dtype=str), own)[info.finish] if own.size else info.finish
+    return replace(info, finish=np.asarray(codes, dtype=np.int64), finish_labels=list(labels))

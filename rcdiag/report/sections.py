@@ -25,6 +25,7 @@ from rcdiag.report.correction_section import correction_blocks
 from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
+from rcdiag.store.names import unique_run_names
 
 HEADLINE = ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff", "abs_log_ratio_mean", "abs_log_ratio_p99",
             "abs_log_ratio_max", "frac_outside_0.5_2", "ess", "is_weight_mean", "prob_pearson_corr")
@@ -256,19 +257,10 @@ def run_files(report: RunReport) -> dict[str, bytes]:
                         f"rcdiag report — {report.name}")
 
 
-def unique_names(reports: Sequence[RunReport]) -> list[str]:
-    """Run names made unique (a second 'run' becomes 'run-2') for the comparison's sub-directories."""
-    seen: dict[str, int] = {}
-    out = []
-    for r in reports:
-        seen[r.name] = seen.get(r.name, 0) + 1
-        out.append(r.name if seen[r.name] == 1 else f"{r.name}-{seen[r.name]}")
-    return out
-
-
 def comparison_files(reports: Sequence[RunReport]) -> dict[str, bytes]:
     """The comparison report at the top, each run's full report under runs/<name>/."""
-    for report, name in zip(reports, unique_names(reports), strict=True):
+    for report, name in zip(reports, unique_run_names([r.path for r in reports], [r.name for r in reports]),
+                            strict=True):
         report.name = name
     links = {r.name: f"runs/{r.name}" for r in reports}
     files = render_files(comparison_blocks(reports, links), comparison_figures(reports),

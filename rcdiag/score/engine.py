@@ -183,11 +183,20 @@ def model_context_length(model: str | Path, max_model_len: int | None = None) ->
         data = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict):
-        return None
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
-    value = data.get("max_position_embeddings") or text.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else None
+    return context_from_config(data) if isinstance(data, dict) else None
+
+
+def context_from_config(config: Any) -> int | None:
+    """max_position_embeddings of a model config — a config.json dict or a transformers config — read from its
+    text config when it has one (multimodal models), else from the config itself; None when neither says. The
+    one rule for the engine side (model_context_length) and the trainer side (scoring.model_limits)."""
+    if isinstance(config, dict):
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        value = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    else:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def engine_facts(llm: Any) -> dict[str, Any]:

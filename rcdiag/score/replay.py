@@ -102,7 +102,7 @@ def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig |
     config = config or GenerateConfig()
     phases = phases or Phases(silent)
     run = open_run(run_path)
-    recorded = (run.manifest.get("engine") or {}).get("temperature")
+    recorded = run.info.engine.temperature if run.info.engine is not None else None
     if recorded is not None and float(recorded) != config.temperature:
         raise ConfigError(f"{run.path}: the manifest records sampling temperature {recorded}; replay with "
                           f"--temperature {recorded}")

@@ -37,7 +37,7 @@ from rcdiag.score.scoring import (
 )
 from rcdiag.score.tokenizer_check import check_vocabulary
 from rcdiag.store.files import SEQUENCES_DIR, TOKENS_DIR, write_parquet_atomic
-from rcdiag.store.manifest import update_manifest
+from rcdiag.store.manifest import HASH_PREFIX, Manifest, abs_path, update_manifest
 from rcdiag.store.run import open_run
 
 RESCORED_KEY = b"rcdiag.rescored"
@@ -48,16 +48,14 @@ RESCORED_KEY = b"rcdiag.rescored"
 def run_temperature(manifest: dict[str, Any]) -> float:
     """The sampling temperature of the rollouts (`engine.temperature`); 1.0 with a warning when absent or
     greedy (0), since vLLM's processed log-probs of greedy requests are at temperature 1."""
-    value = (manifest.get("engine") or {}).get("temperature")
+    engine = Manifest.from_dict(manifest).engine
+    value = None if engine is None else engine.temperature
     if value is None:
         warnings.warn("the run manifest has no engine.temperature; rescoring at temperature 1.0 — if the "
                       "rollouts were sampled at another temperature the mismatch will look large",
                       RescoreWarning, stacklevel=3)
         return 1.0
-    try:
-        temperature = float(value)
-    except (TypeError, ValueError):
-        raise RunDirError(f"manifest engine.temperature is {value!r}, not a number") from None
+    temperature = float(value)
     if not np.isfinite(temperature) or temperature < 0:
         raise RunDirError(f"manifest engine.temperature is {value!r}; it must be a finite number ≥ 0")
     if temperature == 0:
@@ -69,13 +67,7 @@ def run_temperature(manifest: dict[str, Any]) -> float:
 
 def engine_model_path(manifest: dict[str, Any]) -> str | None:
     """The engine's model as recorded in the manifest (`engine.model`, else `models.engine.path`)."""
-    engine = manifest.get("engine") or {}
-    model = engine.get("model")
-    if isinstance(model, dict):
-        model = model.get("path")
-    if model is None:
-        model = ((manifest.get("models") or {}).get("engine") or {}).get("path")
-    return None if model is None else str(model)
+    return Manifest.from_dict(manifest).engine_model
 
 
 def model_hash(path: str | Path) -> str:
@@ -86,7 +78,7 @@ def model_hash(path: str | Path) -> str:
         digest.update(file.name.encode() + b"\0")
         with open(file, "rb") as handle:
             digest.update(hashlib.file_digest(handle, "sha256").digest())
-    return digest.hexdigest()
+    return HASH_PREFIX + digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------- shards
@@ -168,7 +160,7 @@ def trainer_settings(model_path: str, model: Any, config: RescoreConfig, tempera
     import torch
     import transformers
 
-    return {"model": str(model_path), "model_hash": model_hash(model_path), "dtype": config.train_dtype,
+    return {"model": abs_path(model_path), "model_hash": model_hash(model_path), "dtype": config.train_dtype,
             "attn_implementation": attention_used(model), "temperature": temperature,
             "token_budget": config.token_budget, "chunk_tokens": config.chunk_tokens, "device": config.device,
             "epilogue": epilogue, "transformers_version": transformers.__version__,

@@ -21,6 +21,7 @@ import torch
 
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.score.attention import ensure_registered, packed_kwargs, resolve_attention
+from rcdiag.score.engine import context_from_config
 from rcdiag.score.logprobs import Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
 from rcdiag.score.packing import PaddingSide, cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows
 
@@ -102,9 +103,9 @@ def check_sequence(prompt: np.ndarray, response: np.ndarray, *, vocab_size: int,
 
 
 def model_limits(config: Any) -> tuple[int, int | None]:
-    """(vocab_size, max_position_embeddings or None) of a transformers config."""
+    """(vocab_size, max_position_embeddings or None) of a transformers config (engine.context_from_config)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(text.vocab_size), getattr(text, "max_position_embeddings", None)
+    return int(text.vocab_size), context_from_config(config)
 
 
 # --------------------------------------------------------------------------------------------------- scoring

@@ -12,7 +12,7 @@ from rcdiag.score.engine import LOGPROBS_MODE, vllm_version
 from rcdiag.score.prompts import RenderedPrompt, prompts_hash
 from rcdiag.score.sample import reward
 from rcdiag.score.tokenizer_check import tokenizer_fingerprint
-from rcdiag.store.manifest import new_manifest
+from rcdiag.store.manifest import abs_path, new_manifest
 
 
 def reward_function(rendered: Sequence[RenderedPrompt]) -> Callable[[str, str], float] | None:
@@ -37,15 +37,15 @@ def generate_manifest(config: GenerateConfig, model_dir: Path, model_hash: str, 
               rendered: Sequence[RenderedPrompt], facts: dict[str, Any], tokenizer: dict[str, Any],
               rewards: bool) -> dict[str, Any]:
     """The manifest of a generated run (engine, models, tokenizer, prompts, rewards, warnings sections)."""
-    engine = {"name": "vllm", "version": vllm_version(), "model": str(model_dir), "logprobs_mode": LOGPROBS_MODE,
+    engine = {"name": "vllm", "version": vllm_version(), "model": abs_path(model_dir), "logprobs_mode": LOGPROBS_MODE,
               **{k: v for k, v in asdict(config).items() if k not in ("prompt_field", "limit", "shard_prompts")},
               "seed_scheme": "request (prompt i, sample j) seeded with blake2b(f'{seed}:{i}:{j}') & (2**63-1)",
               "eos_kept": True, **facts}
     chats = sum(item.prompt.messages is not None for item in rendered)
     return new_manifest(
-        "generated", engine=engine, models={"engine": {"path": str(model_dir), "hash": model_hash}},
+        "generated", engine=engine, models={"engine": {"path": abs_path(model_dir), "hash": model_hash}},
         tokenizer=tokenizer,
-        prompts={"path": str(prompts_path.resolve()), "count": len(rendered), "chat": chats,
+        prompts={"path": abs_path(prompts_path), "count": len(rendered), "chat": chats,
                  "field": config.prompt_field, "limit": config.limit, "hash": prompts_hash(rendered),
                  "shard_prompts": config.shard_prompts},
         rewards={"function": "rcdiag.score.sample.reward" if rewards else None},
@@ -56,4 +56,4 @@ def generate_manifest(config: GenerateConfig, model_dir: Path, model_hash: str, 
 def tokenizer_section(model_dir: Path) -> dict[str, Any]:
     """The manifest's tokenizer section: its path and vocabulary fingerprint (rcdiag.score.tokenizer_check)."""
     fingerprint = tokenizer_fingerprint(model_dir) or {}
-    return {"path": str(model_dir), **{k: v for k, v in fingerprint.items() if not k.startswith("_")}}
+    return {"path": abs_path(model_dir), **{k: v for k, v in fingerprint.items() if not k.startswith("_")}}

@@ -16,8 +16,11 @@ TOKENS_DIR = "tokens"
 SEQUENCES_DIR = "sequences"
 DEFAULT_SHARD_TOKENS = 1_000_000
 """Target token rows per shard (a shard holds whole sequences, so it can exceed this by one sequence)."""
-DEFAULT_READ_ROWS = 1 << 20
-"""Rows per Arrow batch when a pass streams the token files (memory bounded by it; one place for every reader)."""
+DEFAULT_READ_ROWS = 1 << 16
+"""Rows per Arrow batch whenever a pass streams the token files (the scan, the checks, the metric kernels, the
+dashboard): the one read size. Buffers stay small enough to be reused by the allocators (measured with the fused
+kernels: 1 << 17 and 1 << 18 rows cost 15–30 % more CPU in reading and kernels, page faults on fresh buffers;
+the report's scan over 2.4 M tokens: 8.5 s at 1 << 16 vs 9.3–10.8 s at 1 << 20)."""
 
 
 def shard_name(index: int) -> str:

@@ -16,12 +16,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError
 from rcdiag.store.files import DEFAULT_READ_ROWS, SEQUENCES_DIR, TOKENS_DIR
-from rcdiag.store.manifest import read_manifest
+from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
 
 
@@ -36,7 +38,10 @@ class Run:
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunDirError(f"{self.path}: no such run directory")
-        self.manifest: dict[str, Any] = read_manifest(self.path)
+        self.info: Manifest = load_manifest(self.path)
+        """The typed manifest (rcdiag.store.manifest.Manifest)."""
+        self.manifest: dict[str, Any] = self.info.to_dict()
+        """The same manifest as a plain (normalised) dict, for JSON-minded code."""
 
     def __repr__(self) -> str:
         counts = self.manifest.get("counts", {})
@@ -71,11 +76,14 @@ class Run:
         """All sequence rows as a pandas DataFrame (sorted by seq_id)."""
         return _read_tables(self.sequence_files, columns, SEQUENCE_SCHEMA).to_pandas()
 
-    def token_table(self, columns: Sequence[str] | None = None) -> pa.Table:
-        return _read_tables(self.token_files, columns, TOKEN_SCHEMA)
+    def token_table(self, columns: Sequence[str] | None = None, *, seq_ids: Any = None) -> pa.Table:
+        """The token table (Arrow); `seq_ids` (integer array-like): only those sequences' rows, read with a
+        Parquet filter (row groups whose seq_id statistics exclude them are skipped)."""
+        return _read_tables(self.token_files, columns, TOKEN_SCHEMA, seq_ids)
 
-    def sequence_table(self, columns: Sequence[str] | None = None) -> pa.Table:
-        return _read_tables(self.sequence_files, columns, SEQUENCE_SCHEMA)
+    def sequence_table(self, columns: Sequence[str] | None = None, *, seq_ids: Any = None) -> pa.Table:
+        """The sequences table (Arrow); `seq_ids`: only those rows, as for `token_table`."""
+        return _read_tables(self.sequence_files, columns, SEQUENCE_SCHEMA, seq_ids)
 
     def iter_batches(self, columns: Sequence[str] | None = None,
                      batch_size: int = DEFAULT_READ_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -110,14 +118,17 @@ def _existing(parquet: pq.ParquetFile, file: Path, columns: Sequence[str] | None
     return list(columns)
 
 
-def _read_tables(files: list[Path], columns: Sequence[str] | None, schema: pa.Schema) -> pa.Table:
+def _read_tables(files: list[Path], columns: Sequence[str] | None, schema: pa.Schema,
+                 seq_ids: Any = None) -> pa.Table:
     if not files:
         names = list(columns) if columns is not None else schema.names
         return pa.Table.from_arrays([pa.array([], schema.field(n).type) for n in names], names=names)
+    where = None if seq_ids is None else pc.field("seq_id").isin(pa.array(np.asarray(seq_ids, np.int64)))
     tables = []
     for file in files:
         try:
-            tables.append(pq.read_table(file, columns=list(columns) if columns is not None else None))
+            tables.append(pq.read_table(file, columns=list(columns) if columns is not None else None,
+                                        filters=where))
         except (pa.ArrowInvalid, OSError) as exc:
             raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
     return pa.concat_tables(tables)

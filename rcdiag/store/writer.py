@@ -30,7 +30,7 @@ from rcdiag.store.files import (
     write_json_atomic,
     write_parquet_atomic,
 )
-from rcdiag.store.manifest import SCHEMA_VERSION, new_manifest
+from rcdiag.store.manifest import SCHEMA_VERSION, new_manifest, write_manifest
 from rcdiag.store.run import Run
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, as_table, check_keys, conform
 
@@ -100,7 +100,7 @@ class RunWriter:
         manifest = dict(manifest)
         manifest["spec"] = self.spec
         manifest["counts"] = {**manifest.get("counts", {}), **_count(self.path)}
-        write_json_atomic(self.path / MANIFEST_NAME, manifest)
+        manifest = write_manifest(self.path, manifest)
         (self.path / PENDING_NAME).unlink(missing_ok=True)
         return manifest
 

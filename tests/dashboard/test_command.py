@@ -48,5 +48,7 @@ def test_free_port_is_bindable():
     import socket
 
     port = dashboard.free_port()
+    assert 1024 <= port <= 65535  # an ephemeral port the OS picked, never 0 ("any") or a privileged one
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+        assert sock.getsockname() == ("127.0.0.1", port)  # bound to exactly that port

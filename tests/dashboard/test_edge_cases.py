@@ -111,6 +111,6 @@ def test_symlink_out_of_cwd_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("value,text", [(0.0, "0"), (0.08277, "0.08277"), (3.59e-4, "3.590e-04"), (1234.5, "1234"),
-                                        (2e6, "2.000e+06"), (math.nan, "NaN"), (-0.5, "-0.5")])
+                                        (2e6, "2.000e+06"), (math.nan, "—"), (None, "—"), (12345, "12,345"), (-0.5, "-0.5")])
 def test_fmt(value, text):
     assert ui.fmt(value) == text

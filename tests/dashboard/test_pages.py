@@ -228,7 +228,7 @@ def test_overview_lists_the_run_settings(make_app, noisy_run):
     settings = dict(zip(table["setting"], table["value"], strict=True))
     engine = noisy_run.manifest["engine"]
     assert settings["engine.logprobs_mode"] == engine["logprobs_mode"]
-    assert settings["engine.sampling.temperature"] == str(engine["sampling"]["temperature"])
+    assert settings["engine.temperature"] == str(engine["temperature"])
     assert settings["trainer.dtype"] == noisy_run.manifest["trainer"]["dtype"]
     assert settings["counts.tokens"] == str(noisy_run.num_tokens)
 

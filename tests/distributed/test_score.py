@@ -33,11 +33,17 @@ CONFIG = GenerateConfig(n=2, max_tokens=24, shard_prompts=1, limit=6, engine_dty
 PROMPTS = Path(__file__).resolve().parents[2] / "sample_data" / "prompts.jsonl"
 
 
+HANDSHAKE_TIMEOUT_S = 300.0
+"""How long an announced engine waits for the kill before giving up (the test then fails: no kill landed)."""
+
+
 class Registry:
-    """Named actor: engine actors announce themselves when they start a shard; the test takes one to kill."""
+    """Named actor, the handshake: engine actors announce themselves when they start a shard and wait there
+    until the test has sent its kill, so the kill always lands mid-shard however loaded the machine is."""
 
     def __init__(self) -> None:
         self.busy: list[Any] = []
+        self.killed = False
 
     def announce(self, handles: list[Any]) -> None:
         self.busy.extend(handles)
@@ -45,9 +51,16 @@ class Registry:
     def take(self) -> list[Any]:
         return self.busy[:1]
 
+    def mark_killed(self) -> None:
+        self.killed = True
+
+    def kill_sent(self) -> bool:
+        return self.killed
+
 
 class AnnouncingEngine(EngineActor):
-    """The real engine actor; its first shard announces it and lasts ≥ 2 s, so the kill lands mid-shard."""
+    """The real engine actor; its first shard announces it, then waits for the test's kill (the handshake).
+    A restarted actor announces again but finds the kill sent and goes on."""
 
     first = True
 
@@ -58,8 +71,11 @@ class AnnouncingEngine(EngineActor):
 
         if self.first:
             self.first = False
-            ray.get_actor("rcdiag-test-registry").announce.remote([ray.get_runtime_context().current_actor])
-            time.sleep(2.0)
+            registry = ray.get_actor("rcdiag-test-registry")
+            registry.announce.remote([ray.get_runtime_context().current_actor])
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            while not ray.get(registry.kill_sent.remote()) and time.monotonic() < deadline:
+                time.sleep(0.05)
         return super().__call__(batch)
 
 
@@ -69,6 +85,7 @@ def _kill_first_busy_engine(ray: Any, registry: Any, killed: list[Any], stop: th
         if handles:
             ray.kill(handles[0], no_restart=False)
             killed.append(handles[0])
+            ray.get(registry.mark_killed.remote())  # releases the other announced engine
         stop.wait(0.2)
 
 

@@ -165,4 +165,4 @@ def test_compare(noisy, tmp_path):
     assert frame.loc["sequences", "other"] == 20
     assert list(rcdiag.compare({"a": noisy, "b": other, "c": other}).columns) == ["a", "b", "c"]
     twin = build_run(tmp_path / "twin" / "noisy", noise=0.1, n_seq=20, seed=4)
-    assert list(compare([noisy, twin]).columns) == [str(noisy.path), str(twin.path), "difference"]
+    assert list(compare([noisy, twin]).columns) == [f"noisy-{noisy.path.parent.name}", "noisy-twin", "difference"]

@@ -106,7 +106,18 @@ def test_same_named_runs_get_distinct_folders(synthetic_runs, tmp_path):
     a = rcdiag.open_run(shutil.copytree(synthetic_runs["clean"].path, tmp_path / "a" / "run"))
     b = rcdiag.open_run(shutil.copytree(synthetic_runs["top_p"].path, tmp_path / "b" / "run"))
     result = make_report([a, b], tmp_path / "cmp", FAST)
-    assert sorted(p.name for p in (result.out / "runs").iterdir()) == ["run", "run-2"]
+    assert sorted(p.name for p in (result.out / "runs").iterdir()) == ["run-a", "run-b"]
+
+
+def test_run_named_dotdot_stays_inside_the_comparison(synthetic_runs, tmp_path):
+    """A run opened as `<dir>/tokens/..` is named '..': its folder must not be the comparison's parent (#20)."""
+    import rcdiag
+
+    dotdot = rcdiag.open_run(synthetic_runs["clean"].path / "tokens" / "..")
+    assert dotdot.name == ".."
+    result = make_report([dotdot, synthetic_runs["bf16"]], tmp_path / "cmp", FAST)
+    assert sorted(p.name for p in (result.out / "runs").iterdir()) == ["bf16", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp"]
 
 
 def test_fmt_and_plain():

@@ -49,7 +49,8 @@ def test_rescore_writes_train_columns_against_float64(tmp_path, model_dir, model
     trainer = manifest["trainer"]
     assert trainer["temperature"] == 0.8 and trainer["attn_implementation"] == "sdpa_varlen"
     assert trainer["dtype"] == "float32" and trainer["token_budget"] == 64 and trainer["chunk_tokens"] == 50
-    assert trainer["model"] == str(model_dir) and len(trainer["model_hash"]) == 64
+    assert trainer["model"] == str(model_dir.resolve()) and trainer["model_hash"].startswith("sha256:")
+    assert len(trainer["model_hash"]) == len("sha256:") + 64
     assert open_run(run.path).manifest["trainer"] == trainer
     for file in open_run(run.path).token_files:
         assert json.loads(pq.read_schema(file).metadata[RESCORED_KEY]) == trainer
@@ -177,8 +178,13 @@ def test_configuration_errors(tmp_path, model_dir, pairs) -> None:
         RescoreConfig(attn="fast")
     with pytest.raises(ConfigError, match="runs on cuda only"):
         rescore_run(run.path, RescoreConfig(train_model=str(model_dir), attn="flash_attention_2"), silent=True)
-    bad = make_run(tmp_path / "bad", pairs, engine={"model": str(model_dir), "temperature": "hot"})
-    with pytest.raises(RunDirError, match="engine.temperature is 'hot'"):
+    with pytest.raises(RunDirError, match="'engine.temperature' is 'hot'"):  # refused when written ...
+        make_run(tmp_path / "bad", pairs, engine={"model": str(model_dir), "temperature": "hot"})
+    bad = make_run(tmp_path / "bad", pairs, engine={"model": str(model_dir)})
+    damaged = json.loads((bad.path / "manifest.json").read_text())
+    damaged["engine"]["temperature"] = "hot"
+    (bad.path / "manifest.json").write_text(json.dumps(damaged))
+    with pytest.raises(RunDirError, match="'engine.temperature' is 'hot'"):  # ... and when read
         rescore_run(bad.path, silent=True)
     shutil.rmtree(tmp_path / "bad")
     with pytest.raises(RunDirError):

@@ -70,3 +70,17 @@ def run_tokenizer(manifest: dict[str, Any]) -> Any | None:
     """The run's own tokenizer (transformers) when its manifest names a local directory that loads, else None:
     decoding tokens in reports and notebooks is a courtesy, never a reason to fail."""
     return try_load_tokenizer(manifest_tokenizer_dir(manifest))
+
+
+def fast_tokenizer(manifest: dict[str, Any]) -> Any | None:
+    """The run's `tokenizers.Tokenizer` (tokenizer.json, no transformers import) for light decoding, or None."""
+    directory = manifest_tokenizer_dir(manifest)
+    file = Path(directory) / "tokenizer.json" if directory else None
+    if file is None or not file.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(file))
+    except Exception:  # noqa: BLE001 - a broken or foreign tokenizer file: callers show ids instead
+        return None

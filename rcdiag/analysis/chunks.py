@@ -105,6 +105,10 @@ class TokenChunk:
     def valid_or(self, values: np.ndarray, fill: float) -> np.ndarray:
         return values if self.all_valid else np.where(self.mask, values, fill)
 
+    def valid_values(self, values: np.ndarray) -> np.ndarray:
+        """The values of the valid rows only (the array itself when every row is valid)."""
+        return values if self.all_valid else values[self.mask]
+
     def per_row(self, per_sequence: np.ndarray) -> np.ndarray:
         """Broadcast a per-sequence array to rows."""
         return np.repeat(per_sequence, self.lengths)

@@ -33,6 +33,10 @@ H = 5.0
 REL_FLOOR = 0.05
 MIN_RISE = 0.2
 MIN_STEPS = 3
+ADVICE = ("Something changed at the step where the drift starts — a weight sync, a kernel or engine upgrade, a "
+          "precision or sampling setting, or the policy sharpening: compare the steps before and after it (dashboard, "
+          "Trends page) and re-check the IS threshold against the later steps.")
+"""What to do about a detected drift (said once, after the drifting metrics)."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,7 @@ def detect_drift(frame: Any, metric: str = "k3_kl", baseline_steps: int = BASELI
         if mean - mu0 >= MIN_RISE * abs(mu0):
             rise = mean / mu0 if mu0 > 0 else math.inf
             text = (f"{metric} drifts up from step {int(steps[start])} (CUSUM alarm at step {int(steps[alarm])}): "
-                    f"{mean:.4g} on average since, {_ratio(rise)} the baseline {mu0:.4g} of steps {label}. Something changed at that step — a "
-                    "weight sync, a kernel or engine upgrade, a precision or sampling setting, or the policy "
-                    "sharpening; re-check the IS threshold against the later steps and compare the step before and "
-                    "after in the dashboard's Trends page.")
+                    f"{mean:.4g} on average since, {_ratio(rise)} the baseline {mu0:.4g} of steps {label}.")
             return Drift(metric, True, int(steps[start]), int(steps[alarm]), mu0, tuple(int(s) for s in steps[:n0]),
                          rise, text)
     text = (f"No drift in {metric} over steps {int(steps[n0])}–{int(steps[-1])}: no sustained rise above its "

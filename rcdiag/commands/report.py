@@ -40,6 +40,11 @@ def command(
         f"{','.join(f'{c:g}' for c in DEFAULTS.thresholds)}).")] = None,
     fail_if: Annotated[list[str] | None, typer.Option(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
+    baseline: Annotated[Path | None, typer.Option(
+        "--baseline", help='A run to compare with (e.g. the old stack); --fail-if "k3_kl>2x" gates on the ratio.'
+    )] = None,
+    fail_on_drift: Annotated[bool, typer.Option(
+        "--fail-on-drift", help="Exit 1 when a multi-step run's mismatch drifts up (CUSUM; README).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
 ) -> None:
@@ -64,15 +69,20 @@ def command(
         rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"
 
         rcdiag report runs/big --ray auto    # per-file accumulators as Ray tasks; the same numbers
+
+        rcdiag report runs/new-vllm --baseline runs/old-vllm --fail-if "k3_kl>2x"   # upgrade gate
+
+        rcdiag report runs/steps --fail-on-drift    # per-step dumps: fail when the mismatch starts to grow
     """
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
                             thresholds=_thresholds(thresholds), silent=quiet)
+    extra = {"baseline": None if baseline is None else str(baseline), "fail_on_drift": fail_on_drift}
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
 
-        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray)
+        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray, **extra)
     else:
-        result = make_report([str(r) for r in runs], out, options, fail_if or ())
+        result = make_report([str(r) for r in runs], out, options, fail_if or (), **extra)
     if not quiet:
         for report in result.reports:
             bad = [f for f in report.checks if f.severity in ("warning", "error")]
@@ -81,5 +91,5 @@ def command(
                        + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
     if result.failures:
-        typer.echo("Failed --fail-if conditions:\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
+        typer.echo(("Failed --fail-if / --fail-on-drift conditions:\n" if fail_on_drift else "Failed --fail-if conditions:\n") + "\n".join(f"  {line}" for line in result.failures), err=True)
         raise typer.Exit(1)

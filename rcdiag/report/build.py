@@ -22,6 +22,7 @@ from rcdiag.errors import InputError
 from rcdiag.report.options import ESS_TARGET, MODES, WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library, run_passes
 from rcdiag.report.scan import Scan
+from rcdiag.report.trend_section import report_trend
 from rcdiag.tokenizers import run_tokenizer
 
 
@@ -47,6 +48,9 @@ class RunReport:
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
     recommendation: dict[str, Any] = field(default_factory=dict)
+    trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
+    drift: dict[str, Any] = field(default_factory=dict)  # {metric: Drift} (rcdiag.analysis.drift)
+    baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -90,6 +94,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     except InputError as exc:
         report.metrics_error = str(exc)
     report.recommendation = recommend(report)
+    report.trend, report.drift = report_trend(run, options)
     return report
 
 

@@ -19,7 +19,8 @@ COMPARED = ("kl", "k3_kl", "chi2_token", "chi2_seq", "log_ppl_abs_diff", "abs_lo
 
 def _verdict(name: str, value: float, base: float, ci: dict[str, float] | None,
              base_ci: dict[str, float] | None) -> str:
-    """worse / better / same: outside both intervals (when both have one), else 'within noise'."""
+    """worse / better when the intervals do not overlap, 'within noise' when they do; without intervals (maxima,
+    shares) only 'higher' / 'lower' / 'equal' — no claim beyond noise."""
     if not (math.isfinite(value) and math.isfinite(base)):
         return "—"
     if ci and base_ci and all(math.isfinite(v) for v in (ci["low"], ci["high"], base_ci["low"], base_ci["high"])):
@@ -27,7 +28,7 @@ def _verdict(name: str, value: float, base: float, ci: dict[str, float] | None,
             higher = ci["low"] > base_ci["high"]
             return "worse" if higher != (name == "ess") else "better"
         return "within noise"
-    return "worse" if (value > base) != (name == "ess") else "not worse"
+    return "higher" if value > base else "lower" if value < base else "equal"
 
 
 def comparison_rows(values: dict[str, float], base: dict[str, float], intervals: dict[str, Any],
@@ -55,6 +56,6 @@ def baseline_section(report: Any) -> tuple[list[Block], dict[str, Any]]:
             "(healthy for this upgrade).")
     blocks = [Block("h", f"Against the baseline {base.name}"), Block("callout", text),
               Block("table", headers=["metric", "this run", "baseline", "ratio", "verdict"],
-                    rows=[[r["metric"], r["value"], r["baseline"], f"{fmt(r['ratio'])}×", r["verdict"]]
+                    rows=[[r["metric"], r["value"], r["baseline"], fmt(r["ratio"]) + ("×" if math.isfinite(r["ratio"]) else ""), r["verdict"]]
                           for r in rows])]
     return blocks, {"baseline": {"run": {"name": base.name, "path": base.path}, "comparison": rows}}

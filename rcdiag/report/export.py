@@ -122,6 +122,8 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
     if to not in TARGETS:
         raise ConfigError(f"unknown --to {to!r}; choose one of {', '.join(TARGETS)}")
     key_table(keys)
+    if to in ("tensorboard", "wandb"):
+        _need(to)  # before the pass over the tokens
     from rcdiag.store.run import Run, open_run
 
     opened = run if isinstance(run, Run) else open_run(run)

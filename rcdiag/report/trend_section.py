@@ -66,11 +66,11 @@ def _plain(value: Any) -> Any:
 
 def trend_figure(frame: Any, drift: dict[str, Drift] | None = None) -> Figure:
     """Six panels (PANELS) of per-step values with their bootstrap intervals as bars; a dashed line at the step
-    where a drift starts."""
+    where the earliest drift starts."""
     fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
     axes = fig.subplots(2, 3, sharex=True)
     steps = frame["step"].to_numpy()
-    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})
+    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})[:1]  # the earliest start
     for ax, (column, title) in zip(axes.flat, PANELS, strict=True):
         values = frame[column].to_numpy(dtype=float)
         if f"{column}_low" in frame:

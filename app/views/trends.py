@@ -132,12 +132,14 @@ def _log_ratios(ref: data.RunRef, rows: pd.DataFrame) -> np.ndarray:
 
 
 def _histograms(values: dict[str, np.ndarray]) -> pd.DataFrame:
-    """(lo, hi, count, run) on one set of bins for all labels, so the curves compare bin by bin."""
+    """(lo, hi, count, run) on one set of bins for all labels, so the curves compare bin by bin; an empty bin is
+    drawn at the log axis' floor (0.8, charts.histogram's domainMin) instead of log 0 = −∞."""
     limit = max((float(np.abs(v).max()) for v in values.values() if v.size), default=1e-6)
     frames = []
     for label, v in values.items():
         counts, edges = np.histogram(v, bins=HIST_BINS, range=(-limit, limit))
-        frames.append(pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts, "run": label}))
+        frames.append(pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": np.where(counts > 0, counts, 0.8),
+                                    "run": label}))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -56,13 +56,15 @@ def _need(module: str) -> Any:
 
 
 def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str) -> Path:
-    """One TensorBoard event file for `rows` in `dest` (the log directory; created), written in a temporary
-    directory and moved in when complete. Returns the event file's path."""
+    """One TensorBoard event file for `rows` in `dest`/`name`/ (so TensorBoard lists it as run `name` next to the
+    trainer's runs in the same log directory), written in a temporary directory and moved in when complete.
+    Returns the event file's path."""
     _need("tensorboard")
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+    dest = dest / name
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".rcdiag-export-", dir=dest))
     try:
@@ -115,7 +117,7 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
                threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True) -> ExportResult:
     """Export the per-step trend of `run` (computed under the convention of `keys`) to `to` at `dest`.
 
-    `to`: tensorboard (dest = log directory) | wandb (dest = the directory that gets wandb/offline-run-*) | csv |
+    `to`: tensorboard (dest = log directory; the file goes to dest/<run name>/) | wandb (dest = the directory that gets wandb/offline-run-*) | csv |
     jsonl (dest = the file). `keys`: verl | swift | trl | canonical (tracker_keys.KEY_TABLES). `mode`, `threshold`
     and `lower` should match the trainer's IS setting so its IS keys compare.
     """

@@ -24,7 +24,7 @@ def test_tensorboard_scalars_at_their_steps(drifting_run, tmp_path, capsys):
     assert main(["export", str(drifting_run.path), "--to", "tensorboard", str(tmp_path / "tb"),
                  "--keys", "verl"]) == 0
     assert capsys.readouterr().out.startswith("Wrote 200 scalars (20 keys × 10 step(s)) to ")
-    (event,) = (tmp_path / "tb").glob("events.out.tfevents*")
+    (event,) = (tmp_path / "tb" / "drifting").glob("events.out.tfevents*")  # TensorBoard run "drifting"
     accumulator = EventAccumulator(str(event))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
@@ -34,7 +34,7 @@ def test_tensorboard_scalars_at_their_steps(drifting_run, tmp_path, capsys):
         got = [(e.step, e.value) for e in accumulator.Scalars(key)]
         assert [s for s, _ in got] == list(range(STEPS))
         assert [v for _, v in got] == pytest.approx(frame[column].tolist(), rel=1e-6)  # float32 in the file
-    assert not list((tmp_path / "tb").glob(".rcdiag-export-*")), "temporary directory left behind"
+    assert not list((tmp_path / "tb").rglob(".rcdiag-export-*")), "temporary directory left behind"
 
 
 def test_wandb_offline_run_reads_back(drifting_run, tmp_path, monkeypatch):

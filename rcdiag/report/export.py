@@ -18,10 +18,12 @@ from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.trend import DEFAULT_MODE, trend
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, InputError, RcdiagError
 from rcdiag.report.tracker_keys import CONVENTION_OF, key_table
 
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
+WANDB_FLUSH_SECONDS = 60.0
+"""How long an export waits for wandb-core to finish writing the offline run's log."""
 TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
 
 
@@ -96,7 +98,28 @@ def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str,
             run.log(values, step=step)
     finally:
         run.finish()
-    return Path(run.dir).parent
+    directory = Path(run.dir).parent
+    _await_history(directory, {step for step, values in rows if values})
+    return directory
+
+
+def _await_history(directory: Path, steps: set[int], timeout: float = WANDB_FLUSH_SECONDS) -> None:
+    """Wait until the run's .wandb log holds every logged step: wandb-core may still be writing it when finish()
+    returns on a busy machine (seen in the tests), and an export must not look complete before it is."""
+    from rcdiag.report.tracker_read import read_wandb
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            written = set(read_wandb(directory)["step"])
+        except InputError:
+            written = set()
+        if steps <= written:
+            return
+        if time.monotonic() > deadline:
+            raise RcdiagError(f"{directory}: wandb wrote {len(written)} of {len(steps)} steps within {timeout:g} s; "
+                              "the offline run is incomplete — re-run the export")
+        time.sleep(0.2)
 
 
 def _write_table(rows: list[tuple[int, dict[str, float]]], dest: Path, fmt: str) -> Path:

@@ -77,6 +77,8 @@ def wandb_records(file: Path) -> Iterator[bytes]:
             offset += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[offset:offset + _HEADER])
+        if offset + _HEADER + length > len(data):
+            break  # a record still being written (the run is live): stop at the last complete one
         body = data[offset + _HEADER:offset + _HEADER + length]
         offset += _HEADER + length
         if kind == 0 and length == 0:

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from rcdiag.analysis.trend import trend
 from rcdiag.importers import ImportOptions, import_run
 from rcdiag.importers.steps import step_from_name
 from tests.importers.dumps import make_truth, slime_sample, train_tokenizer

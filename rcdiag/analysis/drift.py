@@ -11,8 +11,10 @@ How, per metric x (default DRIFT_METRICS, where larger is worse):
 2. each later step s: σ_s² = max(se_s², v0) + v0 / n0 + (REL_FLOOR·μ0)², where se_s is the step's bootstrap standard
    error (so a step with few sequences counts for less, and a baseline that already wanders raises the bar);
    z_s = (x_s − μ0) / σ_s.
-3. S_s = max(0, S_{s−1} + z_s − K); an alarm when S_s > H. The drift starts at the step after the last S = 0
-   before the alarm, and is reported only if the mean over [start, alarm] exceeds μ0 by at least MIN_RISE·|μ0|
+3. S_s = max(0, S_{s−1} + z_s − K); an alarm when S_s > H. The drift starts at the first step after the last
+   S = 0 before the alarm whose own z_s > Z_START (the first step clearly above the baseline by itself; without
+   one, a slow rise, the step after the last zero) — so noise steps just before a jump, which lift S a little
+   above zero, are not taken for its start. It is reported only if the mean over [start, alarm] exceeds μ0 by at least MIN_RISE·|μ0|
    (a statistically clear but tiny change on a huge run is not worth failing CI for).
 K = 0.5 and H = 5 are the usual CUSUM choices (false alarm on stationary normal steps ≈ once per ~900 steps).
 A drift that begins inside the baseline steps cannot be seen; a run with fewer than 3 steps has no drift verdict.
@@ -33,6 +35,7 @@ H = 5.0
 REL_FLOOR = 0.05
 MIN_RISE = 0.2
 MIN_STEPS = 3
+Z_START = 2.0
 ADVICE = ("Something changed at the step where the drift starts — a weight sync, a kernel or engine upgrade, a "
           "precision or sampling setting, or the policy sharpening: compare the steps before and after it (dashboard, "
           "Trends page) and re-check the IS threshold against the later steps.")
@@ -61,14 +64,17 @@ def _no_verdict(metric: str, why: str) -> Drift:
     return Drift(metric, False, None, None, math.nan, (), math.nan, f"No drift verdict for {metric}: {why}.")
 
 
-def cusum(values: np.ndarray, se: np.ndarray, baseline_steps: int = BASELINE_STEPS) -> tuple[np.ndarray, float, int]:
-    """(S [n] the CUSUM path — 0 on baseline steps, μ0, n0) of `values` with standard errors `se` (float64 [n],
-    steps in order; NaN values are skipped: they neither add nor reset)."""
+def cusum(values: np.ndarray, se: np.ndarray,
+          baseline_steps: int = BASELINE_STEPS) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """(S [n] the CUSUM path — 0 on baseline steps, z [n] the standardised excesses — 0 on baseline and NaN steps,
+    μ0, n0) of `values` with standard errors `se` (float64 [n], steps in order; NaN values are skipped: they
+    neither add nor reset)."""
     n0 = min(baseline_steps, max(1, values.size - 1))
     base = values[:n0][np.isfinite(values[:n0])]
     mu0 = float(base.mean()) if base.size else math.nan
     v0 = float(base.var(ddof=1)) if base.size > 1 else 0.0
     path = np.zeros(values.size)
+    zs = np.zeros(values.size)
     total = 0.0
     for i in range(n0, values.size):
         if not np.isfinite(values[i]):
@@ -79,7 +85,8 @@ def cusum(values: np.ndarray, se: np.ndarray, baseline_steps: int = BASELINE_STE
         z = (values[i] - mu0) / sigma if sigma > 0 else (math.inf if values[i] > mu0 else 0.0)
         total = max(0.0, total + z - K)
         path[i] = total
-    return path, mu0, n0
+        zs[i] = z
+    return path, zs, mu0, n0
 
 
 def detect_drift(frame: Any, metric: str = "k3_kl", baseline_steps: int = BASELINE_STEPS) -> Drift:
@@ -89,7 +96,7 @@ def detect_drift(frame: Any, metric: str = "k3_kl", baseline_steps: int = BASELI
         return _no_verdict(metric, f"{steps.size} step(s); drift needs at least {MIN_STEPS}")
     values = frame[metric].to_numpy(dtype=np.float64)
     se = frame[f"{metric}_se"].to_numpy(dtype=np.float64) if f"{metric}_se" in frame else np.zeros(steps.size)
-    path, mu0, n0 = cusum(values, se, baseline_steps)
+    path, zs, mu0, n0 = cusum(values, se, baseline_steps)
     label = _steps_label(steps[:n0])
     if not math.isfinite(mu0):
         return _no_verdict(metric, f"the baseline steps {label} have no value")
@@ -97,6 +104,8 @@ def detect_drift(frame: Any, metric: str = "k3_kl", baseline_steps: int = BASELI
     for alarm in alarms:
         zeros = np.flatnonzero(path[n0:alarm] == 0)
         start = n0 + (int(zeros[-1]) + 1 if zeros.size else 0)
+        clear = np.flatnonzero(zs[start:alarm + 1] > Z_START)
+        start += int(clear[0]) if clear.size else 0
         window = values[start:alarm + 1]
         mean = float(np.nanmean(window))
         if mean - mu0 >= MIN_RISE * abs(mu0):

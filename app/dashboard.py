@@ -23,6 +23,7 @@ PAGES = (
     ("distributions.py", "Distributions", "distributions", ":material/bar_chart:"),
     ("simulator.py", "IS simulator", "simulator", ":material/tune:"),
     ("sequences.py", "Sequences", "sequences", ":material/segment:"),
+    ("trends.py", "Trends", "trends", ":material/trending_up:"),
     ("compare.py", "Compare", "compare", ":material/compare_arrows:"),
     ("probes.py", "Probes", "probes", ":material/science:"),
 )

@@ -6,6 +6,7 @@ Public API (imported lazily, so `import rcdiag` stays cheap)::
     rcdiag.compute_metrics(run)                   # dict of METRICS.md names
     rcdiag.simulate(run, "token_truncate", threshold=2.0)
     rcdiag.sweep(run)                             # DataFrame: IS metrics per mode × threshold
+    rcdiag.trend(run, convention="verl")          # DataFrame: every metric per training step, with intervals
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(("compute_metrics", "sequence_stats"), "rcdiag.analysis.metrics"),
     **dict.fromkeys(("simulate", "sweep", "CorrectionMode", "analyze"), "rcdiag.analysis.correction"),
     "verl_rejections": "rcdiag.analysis.rejection",
+    "trend": "rcdiag.analysis.trend",
     "import_run": "rcdiag.importers",
     "rescore_run": "rcdiag.score.rescore",
     "RescoreConfig": "rcdiag.score.config",

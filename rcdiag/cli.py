@@ -44,6 +44,8 @@ COMMANDS: dict[str, CommandEntry] = {
     "report": CommandEntry("report", "Checks, metrics, IS simulation and a recommendation → md/html/json."),
     "probe": CommandEntry("probe", "Where the gap comes from: recompute tokens under a grid of settings."),
     "dashboard": CommandEntry("dashboard", "Open runs in the Streamlit dashboard (127.0.0.1)."),
+    "export": CommandEntry("export", "Per-step metrics to TensorBoard, an offline W&B run, or CSV/JSONL."),
+    "crosscheck": CommandEntry("crosscheck", "Recompute the trainer's logged rollout-correction curves; list disagreements."),
 }
 
 

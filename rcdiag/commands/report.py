@@ -48,6 +48,11 @@ def command(
     fail_on: Annotated[str | None, typer.Option(
         "--fail-on", metavar="warning|alarm",
         help="Exit 1 when a run's verdict is this level or worse (rcdiag.analysis.health).")] = None,
+    baseline: Annotated[Path | None, typer.Option(
+        "--baseline", help='A run to compare with (e.g. the old stack); --fail-if "k3_kl>2x" gates on the ratio.'
+    )] = None,
+    fail_on_drift: Annotated[bool, typer.Option(
+        "--fail-on-drift", help="Exit 1 when a multi-step run's mismatch drifts up (CUSUM; README).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
     keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
@@ -78,6 +83,10 @@ def command(
         rcdiag report runs/sample --quiet --fail-on alarm    # CI: exit 1 on an alarm verdict
 
         rcdiag report runs/big --ray auto    # per-file accumulators as Ray tasks; the same numbers
+
+        rcdiag report runs/new-vllm --baseline runs/old-vllm --fail-if "k3_kl>2x"   # upgrade gate
+
+        rcdiag report runs/steps --fail-on-drift    # per-step dumps: fail when the mismatch starts to grow
     """
     if fail_on is not None and fail_on not in FAIL_ON:
         raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
@@ -86,19 +95,21 @@ def command(
         convention = keys  # --keys verl reports verl's numbers under verl's names
     options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
                             thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
+    extra = {"baseline": None if baseline is None else str(baseline), "fail_on_drift": fail_on_drift}
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
 
-        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray)
+        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray, **extra)
     else:
-        result = make_report([str(r) for r in runs], out, options, fail_if or ())
+        result = make_report([str(r) for r in runs], out, options, fail_if or (), **extra)
     if not quiet:
         for report in result.reports:
             typer.echo(summary_line(report))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
     failed = False
     if result.failures:
-        typer.echo("Failed --fail-if conditions:\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
+        header = "Failed --fail-if / --fail-on-drift conditions:" if fail_on_drift else "Failed --fail-if conditions:"
+        typer.echo(header + "\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
         failed = True
     at_level = [r for r in result.reports if fail_on is not None and at_least(r.verdict.status, fail_on)]
     if at_level:

@@ -20,6 +20,7 @@ import numpy as np
 from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_lengths, check_presence
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
+from rcdiag.importers.steps import step_from_name
 from rcdiag.progress import iterate
 
 FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "log_probs", "mask": "loss_mask"}
@@ -205,7 +206,8 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
         if not isinstance(data.get("samples"), list):
             raise InputError(f"a rollout dump needs a 'samples' list (have: {', '.join(sorted(map(str, data)))})",
                              file=str(file), field="samples")
-        batch = [_record(_as_dict(s, file, i), file, i, data.get("rollout_id")) for i, s in enumerate(data["samples"])]
+        rollout_id = step_from_name(file) if data.get("rollout_id") is None else data["rollout_id"]
+        batch = [_record(_as_dict(s, file, i), file, i, rollout_id) for i, s in enumerate(data["samples"])]
         if train_files:
             _attach_train(batch, _train_logprobs(train_files, opts))
             with_train += 1

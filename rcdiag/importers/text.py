@@ -15,6 +15,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, jsonl_objects
+from rcdiag.importers.steps import step_from_name
 from rcdiag.progress import iterate
 from rcdiag.tokenizers import load_tokenizer
 
@@ -64,7 +65,7 @@ def _verl_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
         for i, row in jsonl_objects(file):
             uid = row.get("uid", row.get("request_id"))
             out.append((str(file), i, {"prompt": row.get("input"), "completion": row.get("output"),
-                                       "score": row.get("score"), "step": row.get("step"),
+                                       "score": row.get("score"), "step": row.get("step", step_from_name(file)),
                                        "prompt_id": None if uid is None else str(uid)}))
     return out
 

@@ -25,6 +25,7 @@ from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library, run_passes
 from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
+from rcdiag.report.trend_section import report_trend
 from rcdiag.tokenizers import run_tokenizer
 
 
@@ -51,6 +52,9 @@ class RunReport:
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
     recommendation: dict[str, Any] = field(default_factory=dict)
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
+    trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
+    drift: dict[str, Any] = field(default_factory=dict)  # {metric: Drift} (rcdiag.analysis.drift)
+    baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -91,6 +95,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
         report.metrics_error = str(exc)
     report.verdict = verdict(headline_values(report), report.checks)
     report.recommendation = recommend(report)
+    report.trend, report.drift = report_trend(run, options)
     return report
 
 

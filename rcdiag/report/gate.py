@@ -3,6 +3,7 @@
 A condition is `NAME OP VALUE` with OP one of < <= > >= == !=. NAME is a metric (METRICS.md), a tail
 statistic, a count, an IS metric of the default mode token_truncate at --threshold (`ess`), or `MODE.NAME` for
 another mode or a rejection option (`sequence_mask.kept_seq_frac`). A NaN value fails its condition.
+A VALUE ending in `x` (`k3_kl>2x`) compares the ratio to the same value of a baseline run (`--baseline`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Condition:
     name: str
     op: str
     value: float
+    relative: bool = False  # VALUE was "2x": compare value / baseline value
 
     def holds(self, actual: float) -> bool:
         return math.isnan(actual) or OPERATORS[self.op](actual, self.value)
@@ -46,11 +48,13 @@ def parse(text: str) -> Condition:
         raise ConfigError(f"--fail-if {text!r}: expected NAME OP VALUE with OP in {' '.join(OPERATORS)}, "
                           "e.g. --fail-if \"kl>1e-3\" --fail-if \"ess<0.9\"")
     name, op, raw = match.groups()
+    relative = raw[-1:] in ("x", "X")
     try:
-        value = float(raw)
+        value = float(raw[:-1] if relative else raw)
     except ValueError:
-        raise ConfigError(f"--fail-if {text!r}: {raw!r} is not a number") from None
-    return Condition(text.strip(), name, op, value)
+        raise ConfigError(f"--fail-if {text!r}: {raw!r} is not a number (or a ratio to --baseline such as 2x)"
+                          ) from None
+    return Condition(text.strip(), name, op, value, relative)
 
 
 def known_names() -> list[str]:
@@ -81,6 +85,18 @@ def gate_values(report: Any) -> dict[str, float]:
     return {k: float(v) for k, v in values.items() if isinstance(v, int | float)}
 
 
-def evaluate(conditions: Iterable[Condition], values: dict[str, float]) -> list[str]:
-    """The failing conditions as lines 'kl = 0.0123 (kl>1e-3)'; empty when the run passes."""
-    return [f"{c.name} = {values[c.name]:.6g} ({c.text})" for c in conditions if c.holds(values[c.name])]
+def evaluate(conditions: Iterable[Condition], values: dict[str, float],
+             baseline: dict[str, float] | None = None) -> list[str]:
+    """The failing conditions as lines 'kl = 0.0123 (kl>1e-3)'; empty when the run passes. A relative condition
+    uses value / baseline value (`baseline`: gate_values of the baseline run; 0/0 and x/0 are NaN and inf)."""
+    out = []
+    for c in conditions:
+        if not c.relative:
+            if c.holds(values[c.name]):
+                out.append(f"{c.name} = {values[c.name]:.6g} ({c.text})")
+            continue
+        base = (baseline or {}).get(c.name, math.nan)
+        ratio = values[c.name] / base if base else (math.nan if values[c.name] == 0 else math.inf)
+        if c.holds(ratio):
+            out.append(f"{c.name} = {ratio:.3g}× the baseline ({values[c.name]:.6g} vs {base:.6g}) ({c.text})")
+    return out

@@ -30,20 +30,33 @@ class ReportResult:
 
 def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
                 options: ReportOptions = ReportOptions(), fail_if: Sequence[str] = (),
-                map_files: Any = None) -> ReportResult:
+                map_files: Any = None, baseline: Any = None, fail_on_drift: bool = False) -> ReportResult:
     """Report one run (into `out`, default RUN/report/) or compare several (default ./rcdiag-report/, each run's
-    own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work."""
+    own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work.
+    `baseline`: a run every report is compared with (a section, and `--fail-if "k3_kl>2x"` ratios);
+    `fail_on_drift`: a drift found in a multi-step run (rcdiag.analysis.drift) is a failure too."""
     if not runs:
         raise ConfigError("give at least one run directory")
     conditions = [gate.parse(text) for text in fail_if]
     gate.check_names(conditions)
+    relative = [c.text for c in conditions if c.relative]
+    if relative and baseline is None:
+        raise ConfigError(f"--fail-if {relative[0]!r} is a ratio to a baseline run: add --baseline OTHER_RUN")
     validate(options)
     opened = [r if isinstance(r, Run) else open_run(r) for r in runs]
     target = Path(out) if out is not None else (
         opened[0].path / "report" if len(opened) == 1 else Path(DEFAULT_COMPARISON_DIR))
     check_out_dir(target)
+    base = None if baseline is None else build_report(
+        baseline if isinstance(baseline, Run) else open_run(baseline), options, map_files)
     reports = [build_report(run, options, map_files) for run in opened]
+    for report in reports:
+        report.baseline = base
     files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)
     written = write_files(target, files)
-    failures = [f"{r.name}: {line}" for r in reports for line in gate.evaluate(conditions, gate.gate_values(r))]
+    base_values = None if base is None else gate.gate_values(base)
+    failures = [f"{r.name}: {line}" for r in reports
+                for line in gate.evaluate(conditions, gate.gate_values(r), base_values)]
+    if fail_on_drift:
+        failures += [f"{r.name}: drift: {d.text}" for r in reports for d in r.drift.values() if d.detected]
     return ReportResult(reports, written, failures)

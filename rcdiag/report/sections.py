@@ -19,12 +19,14 @@ from rcdiag.analysis.keys import rename
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import TAIL_NAMES
 from rcdiag.report import plots
+from rcdiag.report.baseline import baseline_section
 from rcdiag.report.build import RunReport
 from rcdiag.report.context import context_line, run_context
 from rcdiag.report.correction_section import correction_blocks
 from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
+from rcdiag.report.trend_section import trend_section
 from rcdiag.store.names import unique_run_names
 
 HEADLINE = ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff", "abs_log_ratio_mean", "abs_log_ratio_p99",
@@ -252,8 +254,11 @@ def run_files(report: RunReport) -> dict[str, bytes]:
 
     blocks = run_blocks(report)
     probe_blocks, probe_images, probe_data = probe_section(report.path)
-    blocks[-1:-1] = probe_blocks
-    return render_files(blocks, {**figures(report), **probe_images}, {**run_data(report), **probe_data},
+    trend_blocks, trend_images, trend_data = trend_section(report)
+    base_blocks, base_data = baseline_section(report)
+    blocks[-1:-1] = base_blocks + trend_blocks + probe_blocks
+    return render_files(blocks, {**figures(report), **probe_images, **trend_images},
+                        {**run_data(report), **probe_data, **trend_data, **base_data},
                         f"rcdiag report — {report.name}")
 
 

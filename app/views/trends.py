@@ -1,0 +1,146 @@
+"""Trends page: the mismatch per training step with intervals and the drift verdict; click a step (or pick it) to see
+that step's ℓ distribution against the first step and its worst sequences."""
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import streamlit as st
+
+from app import charts, data, ui
+from rcdiag.analysis.drift import ADVICE, drifts
+from rcdiag.analysis.trend import trend
+from rcdiag.report.options import CONVENTIONS, ReportOptions
+from rcdiag.report.trend_section import PANELS
+from rcdiag.store.run import open_run
+
+DEFAULTS = ReportOptions()
+SHOWN_SEQUENCES = 25
+HIST_BINS = 81
+
+
+@st.cache_data(show_spinner="Measuring every step…", max_entries=16)
+def trend_frame(path: str, mtime: float, convention: str, threshold: float) -> pd.DataFrame:
+    """rcdiag.trend of the run (token_truncate at `threshold`), cached on (run, manifest mtime, settings)."""
+    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
+
+
+@st.cache_data(max_entries=64)
+def step_log_ratios(path: str, mtime: float, seq_ids: tuple[int, int], ids: tuple[int, ...]) -> np.ndarray:
+    """ℓ = a − b (float64) of the valid tokens of the sequences `ids` (whose seq_id range is `seq_ids`)."""
+    run = open_run(path)
+    wanted = np.asarray(ids, dtype=np.int64)
+    parts = []
+    for file in run.token_files:
+        table = pq.read_table(file, columns=["seq_id", "train_logprob", "rollout_logprob", "mask"],
+                              filters=[("seq_id", ">=", seq_ids[0]), ("seq_id", "<=", seq_ids[1])])
+        table = table.filter(pc.is_in(table.column("seq_id"), value_set=pc.cast(wanted, table.schema.field(
+            "seq_id").type)))
+        a = table.column("train_logprob").to_numpy(zero_copy_only=False).astype(np.float64)
+        b = table.column("rollout_logprob").to_numpy(zero_copy_only=False).astype(np.float64)
+        mask = table.column("mask").fill_null(True).to_numpy(zero_copy_only=False)
+        keep = mask & np.isfinite(a) & np.isfinite(b)
+        parts.append(a[keep] - b[keep])
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def render(ref: data.RunRef) -> None:
+    left, right = st.columns(2)
+    convention = left.selectbox("Convention", CONVENTIONS, key="trend_convention")
+    threshold = float(right.number_input("IS threshold C", min_value=1.01, value=DEFAULTS.threshold, step=0.5,
+                                         key="trend_threshold"))
+    frame = trend_frame(*ref.key, convention, threshold)
+    if len(frame) < 2:
+        st.info(f"This run has one step ({int(frame['step'].iloc[0])}): nothing to trend. Runs imported from "
+                "per-step dumps (verl rollout_data_dir, slime rollout ids, TRL / ms-swift logs with a step) "
+                "have one row per step.")
+        return
+    found = [d for d in drifts(frame).values() if d.detected]
+    if found:
+        st.warning("**Drift (warning).** " + " ".join(d.text for d in found) + " " + ADVICE)
+    else:
+        st.success("**No drift (healthy).** No metric rises steadily above its first steps beyond the bootstrap "
+                   "noise (CUSUM of the per-step excess in units of its bootstrap error).")
+    start = min((d.start_step for d in found), default=None)
+    picked = _charts(frame, start)
+    steps = frame["step"].astype(int).tolist()
+    if picked is not None and picked != st.session_state.get("trend_picked"):
+        st.session_state["trend_step"] = picked
+    st.session_state["trend_picked"] = picked
+    step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step",
+                            index=steps.index(start) if start in steps else len(steps) - 1))
+    _step_detail(ref, frame, step)
+
+
+def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
+    """The six per-step panels with interval bars; returns the step of a clicked point, if any."""
+    click = alt.selection_point(fields=["step"], on="click", name="pick")
+    cols = st.columns(3)
+    picked = None
+    for i, (column, title) in enumerate(PANELS):
+        rows = frame[["step", column]].rename(columns={column: "value"})
+        if f"{column}_low" in frame:
+            rows = rows.assign(low=frame[f"{column}_low"], high=frame[f"{column}_high"])
+        base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
+        layers = [base.mark_line(color="#2563eb"),
+                  base.mark_point(filled=True, size=60, color="#2563eb").encode(
+                      y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)),
+                      tooltip=["step", "value"] + (["low", "high"] if "low" in rows else [])).add_params(click)]
+        layers[0] = layers[0].encode(y="value:Q")
+        if "low" in rows:
+            layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
+        if start is not None:
+            layers.append(alt.Chart(pd.DataFrame({"step": [start]})).mark_rule(color="#dc2626", strokeDash=[4, 3])
+                          .encode(x="step:Q"))
+        event = cols[i % 3].altair_chart(alt.layer(*layers).properties(title=title, height=200), width="stretch",
+                                         key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
+        chosen = (event.selection.get("pick") or [{}])[0] if event and event.selection else {}
+        if "step" in chosen:
+            picked = int(chosen["step"])
+    return picked
+
+
+def _step_detail(ref: data.RunRef, frame: pd.DataFrame, step: int) -> None:
+    """The chosen step: its numbers, its ℓ histogram over the first step's, its worst sequences."""
+    row = frame[frame["step"] == step].iloc[0]
+    first = int(frame["step"].iloc[0])
+    st.subheader(f"Step {step}")
+    cols = st.columns(5)
+    for col, name in zip(cols, ("kl", "k3_kl", "chi2_token", "ess", "clipped_frac"), strict=True):
+        col.metric(name, ui.fmt(float(row[name])))
+    index = data.sequence_index(*ref.key)
+    in_step = index[index["step"].fillna(0).astype(int) == step] if "step" in index else index
+    first_ids = index[index["step"].fillna(0).astype(int) == first] if "step" in index else index
+    st.markdown(f"**Distribution of ℓ at step {step}** (against step {first}; log counts)")
+    values = {f"step {step}": _log_ratios(ref, in_step), f"step {first}": _log_ratios(ref, first_ids)}
+    st.altair_chart(charts.histogram(_histograms(values), colour="run"), width="stretch", key="trend_hist")
+    st.markdown(f"**Sequences of step {step}** (largest max |ℓ| first; the Sequences page shows each one's tokens)")
+    shown = in_step.sort_values("max_abs_log_ratio", ascending=False, na_position="last").head(SHOWN_SEQUENCES)
+    columns = [c for c in ("seq_id", "n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio",
+                           "finish_reason", "reward", "prompt_id") if c in shown]
+    st.dataframe(shown[columns], hide_index=True, width="stretch", key="trend_sequences")
+    st.caption(f"{len(in_step):,} sequences at step {step}")
+
+
+def _log_ratios(ref: data.RunRef, rows: pd.DataFrame) -> np.ndarray:
+    ids = rows["seq_id"].astype(int)
+    if ids.empty:
+        return np.zeros(0)
+    return step_log_ratios(*ref.key, (int(ids.min()), int(ids.max())), tuple(ids.tolist()))
+
+
+def _histograms(values: dict[str, np.ndarray]) -> pd.DataFrame:
+    """(lo, hi, count, run) on one set of bins for all labels, so the curves compare bin by bin; an empty bin is
+    drawn at the log axis' floor (0.8, charts.histogram's domainMin) instead of log 0 = −∞."""
+    limit = max((float(np.abs(v).max()) for v in values.values() if v.size), default=1e-6)
+    frames = []
+    for label, v in values.items():
+        counts, edges = np.histogram(v, bins=HIST_BINS, range=(-limit, limit))
+        frames.append(pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": np.where(counts > 0, counts, 0.8),
+                                    "run": label}))
+    return pd.concat(frames, ignore_index=True)
+
+
+ui.run_page("Trends", render)

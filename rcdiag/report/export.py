@@ -1,0 +1,167 @@
+"""`rcdiag export`: a run's per-step numbers to the trackers users already watch — TensorBoard event files, an
+offline W&B run, or a flat CSV / JSONL table — under a framework's own key names (rcdiag.report.tracker_keys).
+
+Scalars go at global_step = step (a run without steps is step 0); a NaN value (nothing scored) is left out rather
+than drawn as a gap-less zero. TensorBoard and W&B are optional dependencies (`pip install 'rcdiag[trackers]'`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.trend import DEFAULT_MODE, trend
+from rcdiag.errors import ConfigError, InputError, RcdiagError
+from rcdiag.report.tracker_keys import CONVENTION_OF, key_table
+
+TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
+WANDB_FLUSH_SECONDS = 60.0
+"""How long an export waits for wandb-core to finish writing the offline run's log."""
+TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What was written: the path (event file, W&B run directory or table file), steps and scalars written."""
+
+    path: Path
+    steps: int
+    scalars: int
+    keys: list[str]
+
+
+def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
+    """(step, {tracker key: value}) per step of a trend frame, finite values only."""
+    table = key_table(keys)
+    rows = []
+    for record in frame.to_dict(orient="records"):
+        values = {key: float(record[col]) for col, key in table.items()
+                  if col in record and record[col] is not None and math.isfinite(float(record[col]))}
+        rows.append((int(record["step"]), values))
+    return rows
+
+
+def _need(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{module.split('.')[0]} is not installed: {TRACKERS_HINT}") from None
+
+
+def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str) -> Path:
+    """One TensorBoard event file for `rows` in `dest`/`name`/ (so TensorBoard lists it as run `name` next to the
+    trainer's runs in the same log directory), written in a temporary directory and moved in when complete.
+    Returns the event file's path."""
+    _need("tensorboard")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    dest = dest / name
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".rcdiag-export-", dir=dest))
+    try:
+        writer = EventFileWriter(str(tmp), filename_suffix=f".{name}")
+        wall = time.time()
+        for step, values in rows:
+            summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+            writer.add_event(Event(wall_time=wall, step=step, summary=summary))
+        writer.close()
+        (event,) = tmp.iterdir()
+        target = dest / event.name
+        os.replace(event, target)
+        return target
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str, config: dict[str, Any]) -> Path:
+    """An offline W&B run under `dest`/wandb/ (no network; `wandb sync` uploads it later). Returns its directory."""
+    _need("wandb")
+    import wandb
+
+    dest.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    settings = wandb.Settings(mode="offline", silent=True, console="off", save_code=False, x_disable_stats=True)
+    run = wandb.init(dir=str(dest), project="rcdiag", name=name, config=config, settings=settings, reinit="create_new")
+    try:
+        for step, values in rows:
+            run.log(values, step=step)
+    finally:
+        run.finish()
+    directory = Path(run.dir).parent
+    _await_history(directory, {step for step, values in rows if values})
+    return directory
+
+
+def _await_history(directory: Path, steps: set[int], timeout: float = WANDB_FLUSH_SECONDS) -> None:
+    """Wait until the run's .wandb log holds every logged step: wandb-core may still be writing it when finish()
+    returns on a busy machine (seen in the tests), and an export must not look complete before it is."""
+    from rcdiag.report.tracker_read import read_wandb
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            written = set(read_wandb(directory)["step"])
+        except InputError:
+            written = set()
+        if steps <= written:
+            return
+        if time.monotonic() > deadline:
+            raise RcdiagError(f"{directory}: wandb wrote {len(written)} of {len(steps)} steps within {timeout:g} s; "
+                              "the offline run is incomplete — re-run the export")
+        time.sleep(0.2)
+
+
+def _write_table(rows: list[tuple[int, dict[str, float]]], dest: Path, fmt: str) -> Path:
+    import pandas as pd
+
+    frame = pd.DataFrame([{"step": step, **values} for step, values in rows])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    if fmt == "csv":
+        frame.to_csv(tmp, index=False)
+    else:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in frame.to_dict(orient="records")))
+    os.replace(tmp, dest)
+    return dest
+
+
+def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonical", *, mode: str = DEFAULT_MODE,
+               threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True) -> ExportResult:
+    """Export the per-step trend of `run` (computed under the convention of `keys`) to `to` at `dest`.
+
+    `to`: tensorboard (dest = log directory; the file goes to dest/<run name>/) | wandb (dest = the directory that gets wandb/offline-run-*) | csv |
+    jsonl (dest = the file). `keys`: verl | swift | trl | canonical (tracker_keys.KEY_TABLES). `mode`, `threshold`
+    and `lower` should match the trainer's IS setting so its IS keys compare.
+    """
+    if to not in TARGETS:
+        raise ConfigError(f"unknown --to {to!r}; choose one of {', '.join(TARGETS)}")
+    key_table(keys)
+    if to in ("tensorboard", "wandb"):
+        _need(to)  # before the pass over the tokens
+    from rcdiag.store.run import Run, open_run
+
+    opened = run if isinstance(run, Run) else open_run(run)
+    frame = trend(opened, CONVENTION_OF[keys], mode, threshold, lower, silent=silent)
+    rows = tracker_rows(frame, keys)
+    path = Path(dest)
+    config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": CONVENTION_OF[keys], "mode": mode,
+              "threshold": threshold, "lower": lower}
+    if to == "tensorboard":
+        written = write_tensorboard(rows, path, opened.name)
+    elif to == "wandb":
+        written = write_wandb(rows, path, opened.name, config)
+    else:
+        written = _write_table(rows, path, to)
+    names = sorted({k for _, values in rows for k in values})
+    return ExportResult(written, len(rows), sum(len(v) for _, v in rows), names)

@@ -1,0 +1,122 @@
+"""The across-training part of `rcdiag report`: per-step numbers, drift, figures with intervals, and by_step JSON.
+
+`report_trend(run, options)` makes the trend (one extra pass, only for a run with more than one step; a one-step
+run gets its single by_step row from the report's own numbers, no pass); `trend_section(report)` returns
+`(blocks, images, data)` like probe_section, so a one-step run's report reads as before plus `by_step`/`drift`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from rcdiag.analysis.drift import ADVICE, DRIFT_METRICS, Drift, drifts
+from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
+from rcdiag.report.plots import COLORS, png_bytes
+from rcdiag.report.render import Block, fmt
+from rcdiag.store.run import open_run
+
+FIGURE = "trend.png"
+PANELS = (("kl", "kl (k1)"), ("k3_kl", "k3_kl"), ("chi2_token", "χ² (token)"), ("ess", "ESS (token_truncate)"),
+          ("clipped_frac", "clipped share"), ("abs_log_ratio_mean", "mean |ℓ|"))
+"""(trend column, panel title) of the trend figure, in order."""
+TABLE_COLUMNS = ("step", "sequences", "tokens", "kl", "k3_kl", "chi2_token", "ess", "clipped_frac",
+                 "abs_log_ratio_mean")
+
+
+def report_trend(run: Any, options: Any) -> tuple[Any, dict[str, Drift]]:
+    """(trend DataFrame, {metric: Drift}) of a multi-step run at the report's convention and threshold, with the
+    token_truncate mode (the one whose ESS the headline shows); (None, {}) for a run with one step."""
+    if not has_steps(run):
+        return None, {}
+    frame = trend(run, options.convention, "token_truncate", options.threshold, options.lower,
+                  replicates=options.replicates, level=options.level, seed=options.seed, silent=options.silent)
+    return frame, drifts(frame)
+
+
+def by_step(report: Any) -> list[dict[str, Any]]:
+    """metrics.json's by_step: one dict per step; a one-step run's single row from the report's own numbers."""
+    if report.trend is not None:
+        return [{k: _plain(v) for k, v in row.items()} for row in report.trend.to_dict(orient="records")]
+    if not report.metrics:
+        return []
+    row: dict[str, Any] = {"step": _only_step(report), **report.metrics}
+    row.update({k: report.tails.get(k, math.nan) for k in ("abs_log_ratio_mean", "abs_log_ratio_max")})
+    row.update(report.is_modes.get("token_truncate", {}))
+    for name in INTERVAL_NAMES:
+        for bound in ("low", "high", "se"):
+            row[f"{name}_{bound}"] = report.intervals.get(name, {}).get(bound, math.nan)
+    return [{k: _plain(v) for k, v in row.items()}]
+
+
+def _only_step(report: Any) -> int:
+    steps = step_index(open_run(report.path))[1]
+    return int(steps[0]) if steps.size else 0
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def trend_figure(frame: Any, drift: dict[str, Drift] | None = None) -> Figure:
+    """Six panels (PANELS) of per-step values with their bootstrap intervals as bars; a dashed line at the step
+    where the earliest drift starts."""
+    fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
+    axes = fig.subplots(2, 3, sharex=True)
+    steps = frame["step"].to_numpy()
+    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})[:1]  # the earliest start
+    for ax, (column, title) in zip(axes.flat, PANELS, strict=True):
+        values = frame[column].to_numpy(dtype=float)
+        if f"{column}_low" in frame:
+            low = frame[f"{column}_low"].to_numpy(dtype=float)
+            high = frame[f"{column}_high"].to_numpy(dtype=float)
+            err = np.vstack([np.clip(values - low, 0, None), np.clip(high - values, 0, None)])
+            err = np.where(np.isfinite(err), err, 0.0)
+            ax.errorbar(steps, values, yerr=err, color=COLORS[0], marker="o", ms=3, lw=1.2, capsize=2)
+        else:
+            ax.plot(steps, values, color=COLORS[0], marker="o", ms=3, lw=1.2)
+        for start in starts:
+            ax.axvline(start, color=COLORS[1], ls="--", lw=1)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.suptitle("Mismatch per training step (bars: bootstrap interval; dashed: drift starts)", fontsize=11)
+    return fig
+
+
+def drift_text(drift: dict[str, Drift]) -> str:
+    """One callout: the drifting metrics first, in words, or that none drifts."""
+    found = [d for d in drift.values() if d.detected]
+    if found:
+        return "Drift (warning): " + " ".join(d.text for d in found) + " " + ADVICE
+    names = ", ".join(drift) or ", ".join(DRIFT_METRICS)
+    return f"No drift (healthy): none of {names} rises steadily above its first steps beyond the bootstrap noise."
+
+
+def trend_section(report: Any) -> tuple[list[Block], dict[str, bytes], dict[str, Any]]:
+    """(blocks, images, data) of the trend: blocks and the figure only for a multi-step run; data always carries
+    by_step (and drift, {} for one step)."""
+    data = {"by_step": by_step(report), "drift": {k: d.to_dict() for k, d in report.drift.items()}}
+    frame = report.trend
+    if frame is None:
+        return [], {}, data
+    # TODO(H14): when rcdiag.analysis.health provides a per-step verdict, add "steps where the verdict changes"
+    # here (apply it to each by_step row); until then the drift verdict below is the per-step judgement.
+    rows = [[fmt(_plain(r[c])) for c in TABLE_COLUMNS] for r in frame.to_dict(orient="records")]
+    level = frame.attrs.get("level", 0.95)
+    blocks = [Block("h", "Across training"),
+              Block("p", f"{len(frame)} steps ({int(frame['step'].iloc[0])}–{int(frame['step'].iloc[-1])}); "
+                         f"bars are {level:.0%} bootstrap intervals over each step's sequences. Drift: one-sided "
+                         "CUSUM of each step's excess over the first steps, in units of its bootstrap error "
+                         "(K=0.5, H=5); the drift starts where the sum last left zero."),
+              Block("callout", drift_text(report.drift)),
+              Block("image", "mismatch per step", image=FIGURE),
+              Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
+    return blocks, {FIGURE: png_bytes(trend_figure(frame, report.drift))}, data

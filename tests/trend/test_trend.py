@@ -1,0 +1,92 @@
+"""rcdiag.trend and drift: per-step numbers equal an independent float64 reference on each step's sequences, in
+one pass whatever the file/chunk boundaries; a mismatch growing from a known step is found at that step."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import rcdiag
+from rcdiag.analysis.drift import detect_drift, drifts
+from rcdiag.analysis.trend import step_index, trend
+from rcdiag.errors import InputError
+from tests.analysis import reference
+from tests.trend.conftest import CHANGE, STEPS
+
+
+@pytest.mark.parametrize("convention", ["canonical", "verl", "swift"])
+def test_each_step_matches_the_float64_reference(drifting_run, convention):
+    """Guards routing sequences to the wrong step (or mixing steps inside a chunk cut across a file boundary)."""
+    frame = trend(drifting_run, convention, threshold=2.0, replicates=50)
+    tokens, seqs = drifting_run.tokens(), drifting_run.sequences()
+    assert frame["step"].tolist() == list(range(STEPS))
+    for step in (0, CHANGE, STEPS - 1):
+        ids = seqs.loc[seqs["step"] == step, "seq_id"]
+        ref_seqs = reference.sequences(tokens[tokens["seq_id"].isin(ids)], universe=ids.tolist())
+        want = reference.metrics(ref_seqs, convention)
+        want_is = reference.is_metrics(ref_seqs, convention, "token_truncate", 2.0)
+        row = frame.loc[frame["step"] == step].iloc[0]
+        assert row["sequences"] == len(ids)
+        for name in ("kl", "k3_kl", "chi2_token", "chi2_seq", "log_ppl_abs_diff", "training_ppl"):
+            assert row[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), (step, name)
+        for name in ("ess", "clipped_frac", "is_weight_mean"):
+            assert row[name] == pytest.approx(want_is[name], rel=1e-9, abs=1e-12), (step, name)
+        assert row["k3_kl_low"] <= row["k3_kl"] <= row["k3_kl_high"]
+
+
+def test_run_without_steps_is_step_zero(tmp_path, drifting_run):
+    tokens = drifting_run.tokens()
+    run = rcdiag.write_run(tmp_path / "one", tokens)
+    frame = trend(run, replicates=20)
+    assert frame["step"].tolist() == [0]
+    assert frame["kl"].iloc[0] == pytest.approx(rcdiag.compute_metrics(run)["kl"], rel=1e-12)
+
+
+def test_partly_missing_steps_are_refused(tmp_path, drifting_run):
+    seqs = drifting_run.sequences()
+    seqs["step"] = seqs["step"].astype("Int64")
+    seqs.loc[seqs["seq_id"] == 7, "step"] = pd.NA
+    run = rcdiag.write_run(tmp_path / "holes", drifting_run.tokens(), seqs)
+    with pytest.raises(InputError, match="seq 7 has no step"):
+        step_index(run)
+
+
+def test_drift_found_at_the_step_it_starts_not_before(drifting_run):
+    frame = trend(drifting_run, replicates=200)
+    for metric in ("k3_kl", "abs_log_ratio_mean"):
+        found = detect_drift(frame, metric)
+        assert found.detected and found.start_step == CHANGE, found
+        assert found.rise > 1.5
+    # the same steps cut off before the change: no drift
+    assert not any(d.detected for d in drifts(frame[frame["step"] < CHANGE]).values())
+
+
+def test_no_drift_on_a_flat_run(flat_run):
+    result = drifts(trend(flat_run, replicates=200))
+    assert result and not any(d.detected for d in result.values()), [d.text for d in result.values()]
+
+
+def test_slow_sustained_rise_is_a_drift():
+    """A rise of 15 % a step, each step alone within noise of the last, still adds up (what CUSUM is for)."""
+    steps = np.arange(12)
+    values = np.where(steps < 4, 1.0, 1.15 ** (steps - 3))
+    frame = pd.DataFrame({"step": steps, "k3_kl": values, "k3_kl_se": np.full(12, 0.1)})
+    found = detect_drift(frame, "k3_kl")
+    assert found.detected and 4 <= found.start_step <= 5 and found.alarm_step > found.start_step
+
+
+def test_too_few_steps_has_no_verdict():
+    frame = pd.DataFrame({"step": [0, 1], "k3_kl": [1.0, 9.0], "k3_kl_se": [0.1, 0.1]})
+    found = detect_drift(frame, "k3_kl")
+    assert not found.detected and math.isnan(found.baseline) and "at least 3" in found.text
+
+
+def test_noise_just_before_a_jump_is_not_its_start():
+    """Two steps within one standard error above the baseline lift the CUSUM a little above zero; the drift still
+    starts at the jump (seen on a 1000-sequence-per-step run: chi2_token's start was placed two steps early)."""
+    frame = pd.DataFrame({"step": np.arange(8), "k3_kl": [1.0, 1.02, 0.98, 1.0, 1.1, 1.1, 3.0, 3.2],
+                          "k3_kl_se": np.full(8, 0.1)})
+    found = detect_drift(frame, "k3_kl")
+    assert found.detected and found.start_step == 6 and found.alarm_step == 6

@@ -8,8 +8,7 @@ import typer
 
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
-from rcdiag.report.make import DEFAULT_COMPARISON_DIR, make_report
-from rcdiag.report.options import CONVENTIONS, ReportOptions
+from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions
 
 DEFAULTS = ReportOptions()
 
@@ -72,6 +71,8 @@ def command(
 
         result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray)
     else:
+        from rcdiag.report.make import make_report  # matplotlib and pandas only when a report is made
+
         result = make_report([str(r) for r in runs], out, options, fail_if or ())
     if not quiet:
         for report in result.reports:

@@ -40,7 +40,7 @@ s AS (SELECT seq_id, count(*) AS n, sum(a) AS sa, sum(b) AS sb, sum(l) AS sl,
              sum(least(rho, {c})) AS w_tt, sum(least(rho, {c}) ^ 2) AS w2_tt,
              sum(CASE WHEN rho <= {c} THEN rho ELSE 0 END) AS w_tm,
              sum(CASE WHEN rho <= {c} THEN rho * rho ELSE 0 END) AS w2_tm,
-             sum(expm1(greatest(least(l, 20), -20)) - greatest(least(l, 20), -20)) AS k3,
+             sum((exp(greatest(least(l, 20), -20)) - 1) - greatest(least(l, 20), -20)) AS k3,
              sum(rho * rho - 1) AS chi2
       FROM r GROUP BY seq_id),
 q AS (SELECT *, exp(greatest(least(sl / n, 20), -20)) AS seq_rho FROM s)
@@ -48,7 +48,7 @@ SELECT -sum(sl) / sum(n) AS kl, sum(k3) / sum(n) AS k3_kl, sum(chi2) / sum(n) AS
        avg(-sa / n) AS training_log_ppl, avg(exp(-sa / n)) AS training_ppl, avg(-sb / n) AS rollout_log_ppl,
        avg(exp(-sb / n)) AS rollout_ppl, avg(-sl / n) AS log_ppl_diff, avg(abs(sl / n)) AS log_ppl_abs_diff,
        max(-sl / n) AS log_ppl_diff_max, min(-sl / n) AS log_ppl_diff_min, avg(exp(-sl / n)) AS ppl_ratio,
-       avg(expm1(2 * greatest(least(sl / n, 20), -20))) AS chi2_seq,
+       avg(exp(2 * greatest(least(sl / n, 20), -20)) - 1) AS chi2_seq,
        sum(w_tt) / sum(n) AS tt_mean, (sum(w_tt) / sum(n)) ^ 2 / (sum(w2_tt) / sum(n)) AS tt_ess,
        sum(w_tm) / sum(n) AS tm_mean, (sum(w_tm) / sum(n)) ^ 2 / (sum(w2_tm) / sum(n)) AS tm_ess,
        sum(least(seq_rho, {c}) * n) / sum(n) AS st_mean,

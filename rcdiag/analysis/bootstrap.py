@@ -3,17 +3,22 @@
 Every headline metric is a function of sums over sequences of per-sequence quantities (token sums, or a
 sequence's own mean), so one streaming pass keeps only O(#sequences × 16) float64 (`SequenceSums`) and the
 bootstrap re-weights those rows. It is a Poisson(1) bootstrap (each sequence's weight ~ Poisson(1), the standard
-streaming approximation of resampling n of n with replacement), seeded, run in chunks of replicates so the
-weight matrix stays under ~32 MB whatever the number of sequences.
+streaming approximation of resampling n of n with replacement), seeded. The weights are never materialised: a
+compiled kernel (kernels.poisson_totals) turns seeded uniforms into Poisson(1) counts by the inverse CDF and adds
+the weighted rows in the same loop — 1,000 replicates over 100 k sequences take ~1 s instead of ~6 s of numpy's
+Poisson sampler (the draws differ from the former rng.poisson stream, so intervals moved within their Monte-Carlo
+error). Uniforms are drawn in chunks of replicates (≤ ~32 MB whatever the number of sequences).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 
@@ -26,6 +31,9 @@ token_truncate weight; ws = clamp(ρ, 1/C, C) swift's ESS weight; sum_k3_raw wit
 DEFAULT_REPLICATES = 1000
 DEFAULT_LEVEL = 0.95
 CHUNK_CELLS = 1 << 22
+POISSON1_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(19)])
+"""P(K ≤ k) of Poisson(1), k = 0…18 (the tail beyond 18 is < 1e-17, under a float64 uniform's resolution)."""
+POISSON1_CDF[-1] = 1.0
 
 
 @dataclass
@@ -159,12 +167,13 @@ def bootstrap(sums: np.ndarray, convention: str = "canonical", *, replicates: in
     keys = list(terms)
     matrix = np.stack([terms[k] for k in keys], axis=1)
     rng = np.random.default_rng(seed)
+    matrix = np.ascontiguousarray(matrix)
     chunk = max(1, CHUNK_CELLS // matrix.shape[0])
     draws: dict[str, list[np.ndarray]] = {name: [] for name in names}
     fns = headline_functions(convention)
     for start in range(0, replicates, chunk):
-        weights = rng.poisson(1.0, size=(min(chunk, replicates - start), matrix.shape[0])).astype(np.float64)
-        totals = dict(zip(keys, (weights @ matrix).T, strict=True))
+        uniforms = rng.random((min(chunk, replicates - start), matrix.shape[0]))
+        totals = dict(zip(keys, kernels.poisson_totals(uniforms, matrix, POISSON1_CDF).T, strict=True))
         with np.errstate(divide="ignore", invalid="ignore"):
             for name in names:
                 draws[name].append(np.asarray(fns[name](totals), dtype=np.float64))

@@ -151,7 +151,7 @@ def iter_sources(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator
         yield from _run_batches(data, batch_rows)
         return
     table = as_table(data, source="tokens")
-    _check_columns(table.schema, "tokens")
+    check_columns(table.schema, "tokens")
     for batch in table.to_batches(max_chunksize=batch_rows):
         yield "tokens", batch
 
@@ -160,13 +160,13 @@ def _run_batches(run: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordB
     for file in run.token_files:
         name = f"tokens/{file.name}"
         schema = pq.ParquetFile(file).schema_arrow
-        _check_columns(schema, name)
+        check_columns(schema, name)
         columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in schema.names else [])
         for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=columns):
             yield name, batch
 
 
-def _check_columns(schema: pa.Schema, source: str) -> None:
+def check_columns(schema: pa.Schema, source: str) -> None:
     for name in REQUIRED_COLUMNS:
         if name not in schema.names:
             raise InputError(f"missing required column '{name}' (have: {', '.join(schema.names) or 'none'})",
@@ -333,22 +333,47 @@ def check_in_universe(chunk: TokenChunk, universe: np.ndarray | None) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- driver
+class ChunkFeed:
+    """Feeds record batches, validated and re-cut into whole-sequence chunks, to consumers in order: the one way
+    every pass hands chunks to accumulators (`stream` below; the report's single read of each file). `finish`
+    returns B (the sequences table's rows when `universe` is known, else the distinct seq_ids seen)."""
+
+    def __init__(self, consumers: list, universe: np.ndarray | None) -> None:
+        self.consumers, self.universe = consumers, universe
+        self.chunker = Chunker()
+        self.seen = 0
+
+    def push(self, source: str, batch: pa.RecordBatch) -> None:
+        for chunk in self.chunker.push(source, batch):
+            self._feed(chunk)
+
+    def _feed(self, chunk: TokenChunk) -> None:
+        check_in_universe(chunk, self.universe)
+        self.seen += chunk.seq_ids.size
+        for consumer in self.consumers:
+            consumer.update_chunk(chunk)
+
+    def finish(self) -> int:
+        tail = self.chunker.flush()
+        if tail is not None:
+            self._feed(tail)
+        return self.seen if self.universe is None else int(self.universe.size)
+
+
 def stream(data: object, consumers: list, *, sequences: object | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
            silent: bool = True, desc: str = "tokens") -> int:
     """Feed every chunk of `data` to each consumer's `update_chunk` in one pass; return B, the number of rows
-    (the sequences table's when known, else the distinct seq_ids seen)."""
+    (the sequences table's when known, else the distinct seq_ids seen). The next batches are read and decoded on
+    a second thread while the consumers work (same chunks, same order: the numbers do not change)."""
+    from rcdiag.analysis.threads import prefetch
     from rcdiag.progress import progress
 
-    universe = sequence_universe(data, sequences)
-    seen = 0
+    feed = ChunkFeed(consumers, sequence_universe(data, sequences))
     with progress(total=_total_rows(data), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
-        for chunk in iter_chunks(data, batch_rows):
-            check_in_universe(chunk, universe)
-            seen += chunk.seq_ids.size
-            for consumer in consumers:
-                consumer.update_chunk(chunk)
-            bar.update(chunk.n)
-    return seen if universe is None else int(universe.size)
+        for source, batch in prefetch(iter_sources(data, batch_rows)):
+            feed.push(source, batch)
+            bar.update(batch.num_rows)
+    return feed.finish()
 
 
 def _total_rows(data: object) -> int | None:

@@ -219,3 +219,29 @@ def _second_pass(lr, rho, stat, p, swift_ess, mean_w, mean_e):
                 e = min(max(w, 1.0 / upper), upper) - mean_e
                 m2e += e * e
     return m2, m2e
+
+
+@numba.njit(**_JIT)
+def poisson_totals(uniforms, matrix, cdf):
+    """Σ_i k_ri · matrix[i] per replicate r, k_ri ~ Poisson(1) drawn from uniforms[r, i] by the inverse CDF `cdf`
+    (float64 [K], P(k ≤ j), last entry 1): float64 [R, columns]. One pass, no weight matrix; most rows are 0 or 1
+    (73.6 %), which cost a compare and at most one add."""
+    n_rep, n = uniforms.shape
+    cols = matrix.shape[1]
+    out = np.zeros((n_rep, cols))
+    last = cdf.size - 1
+    for r in range(n_rep):
+        acc = np.zeros(cols)
+        for i in range(n):
+            u = uniforms[r, i]
+            k = 0
+            while k < last and u >= cdf[k]:
+                k += 1
+            if k == 1:
+                for j in range(cols):
+                    acc[j] += matrix[i, j]
+            elif k:
+                for j in range(cols):
+                    acc[j] += k * matrix[i, j]
+        out[r] = acc
+    return out

@@ -80,9 +80,9 @@ class TailAccumulator:
         k = min(WORST_K, score.size)
         top = np.argpartition(-score, k - 1)[:k]
         batch = {name: np.asarray(col)[top] for name, col in columns.items()}
-        self._keep_worst(batch)
+        self.keep_worst(batch)
 
-    def _keep_worst(self, batch: dict[str, np.ndarray]) -> None:
+    def keep_worst(self, batch: dict[str, np.ndarray]) -> None:
         merged = {n: np.concatenate([self.worst[n], v]) if self.worst else v for n, v in batch.items()}
         order = np.lexsort((merged["pos"], merged["seq_id"], -merged["abs_log_ratio"]))[:WORST_K]
         self.worst = {n: v[order] for n, v in merged.items()}
@@ -97,7 +97,7 @@ class TailAccumulator:
         self.outside += other.outside
         self.density += other.density
         if other.worst:
-            self._keep_worst(other.worst)
+            self.keep_worst(other.worst)
         return self
 
     def quantile(self, q: float) -> float:

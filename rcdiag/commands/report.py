@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -10,13 +10,13 @@ from rcdiag.analysis.health import ALARM, WARNING, at_least
 from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
-from rcdiag.report.build import RunReport
-from rcdiag.report.make import DEFAULT_COMPARISON_DIR, make_report
-from rcdiag.report.options import CONVENTIONS, ReportOptions
-from rcdiag.report.sections import checks_line
+from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions
 
 DEFAULTS = ReportOptions()
 FAIL_ON = (WARNING, ALARM)
+
+if TYPE_CHECKING:
+    from rcdiag.report.build import RunReport
 
 
 def _thresholds(text: str | None) -> tuple[float, ...]:
@@ -101,6 +101,8 @@ def command(
 
         result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray, **extra)
     else:
+        from rcdiag.report.make import make_report  # matplotlib and pandas only when a report is made
+
         result = make_report([str(r) for r in runs], out, options, fail_if or (), **extra)
     if not quiet:
         for report in result.reports:
@@ -122,6 +124,8 @@ def command(
 
 def summary_line(report: RunReport) -> str:
     """The terminal summary of one run: its verdict, what to do, the input checks that need attention."""
+    from rcdiag.report.sections import checks_line  # loaded with the report (matplotlib); --help stays light
+
     rec = report.recommendation
     bad = [f for f in report.checks if f.severity in ("warning", "error")]
     what = {"none": "no correction needed", "fix_check": "fix the failed input check first",

@@ -21,8 +21,9 @@ from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, VERDICT_THRESHOLD, Ver
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
+from rcdiag.report.cache import cached_passes
 from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
-from rcdiag.report.passes import Library, run_passes
+from rcdiag.report.passes import Library
 from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
 from rcdiag.report.trend_section import report_trend
@@ -76,7 +77,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     says why the metrics (which refuse such input) are missing.
     """
     validate(options)
-    scan, library = run_passes(run, options, map_files)
+    scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
     thresholds = (*options.thresholds, options.threshold)
     report = RunReport(run.name, str(run.path), run.manifest, options,

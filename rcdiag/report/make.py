@@ -10,13 +10,13 @@ from typing import Any
 from rcdiag.errors import ConfigError
 from rcdiag.report import gate
 from rcdiag.report.build import RunReport, build_report
-from rcdiag.report.options import ReportOptions, validate
+from rcdiag.report.options import DEFAULT_COMPARISON_DIR, ReportOptions, validate
 from rcdiag.report.render import check_out_dir, write_files
 from rcdiag.report.sections import comparison_files, run_files
 from rcdiag.store.run import Run, open_run
 
-DEFAULT_COMPARISON_DIR = "rcdiag-report"
-"""Where a comparison of several runs goes without --out (relative to the working directory)."""
+__all__ = ["DEFAULT_COMPARISON_DIR", "ReportResult", "make_report"]
+
 
 
 @dataclass

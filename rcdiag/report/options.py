@@ -15,6 +15,8 @@ MODES = tuple(CORRECTION_MODES)
 """The four preset IS modes, in correction's order (token_truncate first)."""
 ESS_TARGET = 0.9
 """The effective sample size (ESS/N) a recommended correction keeps."""
+DEFAULT_COMPARISON_DIR = "rcdiag-report"
+"""Where a comparison of several runs goes without --out (relative to the working directory)."""
 WORST_SEQUENCES = 10
 """How many worst sequences and prompts the report lists."""
 CONVENTIONS = tuple(CONVENTION_TABLE)

@@ -2,7 +2,7 @@
 
 `rcdiag report` computes one `Partial` per token file — the scan (checks, tails, strata, per-sequence sums) and
 the library accumulators (metrics, IS sweep, rejection options) — and merges them on the caller in file order.
-The local path maps files with the builtin `map`, `--ray` with Ray tasks (rcdiag.distributed.report); the merge
+The local path maps files on a thread per core (analysis.threads.ordered_map), `--ray` with Ray tasks (rcdiag.distributed.report); the merge
 is the same code in the same order, so both give bit-identical numbers.
 """
 from __future__ import annotations
@@ -17,20 +17,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.chunks import sequence_universe, stream
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, ChunkFeed, check_columns, sequence_universe
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.analysis.strata import SequenceInfo
+from rcdiag.analysis.threads import ordered_map, prefetch
 from rcdiag.errors import InputError
 from rcdiag.progress import progress
 from rcdiag.report.options import MODES, ReportOptions
-from rcdiag.report.scan import Scan, scan_run, sequence_info
+from rcdiag.report.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, Scan, new_scan, relabel, sequence_info, update
 from rcdiag.store.files import SEQUENCES_DIR
 from rcdiag.store.run import Run, open_run
 from rcdiag.store.schema import check_keys
 
 MapFiles = Callable[[Callable[[int], "Partial"], Iterable[int]], Iterable["Partial"]]
-"""Like the builtin `map`: applies a per-file function to file indices, yielding results in index order."""
+"""Like the builtin `map`: applies a per-file function to file indices, yielding results in index order (default:
+threads.ordered_map, one thread per core — the kernels release the GIL)."""
 
 
 class FileView(Run):
@@ -115,14 +118,39 @@ def _edge_keys(file: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | No
 
 
 def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -> tuple[Scan, Any]:
-    """Both passes over `run` (a Run or FileView): (scan, library accumulators with `.rows` — or the InputError
-    the metrics refused the data with). `finish_labels`: see rcdiag.report.scan.scan_run."""
-    scan = scan_run(run, threshold=options.threshold, lower=options.lower, silent=True, finish_labels=finish_labels)
-    library = library_accumulators(options)
+    """Both passes over `run` (a Run or FileView) from ONE read of each token file: every record batch feeds the
+    scan and, cut into DEFAULT_BATCH_ROWS slices, the library accumulators. Returns (scan, library accumulators
+    with `.rows` — or the InputError the metrics refused the data with; the scan still sees every row).
+    `finish_labels`: the whole run's finish-reason labels when `run` holds one shard's sequences, so partial
+    strata line up when merged (rcdiag.report.scan.relabel)."""
+    table = run.sequence_table(list(SEQUENCE_COLUMNS))
+    info = SequenceInfo.from_table(table)
+    if finish_labels is not None:
+        info = relabel(info, finish_labels)
+    scan = new_scan(info, options.threshold, options.lower)
+    library: Any = library_accumulators(options)
+    feed = None
     try:
-        library.rows = stream(run, library.consumers, silent=True)
+        feed = ChunkFeed(library.consumers, sequence_universe(run, table))
     except InputError as exc:
-        return scan, exc
+        library = exc
+    offsets: dict[str, int] = {}
+    for file, batch in prefetch(run.iter_batches(SCAN_COLUMNS)):
+        update(scan, batch, file, offsets.get(file, 0))
+        offsets[file] = offsets.get(file, 0) + batch.num_rows
+        if feed is not None:
+            try:
+                if not offsets[file] - batch.num_rows:
+                    check_columns(batch.schema, file)
+                for start in range(0, batch.num_rows, DEFAULT_BATCH_ROWS):
+                    feed.push(file, batch.slice(start, DEFAULT_BATCH_ROWS))
+            except InputError as exc:
+                library, feed = exc, None
+    if feed is not None:
+        try:
+            library.rows = feed.finish()
+        except InputError as exc:
+            library = exc
     return scan, library
 
 
@@ -155,12 +183,12 @@ def merge_partials(parts: list[Partial]) -> tuple[Scan, Any]:
 
 
 def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tuple[Scan, Any]:
-    """Both report passes over `run`: per-file partials (`map_files`, default the builtin map) merged in file
+    """Both report passes over `run`: per-file partials (`map_files`, default a thread per core, in file order) merged in file
     order. A run without token files is scanned as a whole (empty accumulators)."""
     count = len(run.token_files)
     if count == 0:
         return passes(run, options)
-    mapper = map_files or map
+    mapper = map_files or ordered_map
     info = sequence_info(run)  # the whole run's, once: each file's task reads only its own shard
     task = partial(file_partial, str(run.path), options, finish_labels=tuple(info.finish_labels))
     hide = options.silent or count < 2

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
-from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator, TokenView
+from rcdiag.analysis.scan_kernels import scan_update
+from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator
 from rcdiag.analysis.tails import TailAccumulator
 from rcdiag.checks.evidence import CheckAccumulator
 from rcdiag.store.batches import feed_batches
@@ -54,23 +55,14 @@ def new_scan(info: SequenceInfo, threshold: float, lower: float | None) -> Scan:
 def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
     """Feed one record batch (SCAN_COLUMNS) into every accumulator."""
     scan.checks.update(batch, file, row0)
-    seq = np.asarray(batch.column("seq_id"), dtype=np.int64)
-    pos = np.asarray(batch.column("pos"), dtype=np.int64)
     a = column_as_float64(batch, "train_logprob")
     b = column_as_float64(batch, "rollout_logprob")
     keep = mask_as_bool(batch) & np.isfinite(a) & np.isfinite(b)
-    # the last row of a sequence: the next row starts another one, or pos reaches response_len (batch ends)
-    seq_row = scan.info.lookup(seq)
-    known = scan.info.response_len[seq_row]
-    last = np.r_[seq[1:] != seq[:-1], False] | ((known >= 0) & (pos + 1 >= known))
-    token_id = np.asarray(batch.column("token_id").fill_null(-1), dtype=np.int64)
-    entropy = column_as_float64(batch, "train_entropy")
-    a, b, seq, pos = a[keep], b[keep], seq[keep], pos[keep]
-    lr = a - b
-    view = TokenView(pos, b, entropy[keep], token_id[keep], last[keep], seq_row[keep], scan.info)
-    scan.tails.update(lr, a, b, {"seq_id": seq, "pos": pos, "token_id": token_id[keep]})
-    scan.strata.update(view, lr)
-    scan.sums.update(seq, a, b)
+    rows = {"seq_id": np.asarray(batch.column("seq_id"), dtype=np.int64),
+            "pos": np.asarray(batch.column("pos"), dtype=np.int64),
+            "token_id": np.asarray(batch.column("token_id").fill_null(-1), dtype=np.int64),
+            "train_logprob": a, "rollout_logprob": b, "train_entropy": column_as_float64(batch, "train_entropy")}
+    scan_update(scan.tails, scan.strata, scan.sums, rows, keep)
 
 
 def scan_run(run: Any, *, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True,

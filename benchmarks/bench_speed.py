@@ -1,0 +1,179 @@
+"""Benchmark: issue #15's targets in ONE run — report pass and analyze vs the bare read (and DuckDB), start-up.
+
+    python benchmarks/bench_speed.py --tokens 10e6            # builds (or reuses) the run under --dir
+    python benchmarks/bench_speed.py --tokens 2e6 --quick     # fewer repeats
+
+Each method runs in a fresh spawned interpreter (peak RSS its own; numba kernels loaded from the on-disk cache by
+a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
+  read        pyarrow: stream the 7 token columns the report reads, file by file (the floor)
+  passes-1    the report's passes (scan + metrics/IS sweep/rejection accumulators) on ONE thread (no cache)
+  passes      the same on a thread per core (rcdiag's default)
+  analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2
+  duckdb      one SQL query over the same Parquet files: the same metrics + the 4 IS modes (all cores)
+  report      `rcdiag report` (make_report: passes, bootstrap 1,000 replicates, plots, files), cache off
+  startup     `rcdiag report` as a command on a 2,000-token run (wall; the fixed cost), and `rcdiag --help`
+Prints wall and CPU seconds, tokens/s, each ratio against the read, analyze vs DuckDB, and peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_metrics import build_run  # noqa: E402  (the shared shard-by-shard builder)
+
+REPORT_COLUMNS = ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask"]
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+DUCKDB_SQL = """
+WITH t AS (SELECT seq_id, train_logprob::DOUBLE AS a, rollout_logprob::DOUBLE AS b,
+                  train_logprob::DOUBLE - rollout_logprob::DOUBLE AS l
+           FROM read_parquet('{glob}') WHERE mask),
+r AS (SELECT *, exp(greatest(least(l, 20), -20)) AS rho FROM t),
+s AS (SELECT seq_id, count(*) AS n, sum(a) AS sa, sum(b) AS sb, sum(l) AS sl,
+             sum(least(rho, {c})) AS w_tt, sum(least(rho, {c}) ^ 2) AS w2_tt,
+             sum(CASE WHEN rho <= {c} THEN rho ELSE 0 END) AS w_tm,
+             sum(CASE WHEN rho <= {c} THEN rho * rho ELSE 0 END) AS w2_tm,
+             sum((exp(greatest(least(l, 20), -20)) - 1) - greatest(least(l, 20), -20)) AS k3,
+             sum(rho * rho - 1) AS chi2
+      FROM r GROUP BY seq_id),
+q AS (SELECT *, exp(greatest(least(sl / n, 20), -20)) AS seq_rho FROM s)
+SELECT -sum(sl) / sum(n) AS kl, sum(k3) / sum(n) AS k3_kl, sum(chi2) / sum(n) AS chi2_token,
+       avg(-sa / n) AS training_log_ppl, avg(exp(-sa / n)) AS training_ppl, avg(-sb / n) AS rollout_log_ppl,
+       avg(exp(-sb / n)) AS rollout_ppl, avg(-sl / n) AS log_ppl_diff, avg(abs(sl / n)) AS log_ppl_abs_diff,
+       max(-sl / n) AS log_ppl_diff_max, min(-sl / n) AS log_ppl_diff_min, avg(exp(-sl / n)) AS ppl_ratio,
+       avg(exp(2 * greatest(least(sl / n, 20), -20)) - 1) AS chi2_seq,
+       sum(w_tt) / sum(n) AS tt_mean, (sum(w_tt) / sum(n)) ^ 2 / (sum(w2_tt) / sum(n)) AS tt_ess,
+       sum(w_tm) / sum(n) AS tm_mean, (sum(w_tm) / sum(n)) ^ 2 / (sum(w2_tm) / sum(n)) AS tm_ess,
+       sum(least(seq_rho, {c}) * n) / sum(n) AS st_mean,
+       sum(CASE WHEN seq_rho <= {c} THEN seq_rho * n ELSE 0 END) / sum(n) AS sm_mean,
+       avg(CASE WHEN seq_rho > {c} THEN 1.0 ELSE 0.0 END) AS seq_clipped
+FROM q
+"""
+
+
+def method_read(run_path: str) -> int:
+    import rcdiag
+
+    return sum(batch.num_rows for _, batch in rcdiag.open_run(run_path).iter_batches(REPORT_COLUMNS))
+
+
+def _passes(run_path: str, threads: int | None) -> int:
+    import rcdiag
+    from rcdiag.analysis.threads import ordered_map
+    from rcdiag.report.options import ReportOptions
+    from rcdiag.report.passes import run_passes
+
+    run = rcdiag.open_run(run_path)
+    scan, library = run_passes(run, ReportOptions(), lambda fn, items: ordered_map(fn, items, threads=threads))
+    assert library.metrics.finish(library.rows)["tokens"] > 0
+    return int(scan.checks.tokens)
+
+
+def method_passes_1(run_path: str) -> int:
+    return _passes(run_path, 1)
+
+
+def method_passes(run_path: str) -> int:
+    return _passes(run_path, None)
+
+
+def method_analyze(run_path: str) -> int:
+    import rcdiag
+    from rcdiag.analysis.correction import analyze
+
+    metrics, table = analyze(rcdiag.open_run(run_path), modes=MODES, thresholds=(2.0,))
+    assert len(table) == 4
+    return int(metrics["tokens"])
+
+
+def method_duckdb(run_path: str) -> int:
+    import duckdb
+
+    con = duckdb.connect()
+    row = con.execute(DUCKDB_SQL.format(glob=f"{run_path}/tokens/*.parquet", c=2.0)).fetchone()
+    assert row[0] == row[0]
+    return int(con.execute(f"SELECT count(*) FROM read_parquet('{run_path}/tokens/*.parquet')").fetchone()[0])
+
+
+def method_report(run_path: str) -> int:
+    os.environ["RCDIAG_CACHE_DIR"] = "off"
+    import rcdiag
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
+
+    result = make_report([rcdiag.open_run(run_path)], Path(run_path) / "report", ReportOptions())
+    return result.reports[0].counts["token_rows"]
+
+
+METHODS = {"read": method_read, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
+           "duckdb": method_duckdb, "report": method_report}
+
+
+def _measure(name: str, run_path: str) -> dict[str, float]:
+    start, cpu = time.perf_counter(), time.process_time()
+    rows = METHODS[name](run_path)
+    return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rows": rows,
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure(name: str, run_path: Path, warm: Path) -> dict[str, float]:
+    """Min-wall of the method in one fresh process, after a warm-up on `warm` (loads the numba cache)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        if name != "duckdb":
+            pool.submit(_measure, name, str(warm)).result()
+        return pool.submit(_measure, name, str(run_path)).result()
+
+
+def command_seconds(args: list[str], repeats: int) -> float:
+    """Best wall seconds of `python -m rcdiag ARGS` (a fresh interpreter each time, as a user runs it)."""
+    env = {**os.environ, "RCDIAG_CACHE_DIR": "off"}
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "rcdiag", *args], check=True, capture_output=True, env=env)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=float, default=10e6)
+    parser.add_argument("--shard-tokens", type=int, default=1_000_000)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/rcdiag-bench"))
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    parser.add_argument("--quick", action="store_true", help="one start-up repeat instead of three")
+    args = parser.parse_args(argv)
+    n = int(args.tokens)
+    paths = {}
+    for key, size in (("large", n), ("tiny", 2_000)):
+        paths[key] = args.dir / f"run-{size}"
+        if not (paths[key] / "manifest.json").exists():
+            build_run(paths[key], size, args.shard_tokens)
+    results = {m: measure(m, paths["large"], paths["tiny"]) for m in args.methods.split(",")}
+    print(f"\n{n:,} tokens, {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'method':<10}{'wall s':>9}{'CPU s':>9}{'Mtok/s':>9}{'× read':>9}{'× read CPU':>12}{'RSS MiB':>9}")
+    read = results.get("read")
+    for name, r in results.items():
+        ratio = r["seconds"] / read["seconds"] if read else float("nan")
+        cpu_ratio = r["cpu"] / read["cpu"] if read else float("nan")
+        print(f"{name:<10}{r['seconds']:>9.2f}{r['cpu']:>9.2f}{r['rows'] / r['seconds'] / 1e6:>9.2f}{ratio:>9.2f}"
+              f"{cpu_ratio:>12.2f}{r['rss_mib']:>9.0f}")
+    if "analyze" in results and "duckdb" in results:
+        print(f"analyze speed vs DuckDB: {results['duckdb']['seconds'] / results['analyze']['seconds']:.2f}× "
+              "(> 1: rcdiag faster)")
+    if "report" in args.methods:
+        repeats = 1 if args.quick else 3
+        print(f"start-up: `rcdiag report` on 2,000 tokens {command_seconds(['report', str(paths['tiny']), '--quiet', '--out', str(args.dir / 'tiny-report')], repeats):.2f} s, "
+              f"`rcdiag report --help` {command_seconds(['report', '--help'], repeats):.2f} s, "
+              f"`rcdiag --help` {command_seconds(['--help'], repeats):.2f} s (wall, best of {repeats})")
+
+
+if __name__ == "__main__":
+    main()

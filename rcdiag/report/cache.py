@@ -1,0 +1,158 @@
+"""A per-run cache of the report's pass results (scan + library accumulators), shared by report, dashboard, notebook.
+
+The passes are the only cost that grows with the run; everything after them (bootstrap, tables, plots) works on
+O(#sequences) state. `cached_passes(run, options)` returns what `run_passes` would, from disk when a previous
+call computed it for the same bytes and options.
+
+Never stale: the key hashes, for every file of the run (manifest, token and sequence shards), its path, size,
+inode, mtime_ns and ctime_ns and the last 64 KiB (the Parquet footer: row-group offsets and column statistics),
+the options the passes use, and a fingerprint of rcdiag's own analysis/report/checks/store sources (so an upgraded
+or edited rcdiag recomputes). The run is re-stat'ed after the pass and nothing is stored if it changed meanwhile.
+The cache lives outside the run — $RCDIAG_CACHE_DIR, else $XDG_CACHE_HOME/rcdiag, else ~/.cache/rcdiag — so a
+read-only run directory works; an unwritable cache directory, or RCDIAG_CACHE_DIR=off, means no cache (the
+passes then simply run). Entries are pickles written atomically (temporary name, then rename); the oldest are
+removed beyond MAX_ENTRIES. Pickles execute code when loaded: the directory must be the user's own.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from rcdiag.report.passes import run_passes
+from rcdiag.store.files import MANIFEST_NAME
+from rcdiag.store.run import Run
+
+CACHE_ENV = "RCDIAG_CACHE_DIR"
+"""Where the cache lives; "off" (or "0", "none") disables it."""
+FORMAT = 1
+"""Bumped when the cached objects change shape."""
+MAX_ENTRIES = 64
+TAIL_BYTES = 1 << 16
+PASS_OPTIONS = ("convention", "threshold", "lower", "thresholds")
+"""The ReportOptions fields the passes depend on (bootstrap settings are applied after the cache)."""
+_SOURCES = ("analysis", "checks", "report", "store")
+
+
+def cache_dir() -> Path | None:
+    """The cache directory (not created), or None when disabled."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "off", "0", "none") else Path(value)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rcdiag"
+
+
+def _file_identity(path: Path) -> list[Any]:
+    st = path.stat()
+    with path.open("rb") as handle:
+        handle.seek(max(0, st.st_size - TAIL_BYTES))
+        tail = hashlib.sha256(handle.read()).hexdigest()
+    return [str(path.resolve()), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, tail]
+
+
+def run_identity(run: Run) -> list[Any]:
+    """The identity of every file the passes read (manifest, token and sequence shards), in a fixed order."""
+    files = [Path(run.path) / MANIFEST_NAME, *run.token_files, *run.sequence_files]
+    return [_file_identity(f) for f in files if f.exists()]
+
+
+@cache
+def _code_fingerprint() -> str:
+    """Hash of the sizes and mtimes of the modules that compute the passes (computed once per process)."""
+    root = Path(__file__).resolve().parents[1]
+    items = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for sub in _SOURCES for p in (root / sub).glob("*.py"))
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def cache_key(run: Run, options: Any) -> str:
+    """The key of (run bytes, pass options, rcdiag code); changes whenever any of them does."""
+    parts = {"format": FORMAT, "code": _code_fingerprint(), "files": run_identity(run),
+             "options": {name: getattr(options, name) for name in PASS_OPTIONS}}
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()
+
+
+def cache_path(run: Run, options: Any) -> Path | None:
+    """Where the entry of (run, options) is or would be; None when the cache is disabled."""
+    directory = cache_dir()
+    return None if directory is None else directory / "passes" / f"{cache_key(run, options)}.pkl"
+
+
+def is_cached(run: Run, options: Any) -> bool:
+    """Whether `cached_passes(run, options)` would be a file read (e.g. to say "first load computes")."""
+    path = cache_path(run, options)
+    return path is not None and path.is_file()
+
+
+def load(run: Run, options: Any) -> tuple[Any, Any] | None:
+    """The cached (scan, library) of (run, options), or None (absent, disabled or unreadable)."""
+    path = cache_path(run, options)
+    if path is None or not path.is_file():
+        return None
+    try:
+        with path.open("rb") as handle:
+            return pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
+        return None  # a truncated or foreign file: recompute (and overwrite it)
+
+
+def store(run: Run, options: Any, key: str, result: tuple[Any, Any]) -> Path | None:
+    """Write `result` under `key` if the run still has that key (it was not rewritten during the pass); returns
+    the file, or None when not stored (disabled, unwritable, or the run changed)."""
+    directory = cache_dir()
+    if directory is None or cache_key(run, options) != key:
+        return None
+    target = directory / "passes" / f"{key}.pkl"
+    tmp = target.with_name(f".{key}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as handle:
+            pickle.dump(result, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, target)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return None
+    _prune(target.parent)
+    return target
+
+
+def _prune(directory: Path) -> None:
+    try:
+        entries = sorted(directory.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)
+        for old in entries[:-MAX_ENTRIES]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def cached_passes(run: Run, options: Any, map_files: Any = None) -> tuple[Any, Any]:
+    """`rcdiag.report.passes.run_passes(run, options, map_files)`, served from the cache when the run's bytes,
+    the pass options and rcdiag's code are unchanged since it was stored."""
+    hit = load(run, options)
+    if hit is not None:
+        return hit
+    key = cache_key(run, options) if cache_dir() is not None else ""
+    result = run_passes(run, options, map_files)
+    if key:
+        store(run, options, key, result)
+    return result
+
+
+def clear_cache() -> int:
+    """Delete every cached entry; returns how many."""
+    directory = cache_dir()
+    if directory is None or not (directory / "passes").is_dir():
+        return 0
+    entries = list((directory / "passes").glob("*.pkl"))
+    for entry in entries:
+        entry.unlink(missing_ok=True)
+    return len(entries)

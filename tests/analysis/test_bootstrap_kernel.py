@@ -1,0 +1,41 @@
+"""The compiled Poisson bootstrap kernel against numpy: same counts from the same uniforms, right distribution."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rcdiag.analysis import kernels
+from rcdiag.analysis.bootstrap import POISSON1_CDF, bootstrap
+
+
+def test_poisson_totals_equal_the_numpy_weight_matrix_product():
+    rng = np.random.default_rng(5)
+    uniforms = rng.random((37, 2_000))
+    matrix = rng.normal(size=(2_000, 14)) * 10.0 ** rng.integers(-6, 6, size=(2_000, 1))
+    weights = np.searchsorted(POISSON1_CDF, uniforms, side="right").astype(np.float64)  # k = #{cdf ≤ u}
+    np.testing.assert_allclose(kernels.poisson_totals(uniforms, matrix, POISSON1_CDF), weights @ matrix,
+                               rtol=1e-9, atol=1e-9 * np.abs(matrix).sum())
+
+
+def test_poisson_counts_follow_poisson_one():
+    """The inverse-CDF draws (the kernel's, per the test above) have Poisson(1)'s frequencies, mean and variance."""
+    uniforms = np.random.default_rng(2).random((1, 400_000))
+    total = kernels.poisson_totals(uniforms, np.ones((uniforms.shape[1], 1)), POISSON1_CDF)[0, 0]
+    draws = np.searchsorted(POISSON1_CDF, uniforms[0], side="right")
+    assert total == draws.sum()
+    freq = np.bincount(draws, minlength=8)[:8] / draws.size
+    want = np.array([math.exp(-1) / math.factorial(k) for k in range(8)])
+    assert np.abs(freq - want).max() < 4e-3
+    assert abs(draws.mean() - 1.0) < 5e-3 and abs(draws.var() - 1.0) < 1e-2
+
+
+def test_bootstrap_is_seeded_and_centred():
+    rng = np.random.default_rng(0)
+    sums = np.abs(rng.normal(size=(500, 14)))
+    sums[:, 0] = rng.integers(1, 50, 500)
+    one, two = bootstrap(sums, replicates=300, seed=4), bootstrap(sums, replicates=300, seed=4)
+    assert one == two
+    assert one != bootstrap(sums, replicates=300, seed=5)
+    for ci in one.values():
+        assert ci["low"] < ci["high"] and ci["se"] > 0

@@ -1,0 +1,102 @@
+"""The per-run cache of the report passes: same numbers from disk, never stale, optional, outside the run."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+import rcdiag
+from rcdiag.report import cache
+from rcdiag.report.options import ReportOptions
+from rcdiag.report.passes import run_passes
+from tests.fixtures.runs import SyntheticSpec, synthetic_frames
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    directory = tmp_path / "cache"
+    monkeypatch.setenv(cache.CACHE_ENV, str(directory))
+    return directory
+
+
+def _run(path, noise=0.3, seed=1):
+    tokens, sequences = synthetic_frames(SyntheticSpec(noise=noise, n_seq=30, seed=seed))
+    return rcdiag.write_run(path, tokens, sequences, shard_tokens=400, overwrite=True)
+
+
+def _numbers(result):
+    scan, library = result
+    return (library.metrics.finish(library.rows), library.sweep.finish(library.rows), scan.tails.finish(),
+            scan.strata.finish(), scan.sums.table()[1].tolist())
+
+
+def test_hit_gives_the_same_numbers_as_a_fresh_pass(tmp_path, cache_home):
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    assert not cache.is_cached(run, options)
+    first = cache.cached_passes(run, options)
+    assert cache.is_cached(run, options) and list((cache_home / "passes").glob("*.pkl"))
+    again = cache.cached_passes(rcdiag.open_run(run.path), options)
+    assert again is not first
+    assert _numbers(again) == _numbers(first) == _numbers(run_passes(run, options))
+
+
+def test_rewritten_run_is_never_served_stale(tmp_path, cache_home):
+    options = ReportOptions()
+    run = _run(tmp_path / "run", noise=0.3, seed=1)
+    before = _numbers(cache.cached_passes(run, options))
+    rewritten = _run(tmp_path / "run", noise=0.9, seed=2)  # same path, new bytes
+    after = _numbers(cache.cached_passes(rewritten, options))
+    assert after != before
+    assert after == _numbers(run_passes(rewritten, options))
+
+
+def test_in_place_rewrite_with_same_size_and_mtime_is_detected(tmp_path, cache_home):
+    """Same size, same mtime (restored), same inode: the footer hash still changes the key."""
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    key = cache.cache_key(run, options)
+    file = run.token_files[0]
+    st = file.stat()
+    other = _run(tmp_path / "other", noise=0.9, seed=2).token_files[0].read_bytes()
+    data = (other + b"\0" * st.st_size)[:st.st_size]
+    with file.open("r+b") as handle:
+        handle.write(data)
+    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.cache_key(run, options) != key
+
+
+def test_options_that_change_the_passes_change_the_key(tmp_path, cache_home):
+    run = _run(tmp_path / "run")
+    keys = {cache.cache_key(run, o) for o in (ReportOptions(), ReportOptions(threshold=3.0),
+                                              ReportOptions(convention="verl"), ReportOptions(lower=0.5))}
+    assert len(keys) == 4
+    assert cache.cache_key(run, ReportOptions(replicates=50)) == cache.cache_key(run, ReportOptions())
+
+
+def test_read_only_run_and_unusable_cache(tmp_path, monkeypatch):
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    before = sorted(p.name for p in run.path.rglob("*"))
+    for path in [run.path, *run.path.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("x")
+        monkeypatch.setenv(cache.CACHE_ENV, str(blocker))  # mkdir fails: no cache, same numbers
+        assert _numbers(cache.cached_passes(run, options)) == _numbers(run_passes(run, options))
+        monkeypatch.setenv(cache.CACHE_ENV, "off")
+        assert cache.cache_path(run, options) is None and not cache.is_cached(run, options)
+        assert _numbers(cache.cached_passes(run, options)) == _numbers(run_passes(run, options))
+    finally:
+        for path in [run.path, *run.path.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert sorted(p.name for p in run.path.rglob("*")) == before  # nothing written into the run
+
+
+def test_corrupt_entry_is_recomputed(tmp_path, cache_home):
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    cache.cached_passes(run, options)
+    path = cache.cache_path(run, options)
+    path.write_bytes(b"truncated")
+    assert _numbers(cache.cached_passes(run, options)) == _numbers(run_passes(run, options))
+    assert cache.load(run, options) is not None
+    assert cache.clear_cache() == 1 and not cache.is_cached(run, options)

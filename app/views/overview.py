@@ -5,10 +5,11 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, bands, data, ui
+from app.text import md
 from rcdiag.errors import RcdiagError
 
-SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
-                  "ok": ":material/check_circle:"}
+SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
+"""Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin)."""
 COUNTS = ("tokens", "sequences", "empty_sequences")
 FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
@@ -17,7 +18,7 @@ def render(ref: data.RunRef) -> None:
     try:
         values = aggregates.headline(*ref.key)
     except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
-        st.error(f"No metrics for this run: {exc}")
+        st.error(f"No metrics for this run: {md(exc)}")
         values = None
     if values is not None:
         st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS
@@ -69,11 +70,11 @@ def _cards(values: dict[str, float]) -> None:
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
     for finding in aggregates.findings(*ref.key):
-        with st.expander(f"{finding['severity']} · {finding['name']}: {finding['message']}",
+        with st.expander(f"{finding['severity']} · {md(finding['name'])}: {md(finding['message'])}",
                          expanded=finding["severity"] in ("error", "warning"),
                          icon=SEVERITY_ICONS.get(finding["severity"])):
             if finding.get("fix"):
-                st.markdown(f"**Fix:** {finding['fix']}")
+                st.markdown(f"**Fix:** {md(finding['fix'])}")
             if finding.get("evidence"):
                 st.json(finding["evidence"], expanded=False)
 

@@ -48,7 +48,8 @@ def strata(frame: pd.DataFrame, title: str, colour: str | None = None, scale: al
     legend = alt.Legend(orient="bottom", title=None)
     if colour:
         enc = {"color": alt.Color(f"{colour}:N", scale=scale or alt.Undefined, legend=legend),
-               "strokeDash": alt.StrokeDash("statistic:N", legend=legend)}
+               "strokeDash": alt.StrokeDash("statistic:N", legend=legend, scale=alt.Scale(
+                   domain=["mean_log_ratio", "mean_abs"], range=[[1, 0], [4, 3]]))}
     else:
         enc = {"color": alt.Color("statistic:N", legend=legend)}
     return alt.Chart(long).mark_line(point=True).encode(

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import re
 
-_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:$&=\"'])")
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~:/$&=\"'])")
+"""Characters escaped by `md`; '/' and ':' included so that a bare http:// in data does not become a link either."""
 
 
 def md(value: object) -> str:
     """`value` as a Markdown-inert string: every Markdown/HTML-special character backslash-escaped, line breaks
-    turned into spaces (a caption or label is one line), so it shows literally and can fetch nothing."""
+    turned into spaces (a caption or label is one line), so it shows literally and can fetch nothing. Streamlit
+    still turns a bare "http://…" or "www.…" into a link after escaping: a zero-width space after "http:" and the
+    first "w" keeps those plain text (a copied string then carries that invisible character)."""
     text = str(value).replace("\r", " ").replace("\n", " ")
-    return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text).replace("\\:\\/\\/", "\\:\u200b\\/\\/").replace("www", "w\u200bww")
 
 
 def plain(shown: str) -> str:
     """The text a reader sees for a string `md` escaped (the backslashes removed): what tests compare against."""
-    return re.sub(r"\\(.)", r"\1", shown)
+    return re.sub(r"\\(.)", r"\1", shown).replace("\u200b", "")
 
 
 # Chat templates whose markers we can split into turns: (turn pattern with groups role, content).

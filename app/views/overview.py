@@ -8,8 +8,8 @@ from app import aggregates, bands, data, ui
 from app.text import md
 from rcdiag.errors import RcdiagError
 
+# Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin).
 SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
-"""Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin)."""
 COUNTS = ("tokens", "sequences", "empty_sequences")
 FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 

@@ -69,7 +69,7 @@ def _cards(at: pd.Series, base: pd.Series) -> None:
         delta = value - before
         change = (f"{100 * delta:+.2f} pp" if name in FRACTIONS else f"{delta:+.4g}") if delta == delta else None
         columns[i % 5].metric(name, shown(name, value), change if delta else "no change", delta_color="off",
-                              help=MEANING.get(name))
+                              delta_arrow="auto" if delta else "off", help=MEANING.get(name))
 
 
 def _sweep_chart(rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold: float, base: pd.Series) -> None:
@@ -80,9 +80,10 @@ def _sweep_chart(rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold:
     mine = rows[rows["threshold"] < data.UNCORRECTED].reset_index(drop=True)
     hover = alt.selection_point(name="scrub", fields=["threshold"], on="pointerover", nearest=True, clear=False,
                                 value=[{"threshold": threshold}])
-    x = alt.X("threshold:Q", scale=alt.Scale(type="log"), title="threshold C (log scale)")
+    x = alt.X("threshold:Q", scale=alt.Scale(type="log", domain=[min(mine["threshold"]), max(mine["threshold"])],
+                                           nice=False), title="threshold C (log scale)")
     lines = alt.Chart(grid).mark_line().encode(
-        x=x, y=alt.Y(f"{metric}:Q", title=metric), color=alt.Color("mode:N", title="mode"),
+        x=x, y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)), color=alt.Color("mode:N", title="mode", legend=alt.Legend(orient="bottom")),
         strokeDash=alt.condition(alt.datum.mode == mode, alt.value([1, 0]), alt.value([4, 3])))
     catcher = alt.Chart(mine).mark_point(opacity=0).encode(x=x, y=f"{metric}:Q").add_params(hover)
     rule = alt.Chart(mine).mark_rule(color="#555").encode(x=x).transform_filter(hover)
@@ -90,8 +91,8 @@ def _sweep_chart(rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold:
         mine["threshold"] == threshold, metric].iloc[0])]})).mark_point(
         size=200, shape="diamond", filled=True, color="black").encode(x=x, y=f"{metric}:Q")
     panel = _panel(mine, base, hover, mode)
-    chart = alt.hconcat((lines + catcher + rule + current).properties(width=620, height=320), panel)
-    st.altair_chart(chart, key="sim_sweep_chart")
+    chart = alt.hconcat((lines + catcher + rule + current).properties(width=500, height=320), panel)
+    st.altair_chart(chart, key="sim_sweep_chart", width="content")
     st.caption(f"Hover the curves to read every value of {mode} at that threshold (right); the diamond is the "
                "slider's setting. Dashed: the other modes (no lower bound).")
 

@@ -197,6 +197,11 @@ def test_every_page_in_chromium(server, page, shots, served):
     assert_no_exception(page)
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
 
+    page.goto(f"{server}/probes")
+    settle(page, "Probes")
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "probes.png"), full_page=True)
+
 
 def test_link_reopens_the_view(server, page, served):
     """A pasted link with query parameters reopens the same run, sequence and simulator settings."""

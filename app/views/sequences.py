@@ -110,7 +110,7 @@ def _prompt(prompt: str | None) -> None:
     if not turns:
         st.text(prompt or "(no prompt text in the run)")
         return
-    with st.container(height=min(80 + 60 * len(turns), 360)):
+    with st.container(border=True):
         for role, content in turns:
             with st.chat_message(role, avatar=AVATARS.get(role, "💬")):
                 st.caption(md(role))

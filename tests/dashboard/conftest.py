@@ -85,7 +85,8 @@ def heavy_run(dash_root: Path) -> Run:
     model = write_tokenizer(dash_root / "model")
     tokens, sequences = defect_frames("clean", seed=5, n_seq=200)
     noise = np.random.default_rng(0).standard_t(1.5, len(tokens)) * 0.05
-    tokens["train_logprob"] = np.minimum(tokens["rollout_logprob"] + noise, 0.0)
+    shifted = tokens["rollout_logprob"] + noise
+    tokens["train_logprob"] = np.where(shifted < 0, shifted, tokens["rollout_logprob"] - np.abs(noise))  # < 0
     sequences["prompt_text"] = [f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is {i}+{i}?"
                                 "<|im_end|>\n<|im_start|>assistant\n" for i in sequences["seq_id"]]
     for column, payload in PAYLOADS.items():

@@ -4,15 +4,24 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+RUN_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+"""Colours of runs on the Compare page, in run order (colour means run in every chart there)."""
 
-def histogram(frame: pd.DataFrame, colour: str | None = None) -> alt.Chart:
-    """ℓ histogram with log counts: frame (lo, hi, count[, run]); one run as bars, several as overlaid steps."""
+
+def run_colours(names: list[str]) -> alt.Scale:
+    """One fixed colour per run (the same in every chart, so one legend reads for all)."""
+    return alt.Scale(domain=list(names), range=[RUN_PALETTE[i % len(RUN_PALETTE)] for i in range(len(names))])
+
+
+def histogram(frame: pd.DataFrame, colour: str | None = None, scale: alt.Scale | None = None) -> alt.Chart:
+    """ℓ histogram with log counts: frame (lo, hi, count[, run]); one run as bars, several as overlaid steps
+    coloured by `colour` (with `scale`)."""
     x = alt.X("lo:Q", title="ℓ = a − b (nats)")
     y = alt.Y("count:Q", scale=alt.Scale(type="log", domainMin=0.8), title="tokens (log scale)")
     tooltip = ["lo", "hi", "count"] + ([colour] if colour else [])
     if colour:
         return alt.Chart(frame).mark_line(interpolate="step-after").encode(
-            x=x, y=y, color=alt.Color(f"{colour}:N"), tooltip=tooltip)
+            x=x, y=y, color=alt.Color(f"{colour}:N", scale=scale or alt.Undefined, title=colour), tooltip=tooltip)
     bars = frame.assign(base=0.8)
     return alt.Chart(bars).mark_rect(color="#2563eb").encode(x=x, x2="hi:Q", y=y, y2="base:Q", tooltip=tooltip)
 
@@ -29,15 +38,20 @@ def density(frame: pd.DataFrame) -> alt.Chart:
     return cells + line
 
 
-def strata(frame: pd.DataFrame, title: str, colour: str | None = None) -> alt.Chart:
+def strata(frame: pd.DataFrame, title: str, colour: str | None = None, scale: alt.Scale | None = None) -> alt.Chart:
     """Mean ℓ and mean |ℓ| per bucket, buckets in row order: frame (bucket, tokens, mean_log_ratio, mean_abs[, run])
-    as rcdiag.analysis.strata rows."""
+    as rcdiag.analysis.strata rows. With `colour` (several runs) colour is the run (`scale`) and the dash the
+    statistic; alone, colour is the statistic."""
     long = frame.melt(id_vars=[c for c in ("bucket", "tokens", colour) if c],
                       value_vars=["mean_log_ratio", "mean_abs"], var_name="statistic", value_name="value")
     order = list(dict.fromkeys(frame["bucket"]))
-    enc = {"strokeDash": alt.StrokeDash(f"{colour}:N")} if colour else {}
+    legend = alt.Legend(orient="bottom", title=None)
+    if colour:
+        enc = {"color": alt.Color(f"{colour}:N", scale=scale or alt.Undefined, legend=legend),
+               "strokeDash": alt.StrokeDash("statistic:N", legend=legend, scale=alt.Scale(
+                   domain=["mean_log_ratio", "mean_abs"], range=[[1, 0], [4, 3]]))}
+    else:
+        enc = {"color": alt.Color("statistic:N", legend=legend)}
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("bucket:N", sort=order, title=title), y=alt.Y("value:Q", title="nats"),
-        color=alt.Color("statistic:N", legend=alt.Legend(orient="bottom", title=None)),
-        tooltip=["bucket", "statistic", "value", "tokens"] + ([colour] if colour else []),
-        **enc)
+        tooltip=["bucket", "statistic", "value", "tokens"] + ([colour] if colour else []), **enc)

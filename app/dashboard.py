@@ -17,25 +17,27 @@ import streamlit as st  # noqa: E402
 
 from app import ui  # noqa: E402
 
-# (file under app/views/, title, url path, icon), in navigation order.
+# (file under app/views/, title, url path), in navigation order. No page icons: Streamlit draws ":material/…:"
+# icons with an icon font and an emoji page icon with a remote favicon — the app must not request anything
+# off-origin (tests/dashboard/test_offline.py records the browser's requests).
 PAGES = (
-    ("overview.py", "Overview", "overview", ":material/dashboard:"),
-    ("distributions.py", "Distributions", "distributions", ":material/bar_chart:"),
-    ("simulator.py", "IS simulator", "simulator", ":material/tune:"),
-    ("sequences.py", "Sequences", "sequences", ":material/segment:"),
-    ("trends.py", "Trends", "trends", ":material/trending_up:"),
-    ("compare.py", "Compare", "compare", ":material/compare_arrows:"),
-    ("probes.py", "Probes", "probes", ":material/science:"),
+    ("overview.py", "Overview", "overview"),
+    ("distributions.py", "Distributions", "distributions"),
+    ("simulator.py", "IS simulator", "simulator"),
+    ("sequences.py", "Sequences", "sequences"),
+    ("trends.py", "Trends", "trends"),
+    ("compare.py", "Compare", "compare"),
+    ("probes.py", "Probes", "probes"),
 )
 
 
 def run(argv: list[str] | None = None) -> None:
     """Render the app: `argv` are the run paths given on the command line (default: sys.argv[1:])."""
     given = [str(Path(a).resolve()) for a in (sys.argv[1:] if argv is None else argv) if a]
-    st.set_page_config(page_title="rcdiag dashboard", page_icon=":material/troubleshoot:", layout="wide")
+    st.set_page_config(page_title="rcdiag dashboard", layout="wide")
     ui.sidebar(given)
-    pages = [st.Page(Path(__file__).parent / "views" / file, title=title, url_path=url, icon=icon,
-                     default=(i == 0)) for i, (file, title, url, icon) in enumerate(PAGES)]
+    pages = [st.Page(Path(__file__).parent / "views" / file, title=title, url_path=url, default=(i == 0))
+             for i, (file, title, url) in enumerate(PAGES)]
     st.navigation(pages).run()
 
 

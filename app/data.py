@@ -126,12 +126,28 @@ def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float 
     return {k: float(v) for k, v in result.items() if is_number(v)}
 
 
-@st.cache_data(show_spinner="Sweeping thresholds…", max_entries=32)
-def sweep(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
-    """`rcdiag.sweep` over the default modes and thresholds: one row per mode × threshold."""
+UNCORRECTED = 1e300
+"""A threshold no ratio reaches: the "no correction" row of `sweep_grid` (weights as the raw ratios)."""
+
+
+def threshold_grid() -> tuple[float, ...]:
+    """The simulator's thresholds: C − 1 log-spaced from 0.01 to 19 (finer near 1, where the metrics move most),
+    plus the report's sweep thresholds, rounded to 3 significant digits, ascending."""
+    from rcdiag.analysis.defaults import DEFAULT_THRESHOLDS
+
+    dense = 1.0 + np.logspace(-2.0, np.log10(19.0), 57)
+    return tuple(sorted({float(f"{c:.3g}") for c in (*dense, *DEFAULT_THRESHOLDS)}))
+
+
+@st.cache_data(show_spinner="Sweeping thresholds…", max_entries=64)
+def sweep_grid(path: str, mtime: float, modes: tuple[str, ...], lower: float | None,
+               convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
+    """`rcdiag.sweep` of `modes` over `threshold_grid()` plus the uncorrected row (threshold UNCORRECTED), in one
+    pass: one row per mode × threshold, columns mode, threshold, IS metrics."""
     from rcdiag.analysis.correction import sweep as sweep_
 
-    return sweep_(open_run(path), convention=convention)
+    return sweep_(open_run(path), modes=modes, thresholds=(*threshold_grid(), UNCORRECTED), lower=lower,
+                  convention=convention)
 
 
 def is_number(value: Any) -> bool:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import streamlit as st
 
-from app import bands, data
+from app import bands, data, state
+from app.text import md
 from rcdiag.errors import RcdiagError
 from rcdiag.numbers import fmt  # the one formatter; views call ui.fmt
 
@@ -33,14 +34,32 @@ def sidebar(given: list[str]) -> None:
     st.session_state[GIVEN] = given
     st.sidebar.title("rcdiag")
     options = [*given, OTHER]
+    _run_from_url(given)
     choice = st.sidebar.selectbox("Run", options, key="run_choice", format_func=_short) if given else OTHER
     if choice == OTHER:
         typed = st.sidebar.text_input("Run directory", key="run_input", placeholder="runs/sample",
                                       help="A run directory under the working directory or given on the command line.")
         choice = typed.strip()
     st.session_state[CURRENT] = choice or None
+    state.publish("run", (_short(choice) if choice in given else choice) or None)
     if choice:
-        st.sidebar.caption(f"`{choice}`")
+        st.sidebar.caption(md(choice))
+
+
+def _run_from_url(given: list[str]) -> None:
+    """On a session's first run, open the URL's `run` (a given run's name, else a typed directory)."""
+    if st.session_state.get("_url_run_seen"):
+        return
+    st.session_state["_url_run_seen"] = True
+    raw = st.query_params.get("run")
+    if not raw:
+        return
+    by_name = {_short(p): p for p in given}
+    if raw in by_name or raw in given:
+        st.session_state["run_choice"] = by_name.get(raw, raw)
+    else:
+        st.session_state["run_choice"] = OTHER
+        st.session_state["run_input"] = raw
 
 
 def _short(path: str) -> str:
@@ -60,8 +79,8 @@ def open_allowed(path: str) -> data.RunRef | None:
     """Open `path` if the path policy allows it (else an error message and None); remembers it for Compare."""
     given = st.session_state.get(GIVEN, [])
     if not allowed(path, given):
-        st.error(f"Refused: `{path}` is outside the working directory ({os.getcwd()}) and is not one of the runs "
-                 f"given on the command line. Start `rcdiag dashboard {path}` to open it.")
+        st.error(f"Refused: {md(path)} is outside the working directory ({md(os.getcwd())}) and is not one of the "
+                 f"runs given on the command line. Start rcdiag dashboard {md(path)} to open it.")
         return None
     ref = data.open_ref(path)
     opened = st.session_state.setdefault(OPENED, [])
@@ -75,7 +94,7 @@ def run_page(title: str, render: Callable[[data.RunRef], None]) -> None:
     def page() -> None:
         ref = current_run()
         if ref is not None:
-            st.header(f"{title} · {ref.name}")
+            st.header(f"{title} · {md(ref.name)}")
             render(ref)
     guarded(page)
 
@@ -84,13 +103,13 @@ def guarded(render: Callable[[], None]) -> None:
     """Run a page; rcdiag and Parquet errors become a readable message on the page, never a stack trace."""
     try:
         render()
-    except RcdiagError as exc:
-        st.error(str(exc))
+    except RcdiagError as exc:  # messages quote the run's data (paths, values): shown as text
+        st.error(md(exc))
     except (pa.ArrowException, OSError) as exc:
-        st.error(f"Could not read the run's files: {exc}. The run may be corrupt — re-create it.")
+        st.error(f"Could not read the run's files: {md(exc)}. The run may be corrupt — re-create it.")
     except Exception as exc:  # a bug: say so plainly, keep the traceback for the server log
         log.exception("dashboard page failed")
-        st.error(f"Internal error ({type(exc).__name__}: {exc}). Please report it with the run's manifest.")
+        st.error(f"Internal error ({type(exc).__name__}: {md(exc)}). Please report it with the run's manifest.")
 
 
 def card(label: str, value: float | None, status: str, help_text: str = "") -> str:

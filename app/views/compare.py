@@ -1,4 +1,5 @@
-"""Compare page: two or more runs side by side (metrics table, overlaid ℓ histograms and strata)."""
+"""Compare page: two or more runs side by side — a numeric metrics table with Δ against the first run, overlaid ℓ
+histograms and strata. Colour means run everywhere (one fixed colour per run, one legend)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,28 +7,41 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, charts, data, ui
+from app import aggregates, charts, data, state, ui
+from app.text import md
 from rcdiag.store.names import unique_run_names
 
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
                  "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "abs_log_ratio_mean", "abs_log_ratio_p99",
                  "abs_log_ratio_max", "ess", "is_weight_mean", "clipped_frac")
+# The histograms' shared ℓ axis spans ±(largest per-run 99.9th percentile of |ℓ|): a single outlier token of one run
+# does not stretch it (tokens beyond land in the outer bins, the caption gives each run's max).
+RANGE_QUANTILE = 0.999
 
 
 def render() -> None:
     st.header("Compare runs")
     known = list(dict.fromkeys([*st.session_state.get(ui.GIVEN, []), *st.session_state.get(ui.OPENED, [])]))
-    chosen = st.multiselect("Runs", known, default=known[:4], format_func=lambda p: Path(p).name,
-                            key="cmp_runs", help="The runs given on the command line and those opened in the sidebar.")
+    by_name = {Path(p).name: p for p in known}
+    state.bind("cmp_runs", "runs", lambda raw: [by_name.get(n, n) for n in raw.split(",") if n],
+               lambda runs: all(r in known for r in runs))
+    st.session_state.setdefault("cmp_runs", known[:4])
+    chosen = st.multiselect("Runs", known, format_func=lambda p: Path(p).name, key="cmp_runs",
+                            help="The runs given on the command line and those opened in the sidebar. The first "
+                                 "is the baseline of the Δ columns.")
     extra = st.text_input("Add a run directory", key="cmp_add", placeholder="runs/other")
+    state.publish("runs", [Path(p).name for p in chosen] or None)
     paths = list(dict.fromkeys([*chosen, *([extra.strip()] if extra.strip() else [])]))
     refs = [ref for ref in (_open(p) for p in paths) if ref is not None]
     if len(refs) < 2:
         st.info("Choose at least two runs to compare.")
         return
     names = unique_run_names([r.path for r in refs])
-    table = _table(refs, names)
-    st.dataframe(table, key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3)
+    table = metrics_table(refs, names)
+    st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort.")
+    st.dataframe(table, key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3,
+                 column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in table.columns
+                                if c != "metric"}, hide_index=True)
     _overlays(refs, names)
 
 
@@ -35,34 +49,43 @@ def _open(path: str) -> data.RunRef | None:
     try:
         return ui.open_allowed(path)
     except Exception as exc:  # one bad run must not hide the others
-        st.error(f"{path}: {exc}")
+        st.error(f"{md(path)}: {md(exc)}")
         return None
 
 
-def _table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
-    """Rows: metrics (TABLE_METRICS present in any run); columns: runs; values formatted with ui.fmt."""
-    columns = {}
-    for ref, name in zip(refs, names, strict=True):
-        columns[name] = aggregates.headline(*ref.key)
-    rows = [m for m in TABLE_METRICS if any(m in v for v in columns.values())]
-    return pd.DataFrame({name: [ui.fmt(v.get(m)) for m in rows] for name, v in columns.items()},
-                        index=pd.Index(rows, name="metric"))
+def metrics_table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
+    """Rows: metrics (TABLE_METRICS present in any run); columns: metric, each run's value (float, NaN when the run
+    lacks it), then 'Δ run' = run − first run for the other runs. Numbers stay numbers, so columns sort."""
+    values = {name: aggregates.headline(*ref.key) for ref, name in zip(refs, names, strict=True)}
+    rows = [m for m in TABLE_METRICS if any(m in v for v in values.values())]
+    table = pd.DataFrame({"metric": rows})
+    for name, v in values.items():
+        table[name] = [float(v.get(m, float("nan"))) for m in rows]
+    for name in names[1:]:
+        table[f"Δ {name}"] = table[name] - table[names[0]]
+    return table
 
 
 def _overlays(refs: list[data.RunRef], names: list[str]) -> None:
     results = [aggregates.distributions(*ref.key, None) for ref in refs]
-    limit = max(r["tails"].max_abs for r in results) or None
+    limit = max((r["tails"].quantile(RANGE_QUANTILE) for r in results if r["tails"].n), default=0.0) or None
     hist = pd.concat([aggregates.histogram(r["tails"], limit).assign(run=n) for r, n in zip(results, names, strict=True)],
                      ignore_index=True)
+    colours = charts.run_colours(names)
     st.markdown("**ℓ histograms** (log counts, overlaid)")
-    st.altair_chart(charts.histogram(hist, colour="run"), width="stretch", key="cmp_hist")
+    st.altair_chart(charts.histogram(hist, colour="run", scale=colours), width="stretch", key="cmp_hist")
+    if limit:
+        st.caption(f"Axis ±{ui.fmt(limit)} nats (the largest per-run 99.9th percentile of |ℓ|); tokens beyond "
+                   "count in the outer bins. Largest |ℓ|: " + ", ".join(
+                       f"{md(n)} {ui.fmt(r['tails'].max_abs)}" for r, n in zip(results, names, strict=True)))
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         merged = pd.concat([r["strata"][name].assign(run=n) for r, n in zip(results, names, strict=True)],
                            ignore_index=True)
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}**")
-        col.altair_chart(charts.strata(merged, title, colour="run"), width="stretch", key=f"cmp_by_{name}")
+        col.altair_chart(charts.strata(merged, title, colour="run", scale=colours), width="stretch",
+                         key=f"cmp_by_{name}")
 
 
 ui.guarded(render)

@@ -1,4 +1,5 @@
-"""Distributions page: ℓ histogram, b-vs-a density and ℓ by position / rollout probability / entropy, filtered."""
+"""Distributions page: ℓ histogram, b-vs-a density and ℓ by position / rollout probability / entropy, filtered by
+finish reason, reward and response length."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +7,21 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, charts, data, ui
+from app.text import md
 
 
 def render(ref: data.RunRef) -> None:
+    _view(ref)
+
+
+@st.fragment
+def _view(ref: data.RunRef) -> None:
+    """Filters (a form: one rescan per "Apply", not one per slider step) and the charts, as one fragment: applying
+    reruns this, not the page."""
     index = data.sequence_index(*ref.key)
-    filters = _filters(index)
+    with st.form("dist_filters"):
+        filters = _filters(index)
+        st.form_submit_button("Apply filters", key="dist_apply")
     keep = None if filters is None else data.seq_ids_where(index, *filters)
     if keep is not None and keep.size == 0:
         st.warning("No sequence passes these filters.")
@@ -37,7 +48,7 @@ def render(ref: data.RunRef) -> None:
                          key=f"dist_by_{name}")
     with st.expander("Strata tables"):
         for name, frame in result["strata"].items():
-            st.markdown(f"*{aggregates.strata_title(name)}*")
+            st.markdown(f"*{md(aggregates.strata_title(name))}*")
             st.dataframe(frame, hide_index=True, key=f"dist_table_{name}")
 
 

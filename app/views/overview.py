@@ -6,12 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, bands, data, ui
+from app.text import md
 from rcdiag.analysis import health
 from rcdiag.errors import RcdiagError
 from rcdiag.report.context import context_line, verdict_html
 
-SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
-                  "ok": ":material/check_circle:"}
+# Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin).
+SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
 COUNTS = ("tokens", "sequences", "empty_sequences")
 FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
@@ -20,7 +21,7 @@ def render(ref: data.RunRef) -> None:
     try:
         values = aggregates.headline(*ref.key)
     except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
-        st.error(f"No metrics for this run: {exc}")
+        st.error(f"No metrics for this run: {md(exc)}")
         values = None
     st.caption(context_line(ref.manifest))
     if values is not None:
@@ -74,11 +75,11 @@ def _cards(values: dict[str, float]) -> None:
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
     for finding in aggregates.findings(*ref.key):
-        with st.expander(f"{finding['severity']} · {finding['name']}: {finding['message']}",
+        with st.expander(f"{finding['severity']} · {md(finding['name'])}: {md(finding['message'])}",
                          expanded=finding["severity"] in ("error", "warning"),
                          icon=SEVERITY_ICONS.get(finding["severity"])):
             if finding.get("fix"):
-                st.markdown(f"**Fix:** {finding['fix']}")
+                st.markdown(f"**Fix:** {md(finding['fix'])}")
             if finding.get("evidence"):
                 st.json(finding["evidence"], expanded=False)
 

@@ -65,3 +65,33 @@ def assert_clean(app: AppTest) -> None:
     """No exception element and no error message on the page."""
     assert not app.exception, [e.value for e in app.exception]
     assert not app.error, [e.value for e in app.error]
+
+
+PAYLOAD_HOST = "198.51.100.7"
+"""TEST-NET-2 (RFC 5737): a host that never answers; the data strings below point at it."""
+PAYLOADS = {"prompt_id": f"![x](http://{PAYLOAD_HOST}/pixel)",
+            "finish_reason": f"[click](javascript:alert(1)) <img src=http://{PAYLOAD_HOST}/y> :material/home:"}
+
+
+@pytest.fixture(scope="session")
+def heavy_run(dash_root: Path) -> Run:
+    """A heavy-tailed run (ℓ ~ Student t with 1.5 degrees of freedom: a few tokens at |ℓ| ≈ 5–7 among thousands
+    near 0), ChatML prompts, and Markdown/HTML payloads in sequence 0's prompt_id and finish_reason (PAYLOADS)."""
+    import numpy as np
+
+    import rcdiag
+    from tests.fixtures.runs import defect_frames, defect_manifest
+
+    model = write_tokenizer(dash_root / "model")
+    tokens, sequences = defect_frames("clean", seed=5, n_seq=200)
+    noise = np.random.default_rng(0).standard_t(1.5, len(tokens)) * 0.05
+    shifted = tokens["rollout_logprob"] + noise
+    tokens["train_logprob"] = np.where(shifted < 0, shifted, tokens["rollout_logprob"] - np.abs(noise))  # < 0
+    sequences["prompt_text"] = [f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is {i}+{i}?"
+                                "<|im_end|>\n<|im_start|>assistant\n" for i in sequences["seq_id"]]
+    for column, payload in PAYLOADS.items():
+        sequences[column] = sequences[column].astype(object)
+        sequences.loc[sequences["seq_id"] == 0, column] = payload
+    manifest = {**defect_manifest("clean"), "models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}}
+    return rcdiag.write_run(dash_root / "heavy", tokens, sequences, manifest=manifest, shard_tokens=2000,
+                            overwrite=True)

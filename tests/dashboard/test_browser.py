@@ -23,7 +23,9 @@ import pytest
 
 import rcdiag
 from app import data, tokenstrip, ui
+from app.simvalues import shown
 from rcdiag.commands.dashboard import free_port
+from tests.dashboard.conftest import PAYLOAD_HOST, PAYLOADS
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -47,10 +49,11 @@ def _port_open(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(noisy_run, clean_dash_run) -> list[Path]:
-    """The runs the server opens: $RCDIAG_SCREENSHOT_RUNS, else the synthetic noisy and clean runs."""
+def served(noisy_run, clean_dash_run, heavy_run) -> list[Path]:
+    """The runs the server opens: $RCDIAG_SCREENSHOT_RUNS, else the synthetic noisy, clean and heavy-tailed runs
+    (the heavy one carries Markdown/HTML payloads in its data)."""
     chosen = os.environ.get("RCDIAG_SCREENSHOT_RUNS")
-    return [Path(p) for p in chosen.split(":")] if chosen else [noisy_run.path, clean_dash_run.path]
+    return [Path(p) for p in chosen.split(":")] if chosen else [noisy_run.path, clean_dash_run.path, heavy_run.path]
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +91,24 @@ def server(served, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def traffic() -> dict[str, list]:
+    """Every request URL and every console error of the module's browser (checked by test_offline_and_quiet)."""
+    return {"requests": [], "console": [], "failed": []}
+
+
+@pytest.fixture(scope="module")
+def page(server, traffic):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1250})
-            yield context.new_page()
+            context = browser.new_context(viewport={"width": 1400, "height": 2400})
+            context.on("request", lambda r: traffic["requests"].append(r.url))
+            context.on("response", lambda r: traffic["failed"].append(r.url) if r.status >= 400 else None)
+            tab = context.new_page()
+            tab.on("console", lambda m: traffic["console"].append(m.text) if m.type == "error" else None)
+            yield tab
         finally:
             browser.close()
 
@@ -143,15 +156,16 @@ def test_every_page_in_chromium(server, page, shots, served):
 
     page.goto(f"{server}/simulator")
     settle(page, "clipped_frac")
-    assert _metric(page, "clipped_frac") == ui.fmt(tis["clipped_frac"])
-    assert _metric(page, "ess") == ui.fmt(tis["ess"])
+    assert _metric(page, "clipped_frac") == shown("clipped_frac", tis["clipped_frac"])
+    assert _metric(page, "ess") == shown("ess", tis["ess"])
     page.screenshot(path=str(shots / "simulator.png"), full_page=True)
     page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
     page.keyboard.press("Home")
     low = rcdiag.simulate(run, "token_truncate", threshold=1.01)
-    page.wait_for_function(f"() => document.body.innerText.includes('{ui.fmt(low['clipped_frac'])}')",
+    page.wait_for_function(f"() => document.body.innerText.includes('{shown('clipped_frac', low['clipped_frac'])}')",
                            timeout=60_000)
-    assert _metric(page, "clipped_frac") == ui.fmt(low["clipped_frac"])
+    assert _metric(page, "clipped_frac") == shown("clipped_frac", low["clipped_frac"])
+    assert "threshold=1.01" in page.url  # the setting is in the address bar
     assert_no_exception(page)
 
     page.goto(f"{server}/sequences")
@@ -164,7 +178,7 @@ def test_every_page_in_chromium(server, page, shots, served):
     token = page.locator("#rcdiag-token-strip .rcdiag-tok").first
     token.wait_for(timeout=30_000)
     title = token.get_attribute("title")
-    assert "train a =" in title and "rollout b =" in title and "entropy =" in title, title
+    assert "trainer a =" in title and "engine b =" in title and "entropy =" in title, title
     _check_token_text(run, int(chosen.split()[1]), token.inner_text())
     token.hover()
     assert_no_exception(page)
@@ -183,13 +197,120 @@ def test_every_page_in_chromium(server, page, shots, served):
     assert_no_exception(page)
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
 
+    page.goto(f"{server}/probes")
+    settle(page, "Probes")
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "probes.png"), full_page=True)
 
-def _check_token_text(run, seq_id: int, shown: str) -> None:
+
+def test_link_reopens_the_view(server, page, served):
+    """A pasted link with query parameters reopens the same run, sequence and simulator settings."""
+    heavy = rcdiag.open_run(served[-1])
+    page.goto(f"{server}/sequences?run={heavy.name}&seq=7&sort=seq_id&desc=0&page=2")
+    settle(page, "Sequence 7")
+    assert page.get_by_role("heading", name="Sequence 7").count() == 1
+    assert page.get_by_role("heading", name=f"Sequences · {heavy.name}").count() == 1
+    assert page.locator('[data-testid="stNumberInput"] input').first.input_value() == "2"
+    assert "seq=7" in page.url and f"run={heavy.name}" in page.url
+    page.goto(f"{server}/simulator?run={heavy.name}&mode=token_mask&convention=verl&threshold=1.5&lower=0.8")
+    settle(page, "clipped_frac")
+    expected = rcdiag.simulate(heavy, "token_mask", threshold=1.5, lower=0.8, convention="verl")
+    assert _metric(page, "kept_token_frac") == shown("kept_token_frac", expected["kept_token_frac"])
+    assert _metric(page, "clipped_frac") == shown("clipped_frac", expected["clipped_frac"])
+    assert_no_exception(page)
+
+
+def test_simulator_disables_an_invalid_combination(server, page, served):
+    """verl + a lower bound + sequence_truncate blanked the page: now the lower bound is disabled with the reason."""
+    page.goto(f"{server}/simulator?mode=sequence_truncate&convention=verl&lower=0.5")
+    settle(page, "Lower bound unavailable")
+    box = page.locator('[data-testid="stCheckbox"]').filter(has_text="Lower bound L").locator("input")
+    assert box.is_disabled()
+    assert "verl has no lower bound for truncate" in page.inner_text("body")
+    run = rcdiag.open_run(served[0])
+    expected = rcdiag.simulate(run, "sequence_truncate", threshold=2.0, convention="verl")
+    assert _metric(page, "clipped_frac") == shown("clipped_frac", expected["clipped_frac"])
+    assert_no_exception(page)
+
+
+def test_simulator_scrubs_in_the_browser(server, page):
+    """Hovering the sweep moves the read-out panel to another threshold without a rerun of the script."""
+    page.goto(f"{server}/simulator")
+    settle(page, "At the hovered threshold")
+    chart = page.locator('[data-testid="stVegaLiteChart"]').first
+    head = chart.locator("text").filter(has_text="token_truncate at C =")
+    assert head.first.text_content().endswith("C = 2")
+    runs = page.evaluate("() => window.__runs = 0")  # counts script runs from here on
+    page.evaluate("""() => new MutationObserver(() => {
+        const app = document.querySelector('[data-testid="stApp"]');
+        if (app.getAttribute('data-test-script-state') === 'running') window.__runs += 1; })
+        .observe(document.querySelector('[data-testid="stApp"]'), {attributes: true})""")
+    box = chart.locator("svg").first.bounding_box()
+    page.mouse.move(box["x"] + 80, box["y"] + 150)
+    page.mouse.move(box["x"] + 90, box["y"] + 150)
+    page.wait_for_timeout(500)
+    text = head.first.text_content()
+    assert text != "token_truncate at C = 2" and float(text.rsplit("= ", 1)[1]) < 2, text
+    assert page.evaluate("() => window.__runs") == 0, runs
+
+
+def test_compare_legend_has_one_colour_per_run(server, page, served):
+    """Colour encodes the run: the histogram legend lists each run once, each with its own colour."""
+    page.goto(f"{server}/compare")
+    settle(page, "Compare runs")
+    chart = page.locator('[data-testid="stVegaLiteChart"]').first
+    chart.locator(".role-legend-label text").first.wait_for(timeout=30_000)
+    labels = chart.locator(".role-legend-label text").all_text_contents()
+    colours = chart.locator(".role-legend-symbol path").evaluate_all("els => els.map(e => e.getAttribute('stroke'))")
+    names = [Path(p).name for p in served][:4]
+    assert labels == names, labels
+    assert len(set(colours)) == len(names), colours
+    lines = chart.locator(".role-mark path").evaluate_all("els => els.map(e => e.getAttribute('stroke'))")
+    assert set(lines) == set(colours), (lines, colours)
+
+
+def test_markdown_in_run_data_is_text(server, page, served, traffic):
+    """prompt_id = ![x](http://host/pixel) and an <img>/link in finish_reason show as text and fetch nothing."""
+    heavy = rcdiag.open_run(served[-1])
+    page.goto(f"{server}/sequences?run={heavy.name}&seq=0")
+    settle(page, "Sequence 0")
+    body = page.inner_text("body").replace("\u200b", "")
+    for payload in PAYLOADS.values():
+        assert payload in body, payload
+    caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="prompt_id")
+    assert caption.locator("img, a").count() == 0
+    assert page.get_by_text("What is 0+0?").count() == 1  # the ChatML prompt as turns, not raw markers
+    assert "<|im_start|>" not in body
+    page.goto(f"{server}/distributions?run={heavy.name}")
+    settle(page, "valid tokens in")
+    assert not [u for u in traffic["requests"] if PAYLOAD_HOST in u]
+
+
+def test_offline_and_quiet(server, page, traffic):
+    """Every page, after the tests above: no request left 127.0.0.1 and no console error (Streamlit probes
+    <page>/_stcore/... once on a deep link and falls back to the root: those 404s are the only ones allowed)."""
+    for path in ("", "distributions", "simulator", "sequences", "compare", "probes"):
+        page.goto(f"{server}/{path}")
+        page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(timeout=120_000)
+        page.wait_for_timeout(1000)
+        assert_no_exception(page)
+    assert traffic["requests"]
+    off = [u for u in traffic["requests"] if not u.startswith((server, "data:", "blob:"))]
+    assert not off, off
+    probes = [u for u in traffic["failed"] if "/_stcore/" in u and not u.startswith(f"{server}/_stcore/")]
+    assert sorted(set(traffic["failed"])) == sorted(set(probes)), traffic["failed"]
+    errors = [m for m in traffic["console"] if not m.startswith("Failed to load resource")]
+    assert not errors, errors
+    assert traffic["console"].count("Failed to load resource: the server responded with a status of 404 (Not Found)") \
+        == len(traffic["console"])
+
+
+def _check_token_text(run, seq_id: int, text: str) -> None:
     """The first token shows its text decoded by the run's tokenizer (the manifest's model path), else [id]."""
     first = run.tokens().query("seq_id == @seq_id").sort_values("pos").iloc[0]
     texts = data.decode_tokens(run.manifest, (int(first["token_id"]),))
     expected = tokenstrip.visible(texts[0]) if texts else f"[{int(first['token_id'])}]"
-    assert shown == expected, (shown, expected)
+    assert text == expected, (text, expected)
 
 
 def _click_table_row(page, row: int) -> None:

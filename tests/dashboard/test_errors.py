@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from app import ui
+from app.text import plain
 from tests.dashboard.conftest import assert_clean
 from tests.fixtures.runs import build_run, defect_frames
 
@@ -48,8 +49,8 @@ def test_broken_run_is_a_message(make_app, broken, case, page):
     path, text = broken[case]
     app = make_app(path, page=page)
     assert not app.exception, [e.value for e in app.exception]
-    assert len(app.error) == 1 and text in app.error[0].value, [e.value for e in app.error]
-    assert "Traceback" not in app.error[0].value
+    assert len(app.error) == 1 and text in plain(app.error[0].value), [plain(e.value) for e in app.error]
+    assert "Traceback" not in plain(app.error[0].value)
 
 
 def test_corrupt_shard_found_by_metrics_is_a_message(make_app, tmp_path):
@@ -62,7 +63,7 @@ def test_corrupt_shard_found_by_metrics_is_a_message(make_app, tmp_path):
     file.write_bytes(bytes(data))
     app = make_app(run, page="sequences")
     assert not app.exception
-    assert app.error and ("corrupt" in app.error[0].value or "Parquet" in app.error[0].value), app.error
+    assert app.error and ("corrupt" in plain(app.error[0].value) or "Parquet" in plain(app.error[0].value)), app.error
 
 
 def test_path_outside_cwd_and_arguments_is_refused(make_app, noisy_run, tmp_path):
@@ -74,7 +75,7 @@ def test_path_outside_cwd_and_arguments_is_refused(make_app, noisy_run, tmp_path
     assert "Choose a run directory" in app.info[0].value
     app.text_input(key="run_input").set_value(str(outside)).run()
     assert not app.exception
-    assert "Refused" in app.error[0].value and str(outside) in app.error[0].value
+    assert "Refused" in plain(app.error[0].value) and str(outside) in plain(app.error[0].value)
     app.text_input(key="run_input").set_value(str(noisy_run.path / "tokens" / "..")).run()
     assert_clean(app)  # a path inside a given run is allowed (here: the run itself)
 
@@ -87,7 +88,7 @@ def test_typed_run_under_cwd_opens(make_app, noisy_run, tmp_path, monkeypatch):
     assert "Choose a run directory" in app.info[0].value
     app.text_input(key="run_input").set_value("runs/mine").run()
     assert_clean(app)
-    assert app.header[0].value == "Overview · mine"
+    assert plain(app.header[0].value) == "Overview · mine"
 
 
 @pytest.mark.parametrize("path,given,ok", [("/a/b/run", ["/a/b/run"], True), ("/a/b/run/x", ["/a/b/run"], True),
@@ -100,8 +101,8 @@ def test_allowed(path, given, ok):
 def test_compare_shows_a_bad_run_next_to_good_ones(make_app, noisy_run, clean_dash_run, broken):
     app = make_app(noisy_run, clean_dash_run, broken["corrupt_parquet"][0], page="compare")
     assert not app.exception
-    assert len(app.error) == 1 and "unreadable Parquet" in app.error[0].value
-    assert list(app.dataframe[0].value.columns) == ["noisy", "clean"]
+    assert len(app.error) == 1 and "unreadable Parquet" in plain(app.error[0].value)
+    assert list(app.dataframe[0].value.columns) == ["metric", "noisy", "clean", "Δ clean"]
 
 
 def test_placeholder_values_show_the_checks_that_explain_them(make_app, tmp_path):
@@ -110,6 +111,6 @@ def test_placeholder_values_show_the_checks_that_explain_them(make_app, tmp_path
     run = build_run(tmp_path / "nan", "nan_placeholder")
     app = make_app(run)
     assert not app.exception
-    assert len(app.error) == 1 and "rollout_logprob" in app.error[0].value and "row" in app.error[0].value
+    assert len(app.error) == 1 and "rollout_logprob" in plain(app.error[0].value) and "row" in plain(app.error[0].value)
     placeholder = [e.label for e in app.expander if "placeholders" in e.label]
     assert placeholder and placeholder[0].startswith("error")

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from app import bands, ui
+from app import bands, data, ui
+from app.simvalues import lower_refusal, shown
+from app.text import plain
 from rcdiag.checks.verdicts import run_checks
 from tests.dashboard.conftest import assert_clean
 
@@ -69,7 +71,7 @@ def test_overview_cards_match_float64_reference(make_app, noisy_run):
     assert any(f"tokens: {len(tokens):,} · sequences: 60" in c.value for c in app.caption)
     labels = [e.label for e in app.expander]
     expected = [f"{f.severity} · {f.name}: {f.message}" for f in run_checks(noisy_run)]
-    assert [label for label in labels if " · " in label and ": " in label] == expected
+    assert [plain(label) for label in labels if " · " in label and ": " in label] == expected
     assert "Manifest" in labels
 
 
@@ -95,21 +97,27 @@ def test_ess_and_weight_mean_bands():
 
 
 def test_simulator_threshold_changes_clipped_frac(make_app, noisy_run):
-    """Moving the threshold changes clipped_frac to exactly rcdiag.simulate's value (and the float64 reference)."""
+    """Moving the threshold changes clipped_frac to exactly rcdiag.simulate's value (and the float64 reference),
+    written as a share in percent with its change against no correction."""
     app = make_app(noisy_run, page="simulator")
     assert_clean(app)
     tokens = valid_tokens(noisy_run)
     before = shown_metrics(app)
-    assert before["clipped_frac"] == ui.fmt(token_truncate_reference(tokens, 2.0)["clipped_frac"])
-    app.slider(key="sim_threshold").set_value(1.2).run()
+    assert before["clipped_frac"] == shown("clipped_frac", token_truncate_reference(tokens, 2.0)["clipped_frac"])
+    assert 1.25 in data.threshold_grid() and 1.01 in data.threshold_grid()
+    app.select_slider(key="sim_threshold").set_value(1.25).run()
     assert_clean(app)
     after = shown_metrics(app)
-    expected = rcdiag.simulate(noisy_run, "token_truncate", threshold=1.2)
-    assert after["clipped_frac"] == ui.fmt(expected["clipped_frac"]) != before["clipped_frac"]
-    reference = token_truncate_reference(tokens, 1.2)
-    assert after["clipped_frac"] == ui.fmt(reference["clipped_frac"])
-    assert after["is_weight_mean"] == ui.fmt(reference["is_weight_mean"])
-    assert after["ess"] == ui.fmt(reference["ess"])
+    expected = rcdiag.simulate(noisy_run, "token_truncate", threshold=1.25)
+    assert after["clipped_frac"] == shown("clipped_frac", expected["clipped_frac"]) != before["clipped_frac"]
+    reference = token_truncate_reference(tokens, 1.25)
+    assert after["clipped_frac"] == shown("clipped_frac", reference["clipped_frac"])
+    assert after["is_weight_mean"] == shown("is_weight_mean", reference["is_weight_mean"])
+    assert after["ess"] == shown("ess", reference["ess"])
+    raw = rcdiag.simulate(noisy_run, "token_truncate", threshold=data.UNCORRECTED)
+    delta = {m.label: m.delta for m in app.metric}
+    assert delta["is_weight_mean"] == f"{reference['is_weight_mean'] - raw['is_weight_mean']:+.4g}"
+    assert all(v not in ("1", "0") for v in after.values()), after
 
 
 @pytest.mark.parametrize("mode,convention,lower", [("sequence_mask", "canonical", None), ("token_mask", "verl", 0.8),
@@ -119,25 +127,34 @@ def test_simulator_mode_convention_lower(make_app, noisy_run, mode, convention, 
     app = make_app(noisy_run, page="simulator")
     app.selectbox(key="sim_mode").set_value(mode)
     app.selectbox(key="sim_convention").set_value(convention)
-    app.slider(key="sim_threshold").set_value(1.5)
+    app.select_slider(key="sim_threshold").set_value(1.5)
     if lower is not None:
         app.checkbox(key="sim_use_lower").check().run()
         app.number_input(key="sim_lower").set_value(lower)
     app.run()
     assert_clean(app)
     expected = rcdiag.simulate(noisy_run, mode, threshold=1.5, lower=lower, convention=convention)
-    shown = shown_metrics(app)
+    values = shown_metrics(app)
     for name in ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_frac"):
-        assert shown[name] == ui.fmt(float(expected[name])), name
+        assert values[name] == shown(name, float(expected[name])), name
 
 
-def test_simulator_refused_option_is_a_message(make_app, noisy_run):
-    """A lower bound under a convention that has none (swift) is refused by rcdiag — shown as a message."""
+@pytest.mark.parametrize("mode,convention", [("token_truncate", "swift"), ("sequence_truncate", "verl"),
+                                             ("token_mask", "swift")])
+def test_simulator_disables_a_lower_bound_the_convention_lacks(make_app, noisy_run, mode, convention):
+    """verl + L + sequence_truncate used to blank the page: the checkbox is disabled with the reason, the values
+    are those without L, and a link asking for L anyway opens the same, clean view."""
     app = make_app(noisy_run, page="simulator")
-    app.selectbox(key="sim_convention").set_value("swift")
-    app.checkbox(key="sim_use_lower").check().run()
-    assert not app.exception
-    assert app.error and "swift" in app.error[0].value.lower()
+    app.checkbox(key="sim_use_lower").check().run()  # L = 0.5 under canonical, then the convention changes
+    app.selectbox(key="sim_mode").set_value(mode)
+    app.selectbox(key="sim_convention").set_value(convention).run()
+    assert_clean(app)
+    box = app.checkbox(key="sim_use_lower")
+    assert box.disabled and convention in box.help
+    assert any("Lower bound unavailable" in c.value and convention in c.value for c in app.caption)
+    expected = rcdiag.simulate(noisy_run, mode, threshold=2.0, convention=convention)
+    assert shown_metrics(app)["clipped_frac"] == shown("clipped_frac", expected["clipped_frac"])
+    assert lower_refusal("token_mask", "verl") is None and lower_refusal("token_truncate", "canonical") is None
 
 
 def test_distributions_filters_change_the_counts(make_app, noisy_run):
@@ -147,13 +164,15 @@ def test_distributions_filters_change_the_counts(make_app, noisy_run):
     tokens = valid_tokens(noisy_run)
     seqs = noisy_run.sequences()
     assert f"{len(tokens):,} valid tokens in {len(seqs):,} sequences" in app.caption[0].value
-    app.multiselect(key="dist_finish").set_value(["stop"]).run()
+    app.multiselect(key="dist_finish").set_value(["stop"])
+    app.button(key="dist_apply").click().run()
     stop = seqs.loc[seqs["finish_reason"] == "stop", "seq_id"]
     expected = tokens[tokens["seq_id"].isin(stop)]
     assert f"{len(expected):,} valid tokens in {len(stop):,} sequences" in app.caption[0].value
     mean_abs = ui.fmt(float(expected["l"].abs().mean()))
     assert f"mean |ℓ| {mean_abs}" in app.caption[0].value
-    app.slider(key="dist_length").set_value((20, 30)).run()
+    app.slider(key="dist_length").set_value((20, 30))
+    app.button(key="dist_apply").click().run()
     chosen = seqs[(seqs["finish_reason"] == "stop") & seqs["response_len"].between(20, 30)]["seq_id"]
     assert f"{tokens['seq_id'].isin(chosen).sum():,} valid tokens in {len(chosen):,}" in app.caption[0].value
     assert_clean(app)
@@ -161,7 +180,8 @@ def test_distributions_filters_change_the_counts(make_app, noisy_run):
 
 def test_distributions_empty_filter_is_a_warning(make_app, noisy_run):
     app = make_app(noisy_run, page="distributions")
-    app.multiselect(key="dist_finish").set_value([]).run()
+    app.multiselect(key="dist_finish").set_value([])
+    app.button(key="dist_apply").click().run()
     assert not app.exception and "No sequence passes" in app.warning[0].value
 
 
@@ -178,10 +198,10 @@ def test_sequences_sorted_paged_and_token_strip(make_app, noisy_run):
     strip = next(h.proto.body for h in app.get("html") if "rcdiag-token-strip" in h.proto.body)
     rows = noisy_run.tokens()
     first = rows[rows["seq_id"] == worst.index[0]].sort_values("pos")
-    assert strip.count('class="rcdiag-tok"') == len(first)
+    assert strip.count('class="rcdiag-tok') == len(first)
     row = first.iloc[0]
-    assert f"train a = {float(row['train_logprob']):.6g}" in html.unescape(strip)
-    assert f"rollout b = {float(row['rollout_logprob']):.6g}" in html.unescape(strip)
+    assert f"trainer a = {float(row['train_logprob']):.6g}" in html.unescape(strip)
+    assert f"engine b = {float(row['rollout_logprob']):.6g}" in html.unescape(strip)
     assert f">w{int(row['token_id'])}<" in strip
     app.number_input(key="seq_page").set_value(3).run()
     assert app.selectbox(key="seq_select").options[0] == f"seq {worst.index[50]}"
@@ -208,12 +228,16 @@ def test_sequences_choose_and_sort_by_ratio(make_app, clean_dash_run):
 def test_compare_two_runs(make_app, noisy_run, clean_dash_run):
     app = make_app(noisy_run, clean_dash_run, page="compare")
     assert_clean(app)
-    table = app.dataframe[0].value
-    assert list(table.columns) == ["noisy", "clean"]
+    table = app.dataframe[0].value.set_index("metric")
+    assert list(table.columns) == ["noisy", "clean", "Δ clean"]
+    assert all(pd.api.types.is_float_dtype(table[c]) for c in table.columns), table.dtypes  # numbers sort
+    kl = {}
     for run, name in ((noisy_run, "noisy"), (clean_dash_run, "clean")):
         tokens = valid_tokens(run)
-        assert table.loc["kl", name] == ui.fmt(float((tokens["b"] - tokens["a"]).mean()))
-        assert table.loc["tokens", name] == ui.fmt(float(len(tokens)))
+        kl[name] = float((tokens["b"] - tokens["a"]).mean())
+        assert table.loc["kl", name] == pytest.approx(kl[name], rel=1e-9, abs=1e-12)
+        assert table.loc["tokens", name] == len(tokens)
+    assert table.loc["kl", "Δ clean"] == pytest.approx(kl["clean"] - kl["noisy"], rel=1e-9, abs=1e-12)
 
 
 def test_compare_needs_two_runs(make_app, noisy_run):

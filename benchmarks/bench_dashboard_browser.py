@@ -1,0 +1,134 @@
+"""Benchmark: the dashboard in a real browser — seconds per page and per control, as a user waits for them.
+
+    python benchmarks/bench_dashboard_browser.py RUN [RUN2]            # e.g. runs/sample (Compare needs RUN2)
+    python benchmarks/bench_dashboard_browser.py --tokens 5e5          # a synthetic run (bench_metrics builder)
+
+Starts `rcdiag dashboard` on 127.0.0.1, opens headless Chromium (Playwright, /usr/bin/chromium) and times, from the
+action to the moment the page's script is idle again with its content drawn: the first Overview (cold caches),
+each page, then controls — simulator threshold (one key step), mode, convention, the in-browser scrub (hover,
+no rerun), a Distributions filter (Apply), the Sequences pager, a sequence pick — and the warm Overview. Each
+control is timed twice (first: cold cache for that setting; second: the same setting again, cached). The target
+(issue #16): any later page or control ≤ 0.5 s. Complements bench_dashboard.py (AppTest, no browser).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+CHROMIUM = "/usr/bin/chromium"
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+
+
+def serve(runs: list[Path], port: int) -> subprocess.Popen:
+    rcdiag = Path(sys.executable).with_name("rcdiag")
+    proc = subprocess.Popen([str(rcdiag), "dashboard", *map(str, runs), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(240):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("dashboard did not start")
+
+
+def timed(page, action, ready: str | None = None) -> float:
+    """Seconds from `action()` until the script is idle (and `ready` text shows)."""
+    start = time.perf_counter()
+    action()
+    page.wait_for_timeout(50)  # let the rerun start (the idle marker flips to running)
+    page.locator(IDLE).wait_for(timeout=600_000)
+    if ready:
+        page.get_by_text(ready, exact=False).first.wait_for(timeout=600_000)
+    return time.perf_counter() - start
+
+
+def tour(url: str, compare: bool) -> dict[str, float]:
+    from playwright.sync_api import sync_playwright
+
+    out: dict[str, float] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        nav = lambda title: lambda: page.get_by_role("link", name=title, exact=True).click()  # noqa: E731
+        out["overview (first, cold)"] = timed(page, lambda: page.goto(url), "Checks")
+        out["page: distributions"] = timed(page, nav("Distributions"), "valid tokens in")
+        out["page: IS simulator"] = timed(page, nav("IS simulator"), "clipped_frac")
+        slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+        for i in (1, 2):
+            slider.focus()
+            out[f"control: threshold step ({i})"] = timed(page, lambda: page.keyboard.press("ArrowLeft"))
+            slider.focus()
+            page.keyboard.press("ArrowRight")
+            page.locator(IDLE).wait_for()
+        for label, option in (("Mode", "token_mask"), ("Convention", "verl")):
+            box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+
+            def pick(box=box, option=option):
+                box.click()
+                page.get_by_role("option", name=option, exact=True).click()
+            out[f"control: {label.lower()} → {option}"] = timed(page, pick)
+        chart = page.locator('[data-testid="stVegaLiteChart"]').first.locator("svg").first.bounding_box()
+        head = page.locator('[data-testid="stVegaLiteChart"] text').filter(has_text=" at C = ").first
+        before = head.text_content()
+        start = time.perf_counter()
+        page.mouse.move(chart["x"] + 100, chart["y"] + 150)
+        page.mouse.move(chart["x"] + 110, chart["y"] + 150)
+        page.wait_for_function(
+            "([sel, b]) => Array.from(document.querySelectorAll(sel)).some(t => t.textContent.includes(' at C = ')"
+            " && t.textContent !== b)", arg=['[data-testid="stVegaLiteChart"] text', before], timeout=60_000)
+        out["control: scrub hover (browser only)"] = time.perf_counter() - start
+        out["page: sequences"] = timed(page, nav("Sequences"), "hover a token")
+        pager = page.locator('[data-testid="stNumberInput"]').filter(has_text="Page").locator("button").last
+        out["control: next page of sequences"] = timed(page, pager.click)
+        out["page: distributions (again)"] = timed(page, nav("Distributions"), "valid tokens in")
+        finish = page.locator('[data-testid="stMultiSelect"]').first.locator('[role="button"]').first
+        if finish.count():
+            finish.click()  # drop one finish reason, then Apply
+            out["control: filter + apply"] = timed(page, lambda: page.get_by_role("button", name="Apply filters").click())
+        if compare:
+            out["page: compare"] = timed(page, nav("Compare"), "ℓ histograms")
+        out["page: overview (warm)"] = timed(page, nav("Overview"), "Checks")
+        browser.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path)
+    parser.add_argument("--tokens", type=float, default=5e5)
+    parser.add_argument("--dir", type=Path, default=ROOT / "bench_data" / "dashboard")
+    parser.add_argument("--port", type=int, default=8799)
+    args = parser.parse_args()
+    runs = list(args.runs)
+    if not runs:
+        from bench_metrics import build_run
+
+        run = args.dir / f"run_{int(args.tokens)}"
+        if not (run / "manifest.json").is_file():
+            build_run(run, int(args.tokens), shard_tokens=1_000_000)
+        runs = [run]
+    proc = serve(runs, args.port)
+    try:
+        times = tour(f"http://127.0.0.1:{args.port}", compare=len(runs) > 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    print(f"runs: {', '.join(map(str, runs))}")
+    for name, seconds in times.items():
+        later = not name.startswith("overview (first")
+        flag = "" if not later else ("  ok" if seconds <= 0.5 else "  > 0.5 s")
+        print(f"  {name:<38} {seconds:7.2f} s{flag}")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ def render(ref: data.RunRef) -> None:
     except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
         st.error(f"No metrics for this run: {md(exc)}")
         values = None
-    st.caption(context_line(ref.manifest))
+    st.caption(md(context_line(ref.manifest)))
     if values is not None:
         st.html(verdict_html(health.verdict(values, aggregates.findings(*ref.key))))
         st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS

@@ -117,8 +117,9 @@ def worst(statuses: Iterable[str]) -> str:
 
 
 def at_least(status: str, level: str) -> bool:
-    """Whether `status` is `level` or more severe (for --fail-on)."""
-    return STATUSES.index(status) >= STATUSES.index(level)
+    """Whether `status` is `level` or more severe (for --fail-on). UNKNOWN (nothing could be judged: no valid
+    token) meets every level: a CI gate must not pass a run it could not measure."""
+    return status == UNKNOWN or STATUSES.index(status) >= STATUSES.index(level)
 
 
 def statuses(values: Mapping[str, Any]) -> dict[str, str]:
@@ -171,6 +172,10 @@ def verdict(values: Mapping[str, Any], checks: Iterable[Any] = ()) -> Verdict:
                 metric_reasons.append(f"{metric} = {_num(values[metric])} ({level}: {band.limit(level)}; "
                                       f"{band.source})")
     status = worst([STATUSES[r[0]] for r in check_reasons] + list(per_metric.values()))
+    if not check_reasons and not any(s in STATUSES for s in per_metric.values()):
+        # no valid token (every metric NaN) is not "no mismatch": there is nothing to judge
+        return Verdict(UNKNOWN, ["no metric could be computed (no valid token): nothing to judge — check the "
+                                 "run's mask and log-prob columns"], per_metric, None)
     return Verdict(status, [r[2] for r in check_reasons] + metric_reasons, per_metric,
                    check_reasons[0][1] if check_reasons else None)
 

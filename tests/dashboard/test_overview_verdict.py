@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from app.text import md
 from rcdiag.report.build import build_report
 from rcdiag.report.context import context_line
 from rcdiag.report.options import ReportOptions
@@ -25,4 +26,4 @@ def test_overview_verdict_equals_the_report(make_app, request, fixture):
     report = build_report(run, ReportOptions(replicates=20))
     assert status == report.verdict.status
     assert [html.unescape(r) for r in re.findall(r"<li>(.*?)</li>", items or "")] == report.verdict.reasons
-    assert any(c.value == context_line(run.manifest) for c in app.caption)
+    assert any(c.value == md(context_line(run.manifest)) for c in app.caption)  # data strings are escaped

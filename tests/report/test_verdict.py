@@ -9,7 +9,7 @@ import re
 import pytest
 
 import rcdiag
-from rcdiag.analysis.health import ALARM, HEALTHY, WARNING, verdict
+from rcdiag.analysis.health import ALARM, HEALTHY, UNKNOWN, WARNING, verdict
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
@@ -141,7 +141,7 @@ def test_verdict_from_check_dicts_and_values():
     v = verdict({"kl": 0.05, "ess": 0.2}, [{"name": "placeholders", "severity": "warning", "message": "m"}])
     assert v.status == ALARM and v.reasons[0] == "check placeholders (warning): m"
     assert v.reasons[1].startswith("ess = 0.2 (alarm") and v.reasons[2].startswith("kl = 0.05 (warning")
-    assert verdict({"kl": float("nan")}).status == HEALTHY
+    assert verdict({"kl": float("nan")}).status == UNKNOWN  # no data is not "no mismatch"
 
 
 def test_data_strings_are_escaped():

@@ -71,9 +71,9 @@ class Imported:
 
 
 def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
+    """(line number from 1, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
     with open(file) as handle:
-        for i, line in enumerate(handle):
+        for i, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:

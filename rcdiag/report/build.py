@@ -22,6 +22,7 @@ from rcdiag.errors import InputError
 from rcdiag.report.options import ESS_TARGET, MODES, WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library, run_passes
 from rcdiag.report.scan import Scan
+from rcdiag.store.run import read_columns
 from rcdiag.tokenizers import run_tokenizer
 
 
@@ -183,7 +184,7 @@ def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     columns = ["seq_id", "prompt_id", "prompt_text", "response_text", "finish_reason", "reward"]
     for file in run.sequence_files:
-        table = pq.read_table(file, columns=columns, filters=[("seq_id", "in", wanted.tolist())])
+        table = read_columns(file, columns, filters=[("seq_id", "in", wanted.tolist())])
         for row in table.to_pylist():
             out[int(row.pop("seq_id"))] = row
     return out

@@ -50,6 +50,8 @@ def parse(text: str) -> Condition:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"--fail-if {text!r}: {raw!r} is not a number") from None
+    if not math.isfinite(value):  # NaN compares false with everything: a gate that can never fire
+        raise ConfigError(f"--fail-if {text!r}: the threshold must be a finite number, got {raw!r}")
     return Condition(text.strip(), name, op, value)
 
 

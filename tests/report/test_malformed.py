@@ -1,0 +1,86 @@
+"""Malformed runs, each made from a copy of a clean run by one real Parquet edit: `rcdiag report` (a real
+subprocess) prints `Error:` naming file/row/field and exits 1 — never a traceback. Before the door check in
+rcdiag/store/validate.py each of these was a numpy/Arrow traceback."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from rcdiag.errors import ConfigError
+from rcdiag.report.gate import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _edit(run: Path, table: str, edit) -> None:
+    file = run / table / "part-00000.parquet"
+    pq.write_table(edit(pq.read_table(file)), file)
+
+
+def _set(table: pa.Table, name: str, values) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def _extra_shard(run: Path) -> None:
+    shutil.copy(run / "sequences" / "part-00000.parquet", run / "sequences" / "part-00099.parquet")
+
+
+DAMAGE = {
+    "mask_as_strings": (lambda r: _edit(r, "tokens", lambda t: _set(t, "mask", pc.cast(t["mask"], pa.string()))),
+                        "tokens/part-00000.parquet field 'mask': wrong dtype string: must be a boolean"),
+    "reward_as_strings": (lambda r: _edit(r, "sequences", lambda t: _set(t, "reward",
+                                                                          pc.cast(t["reward"], pa.string()))),
+                          "sequences/part-00000.parquet field 'reward': wrong dtype string: must be a numeric"),
+    "duplicated_sequence_row": (lambda r: _edit(r, "sequences", lambda t: pa.concat_tables([t, t.slice(0, 1)])),
+                                "sequences/part-00000.parquet row 1 field 'seq_id': seq_id 0 appears twice"),
+    "extra_sequences_shard": (_extra_shard, "sequences/part-00099.parquet has no matching tokens/part-00099"),
+    "tokens_without_sequence": (lambda r: _edit(r, "sequences", lambda t: t.slice(1)),
+                                "tokens/part-00000.parquet row 1 field 'seq_id': seq_id 0 has token rows but no "
+                                "row in sequences/"),
+    "null_seq_id": (lambda r: _edit(r, "tokens", lambda t: _set(t, "seq_id", pa.array(
+        [None, *t["seq_id"].to_pylist()[1:]], pa.int64()))), "tokens/part-00000.parquet row 1 field 'seq_id': is null"),
+}
+
+
+def _report(run: Path, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "rcdiag", "report", str(run), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_report_on_a_malformed_run_is_a_clear_error(clean_run, tmp_path, case):
+    run = tmp_path / case
+    shutil.copytree(clean_run.path, run)
+    damage, message = DAMAGE[case]
+    damage(run)
+    result = _report(run, tmp_path / "rep")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith("Error: ") and message in result.stderr, result.stderr
+    assert not (tmp_path / "rep").exists()
+
+
+def test_sequences_without_optional_columns_still_report(clean_run, tmp_path):
+    """Optional columns are optional: only seq_id and response_len kept (was "unreadable … corrupt")."""
+    run = tmp_path / "minimal"
+    shutil.copytree(clean_run.path, run)
+    for file in (run / "sequences").glob("part-*.parquet"):
+        pq.write_table(pq.read_table(file, columns=["seq_id", "response_len"]), file)
+    result = _report(run, tmp_path / "rep")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rep" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("threshold", ["nan", "NaN", "inf", "-inf"])
+def test_fail_if_refuses_a_threshold_that_can_never_fire(threshold):
+    with pytest.raises(ConfigError, match="the threshold must be a finite number"):
+        parse(f"kl>{threshold}")

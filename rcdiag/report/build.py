@@ -90,6 +90,7 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
         _library_numbers(report, library)
     except InputError as exc:
         report.metrics_error = str(exc)
+        report.intervals = {}  # an interval around numbers the metrics refuse would look like a result
     report.recommendation = recommend(report)
     return report
 

@@ -75,6 +75,8 @@ def _summary(report: RunReport) -> str:
     o = report.options
     bad = [f for f in report.checks if f.severity in ("warning", "error")]
     verdict = (f"{len(bad)} check(s) need attention" if bad else "all checks pass")
+    if report.metrics_error:
+        verdict = f"{verdict if bad else 'the checks pass'}, but the metrics refused the data (see Checks)"
     return (f"{report.path} — {c.get('sequences', 0):,} sequences, {c.get('token_rows', 0):,} token rows "
             f"({c.get('tokens', 0):,} valid); convention {o.convention}, threshold C={o.threshold:g}"
             f"{'' if o.lower is None else f', lower L={o.lower:g}'}; {verdict}.")

@@ -84,3 +84,24 @@ def test_sequences_without_optional_columns_still_report(clean_run, tmp_path):
 def test_fail_if_refuses_a_threshold_that_can_never_fire(threshold):
     with pytest.raises(ConfigError, match="the threshold must be a finite number"):
         parse(f"kl>{threshold}")
+
+
+def test_refused_metrics_print_no_interval_and_no_clean_verdict(tmp_path):
+    """NaN on both sides at the same valid positions: the share is of valid tokens (was up to "200 %"), the
+    summary says the metrics refused the data, and no bootstrap interval is printed for the refused numbers."""
+    import rcdiag
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
+    from tests.fixtures.runs import defect_frames
+
+    tokens, sequences = defect_frames("clean", seed=5)
+    bad = tokens.index[tokens["mask"]][:40]
+    tokens.loc[bad, ["rollout_logprob", "train_logprob"]] = float("nan")
+    run = rcdiag.write_run(tmp_path / "both", tokens, sequences)
+    result = make_report([run], tmp_path / "rep", ReportOptions(replicates=50))
+    report = result.reports[0]
+    finding = next(f for f in report.checks if f.name == "placeholders")
+    assert finding.evidence["share"] == pytest.approx(40 / int(tokens["mask"].sum()))
+    assert report.metrics_error and report.intervals == {}
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "but the metrics refused the data" in md and "| kl | — |  |" in md

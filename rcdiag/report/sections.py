@@ -228,8 +228,10 @@ def unique_names(reports: Sequence[RunReport]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for r in reports:
-        seen[r.name] = seen.get(r.name, 0) + 1
-        out.append(r.name if seen[r.name] == 1 else f"{r.name}-{seen[r.name]}")
+        # a run opened as "x/.." or "." is named ".." or "": as a folder it would write over the comparison
+        name = "run" if r.name in ("", ".", "..") or "/" in r.name or "\\" in r.name else r.name
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}-{seen[name]}")
     return out
 
 

@@ -3,6 +3,7 @@ subprocess) prints `Error:` naming file/row/field and exits 1 — never a traceb
 rcdiag/store/validate.py each of these was a numpy/Arrow traceback."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -105,3 +106,15 @@ def test_refused_metrics_print_no_interval_and_no_clean_verdict(tmp_path):
     assert report.metrics_error and report.intervals == {}
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "but the metrics refused the data" in md and "| kl | — |  |" in md
+
+
+def test_comparison_with_a_run_named_dotdot_keeps_the_comparison(synthetic_runs, tmp_path):
+    """A run given as `RUN/tokens/..` is named '..': its report went to runs/../, over the comparison's files."""
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
+
+    clean = synthetic_runs["clean"].path
+    result = make_report([synthetic_runs["bf16"], clean / "tokens" / ".."], tmp_path / "cmp",
+                         ReportOptions(replicates=50))
+    assert (result.out / "runs" / "run" / "report.html").is_file()
+    assert json.loads((result.out / "metrics.json").read_text())["comparison"] == ["bf16", "run"]

@@ -89,6 +89,11 @@ def check_counts(ctx: Context) -> Finding:
                    "(import the engine's token ids)")
 
 
+PLACEHOLDER_FIX = ("mask these positions (mask=False) or fill them with real values: request logprobs for every "
+                   "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
+                   "with 0.0 / -inf / -1e9 inside the response")
+
+
 def check_placeholders(ctx: Context) -> Finding:
     counts = {side: {k: v for k, v in stats.counts.items() if v} for side, stats in ctx.acc.sides.items()}
     if ctx.truncated:  # b = 0 exactly is a one-token top-p/top-k support, not a placeholder
@@ -104,13 +109,16 @@ def check_placeholders(ctx: Context) -> Finding:
     parts = [f"{n} × {kind} in {SIDES[side]}" for side, c in counts.items() for kind, n in c.items()]
     where = f"; {pos0} of them at pos 0 (a first-token value the engine did not return)" if pos0 else ""
     first = {side: s.first for side, s in ctx.acc.sides.items() if s.first}
+    if set(counts.get("train_logprob", {})) == {"nan"} and not counts.get("rollout_logprob"):
+        fix = ("the training side is missing (null/NaN) on valid tokens — an unfinished or failed rescore: re-run "
+               "the rescore (the same `rcdiag score --rescore-only RUN …` command resumes it) before reading the "
+               "metrics")
+    else:
+        fix = PLACEHOLDER_FIX
     return Finding("placeholders", severity,
                    f"placeholder or impossible log-probs on valid positions: {', '.join(parts)} "
                    f"({share:.3%} of valid tokens on the worse side){where}",
-                   {"counts": counts, "share": share, "at_pos0": pos0, "first": first},
-                   "mask these positions (mask=False) or fill them with real values: request logprobs for every "
-                   "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
-                   "with 0.0 / -inf / -1e9 inside the response")
+                   {"counts": counts, "share": share, "at_pos0": pos0, "first": first}, fix)
 
 
 def check_shift(ctx: Context) -> Finding:

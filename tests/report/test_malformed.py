@@ -118,3 +118,20 @@ def test_comparison_with_a_run_named_dotdot_keeps_the_comparison(synthetic_runs,
                          ReportOptions(replicates=50))
     assert (result.out / "runs" / "run" / "report.html").is_file()
     assert json.loads((result.out / "metrics.json").read_text())["comparison"] == ["bf16", "run"]
+
+
+def test_unfinished_rescore_says_rerun_the_rescore(tmp_path):
+    """Null training log-probs on valid tokens (a rescore stopped half-way): the fix names the rescore, not vLLM's
+    SamplingParams (which is about the rollout side)."""
+    import rcdiag
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
+    from tests.fixtures.runs import defect_frames
+
+    tokens, sequences = defect_frames("clean", seed=7)
+    tokens.loc[tokens.index[-300:], "train_logprob"] = None
+    run = rcdiag.write_run(tmp_path / "half", tokens, sequences)
+    report = make_report([run], tmp_path / "rep", ReportOptions(replicates=50)).reports[0]
+    finding = next(f for f in report.checks if f.name == "placeholders")
+    assert finding.severity == "error" and "re-run the rescore" in finding.fix
+    assert "SamplingParams" not in finding.fix

@@ -91,8 +91,20 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     except InputError as exc:
         report.metrics_error = str(exc)
         report.intervals = {}  # an interval around numbers the metrics refuse would look like a result
+    _suppress_invalidated(report)
     report.recommendation = recommend(report)
     return report
+
+
+def _suppress_invalidated(report: RunReport) -> None:
+    """Placeholder values the metrics accept (-1e30 is finite) still make every mean meaningless (kl = -2e27):
+    when the placeholders check is an error, withhold the metrics, IS numbers and intervals, as for refused data."""
+    finding = next((f for f in report.checks if f.name == "placeholders" and f.severity == "error"), None)
+    if finding is None or report.metrics_error:
+        return
+    report.metrics_error = f"withheld: {finding.message} — these values would dominate every mean"
+    report.metrics, report.is_modes, report.intervals = {}, {}, {}
+    report.tails = {k: v for k, v in report.tails.items() if not k.endswith("_mean")}  # order statistics stay
 
 
 def _library_numbers(report: RunReport, library: Library | InputError) -> None:

@@ -135,3 +135,21 @@ def test_unfinished_rescore_says_rerun_the_rescore(tmp_path):
     finding = next(f for f in report.checks if f.name == "placeholders")
     assert finding.severity == "error" and "re-run the rescore" in finding.fix
     assert "SamplingParams" not in finding.fix
+
+
+def test_placeholders_the_metrics_accept_withhold_the_means(tmp_path, recwarn):
+    """-1e30 on five valid rollout positions: finite, so the metrics took it and printed kl = -2.6e27 with a numpy
+    cast warning. The placeholders error now withholds the means and their intervals (max |ℓ| still shows 1e30)."""
+    import rcdiag
+    from rcdiag.report.make import make_report
+    from rcdiag.report.options import ReportOptions
+    from tests.fixtures.runs import defect_frames
+
+    tokens, sequences = defect_frames("clean", seed=9)
+    tokens.loc[tokens.index[tokens["mask"]][:5], "rollout_logprob"] = -1e30
+    run = rcdiag.write_run(tmp_path / "huge", tokens, sequences)
+    report = make_report([run], tmp_path / "rep", ReportOptions(replicates=50)).reports[0]
+    assert report.metrics == {} and report.intervals == {} and "abs_log_ratio_mean" not in report.tails
+    assert report.tails["abs_log_ratio_max"] == pytest.approx(1e30, rel=1e-6)
+    assert report.metrics_error.startswith("withheld: placeholder or impossible log-probs")
+    assert not [w for w in recwarn if "invalid value encountered in cast" in str(w.message)]

@@ -96,11 +96,18 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     return report
 
 
+INVALIDATING = {"huge_negative", "positive"}
+"""Placeholder kinds the metrics accept (finite) although one value dominates every mean; 0.0 is left to the
+check's warning (it may be a certain token)."""
+
+
 def _suppress_invalidated(report: RunReport) -> None:
     """Placeholder values the metrics accept (-1e30 is finite) still make every mean meaningless (kl = -2e27):
-    when the placeholders check is an error, withhold the metrics, IS numbers and intervals, as for refused data."""
-    finding = next((f for f in report.checks if f.name == "placeholders" and f.severity == "error"), None)
-    if finding is None or report.metrics_error:
+    when the placeholders check found such values, withhold the metrics, IS numbers and intervals, as for refused
+    data."""
+    finding = next((f for f in report.checks if f.name == "placeholders"), None)
+    kinds = {k for side in (finding.evidence.get("counts", {}) if finding else {}).values() for k in side}
+    if report.metrics_error or not kinds & INVALIDATING:
         return
     report.metrics_error = f"withheld: {finding.message} — these values would dominate every mean"
     report.metrics, report.is_modes, report.intervals = {}, {}, {}

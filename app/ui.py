@@ -24,7 +24,10 @@ log = logging.getLogger("rcdiag.dashboard")
 
 def allowed(path: str | Path, given: list[str], cwd: str | Path | None = None) -> bool:
     """True when `path` resolves inside the working directory or inside a run given on the command line."""
-    resolved = Path(path).expanduser().resolve()
+    try:
+        resolved = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: not a place the dashboard may read
+        return False
     roots = [Path(cwd or os.getcwd()).resolve(), *(Path(g).resolve() for g in given)]
     return any(resolved == root or root in resolved.parents for root in roots)
 

@@ -201,7 +201,7 @@ class _Validator:
             column = batch.column(name)
             if column.null_count:
                 row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
-                raise InputError("null key", file=source, row=offset + row, field=name)
+                raise InputError("null key", file=source, row=offset + row + 1, field=name)
         seq = np.asarray(batch.column("seq_id")).astype(np.int64, copy=False)
         pos = np.asarray(batch.column("pos"))
         mask = mask_as_bool(batch)

@@ -72,8 +72,9 @@ class TailAccumulator:
     def _density(self, a: np.ndarray, b: np.ndarray) -> None:
         lo, hi = DENSITY_RANGE
         scale = DENSITY_BINS / (hi - lo)
-        ia = np.clip(((a - lo) * scale).astype(np.int64), 0, DENSITY_BINS - 1)
-        ib = np.clip(((b - lo) * scale).astype(np.int64), 0, DENSITY_BINS - 1)
+        # clip before the cast: a -1e30 placeholder overflows int64 (numpy's "invalid value encountered in cast")
+        ia = np.clip((a - lo) * scale, 0, DENSITY_BINS - 1).astype(np.int64)
+        ib = np.clip((b - lo) * scale, 0, DENSITY_BINS - 1).astype(np.int64)
         self.density += np.bincount(ia * DENSITY_BINS + ib, minlength=DENSITY_BINS**2).reshape(self.density.shape)
 
     def _worst(self, score: np.ndarray, columns: dict[str, np.ndarray]) -> None:

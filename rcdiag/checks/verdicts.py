@@ -89,6 +89,11 @@ def check_counts(ctx: Context) -> Finding:
                    "(import the engine's token ids)")
 
 
+PLACEHOLDER_FIX = ("mask these positions (mask=False) or fill them with real values: request logprobs for every "
+                   "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
+                   "with 0.0 / -inf / -1e9 inside the response")
+
+
 def check_placeholders(ctx: Context) -> Finding:
     counts = {side: {k: v for k, v in stats.counts.items() if v} for side, stats in ctx.acc.sides.items()}
     if ctx.truncated:  # b = 0 exactly is a one-token top-p/top-k support, not a placeholder
@@ -98,20 +103,24 @@ def check_placeholders(ctx: Context) -> Finding:
         return _ok("placeholders", "no placeholder or impossible values on valid positions")
     fatal = any(k in c for c in counts.values() for k in ("nan", "pos_inf", "neg_inf", "huge_negative", "positive"))
     pos0 = sum(s.pos0 for s in ctx.acc.sides.values())
-    share = total / max(ctx.acc.valid, 1)
+    # the worst side's share: summing both sides counted a position bad on both twice (up to "200 %")
+    share = max(sum(c.values()) for c in counts.values()) / max(ctx.acc.valid, 1)
     severity = "error" if fatal or share >= 1e-3 else "warning"
     parts = [f"{n} × {kind} in {SIDES[side]}" for side, c in counts.items() for kind, n in c.items()]
     where = f"; {pos0} of them at pos 0 (a first-token value the engine did not return)" if pos0 else ""
     first = {side: s.first for side, s in ctx.acc.sides.items() if s.first}
     absent = [side for side, c in counts.items() if c.get("nan", 0) >= ctx.acc.valid]
+    if set(counts.get("train_logprob", {})) == {"nan"} and not counts.get("rollout_logprob"):
+        fix = ("the training side is missing (null/NaN) on valid tokens — an unfinished or failed rescore: re-run "
+               "the rescore (the same `rcdiag score --rescore-only RUN …` command resumes it) before reading the "
+               "metrics")
+    else:
+        fix = PLACEHOLDER_FIX
     return Finding("placeholders", severity,
                    f"placeholder or impossible log-probs on valid positions: {', '.join(parts)} "
-                   f"({share:.3%} of valid tokens){where}",
+                   f"({share:.3%} of valid tokens on the worse side){where}",
                    {"counts": counts, "share": share, "at_pos0": pos0, "first": first},
-                   _missing_side_fix(absent) or
-                   "mask these positions (mask=False) or fill them with real values: request logprobs for every "
-                   "sampled token (vLLM SamplingParams(logprobs=0), logprobs_mode=processed_logprobs) and never pad "
-                   "with 0.0 / -inf / -1e9 inside the response")
+                   _missing_side_fix(absent) or fix)
 
 
 def _missing_side_fix(absent: list[str]) -> str | None:

@@ -37,6 +37,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def check_port(port: int) -> None:
+    """Refuse a port already taken before the URL is printed (Streamlit would only fail after it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tornado does: TIME_WAIT is no conflict
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            raise ConfigError(f"--port {port}: cannot listen on {HOST}:{port} ({exc.strerror}); choose another "
+                              "port, or omit --port for a free one") from None
+
+
 def streamlit_command(app: Path, runs: list[Path], port: int) -> list[str]:
     """The `streamlit run` command line: bound to 127.0.0.1, headless, no telemetry, no tracebacks or deploy
     button in the page; run paths after `--`."""
@@ -72,6 +83,7 @@ def command(
     except ImportError:
         raise ConfigError("the dashboard needs streamlit: pip install 'rcdiag[dashboard]'") from None
     port = port or free_port()
+    check_port(port)
     cmd = streamlit_command(app_path(), [r.resolve() for r in runs], port)
     typer.echo(f"rcdiag dashboard: http://{HOST}:{port}  (Ctrl-C to stop)")
     code = serve(cmd)

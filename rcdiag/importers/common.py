@@ -13,7 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME
 from rcdiag.store.manifest import abs_path
+from rcdiag.store.outdir import exclusive, resolve_target, swap_in
 
 
 @dataclass
@@ -70,9 +72,9 @@ class Imported:
 
 
 def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
+    """(line number from 1, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
     with open(file) as handle:
-        for i, line in enumerate(handle):
+        for i, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
@@ -261,36 +263,37 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
     """
     from rcdiag.store.writer import write_run
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise RunDirError(f"{out}: already exists and is not empty; pass --overwrite to replace it, or choose "
-                          "another --out")
+    out = resolve_target(out)
     if not imported.records:
         raise InputError("the dump holds no samples", file=str(imported.path))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.importing-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        manifest = {"source": source_section(imported), **imported.sections}
-        write_run(tmp, token_table(imported.records), sequence_table(imported.records), manifest)
-        _replace_dir(tmp, out)
-    finally:
+    with exclusive(out):
+        _check_target(out, overwrite)
+        tmp = out.with_name(f".{out.name}.importing-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            manifest = {"source": source_section(imported), **imported.sections}
+            write_run(tmp, token_table(imported.records), sequence_table(imported.records), manifest)
+            swap_in(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     from rcdiag.store.run import open_run
 
     return open_run(out)
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+def _check_target(out: Path, overwrite: bool) -> None:
+    """--out must be new or empty; with --overwrite it may also be a run (complete or interrupted) — never any other
+    directory, whose files `--overwrite` would otherwise delete."""
+    if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
+        raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise RunDirError(f"{out}: already exists and is not empty; pass --overwrite to replace it, or choose "
+                          "another --out")
+    if not ((out / MANIFEST_NAME).is_file() or (out / PENDING_NAME).is_file()):
+        raise RunDirError(f"{out}: is not an rcdiag run (no {MANIFEST_NAME} or {PENDING_NAME}); --overwrite "
+                          "replaces only a run directory — choose another --out")
 
 
 def summary_lines(imported: Imported, run: Any) -> list[str]:

@@ -60,7 +60,7 @@ def _parquet_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         table = pq.read_table(file)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"not a readable Parquet file ({exc})", file=str(file)) from None
-    for i, row in enumerate(table.to_pylist()):
+    for i, row in enumerate(table.to_pylist(), 1):
         yield i, row | {"__file__": str(file)}
 
 
@@ -80,12 +80,12 @@ def resolve_fields(first: dict[str, Any], opts: ImportOptions) -> dict[str, str 
         given = getattr(opts, FLAG[attr])
         if given is not None and given not in first:
             raise InputError(f"--{FLAG[attr].replace('_', '-')} {given}: no such field (have: "
-                             f"{', '.join(k for k in first if k != '__file__')})", file=first["__file__"], row=0,
+                             f"{', '.join(k for k in first if k != '__file__')})", file=first["__file__"], row=1,
                              field=given)
         fields[attr] = given or _pick(first, names)
     if fields["response_ids"] is None:
         raise InputError(f"no token-id field found (tried {', '.join(CANDIDATES['response_ids'])})",
-                         file=first["__file__"], row=0, hint="name it with --response-ids-field")
+                         file=first["__file__"], row=1, hint="name it with --response-ids-field")
     return fields
 
 
@@ -98,13 +98,24 @@ def _list(row: dict[str, Any], name: str | None, where: tuple[str, int], dtype: 
     if not isinstance(value, list | tuple | np.ndarray):
         raise InputError(f"expected a list, got {type(value).__name__}", file=where[0], row=where[1], field=name)
     try:
-        array = np.asarray([np.nan if v is None else v for v in value], dtype=dtype)
+        array = np.asarray([np.nan if v is None else v for v in value], dtype=np.float64)
     except (TypeError, ValueError):
         array = None
     if array is None or array.ndim != 1:
         raise InputError(f"not a flat list of numbers (first item {value[0]!r})", file=where[0], row=where[1],
                          field=name)
-    return array
+    return token_ids(array, where, name) if np.issubdtype(dtype, np.integer) else array
+
+
+def token_ids(values: Any, where: tuple[str, int], name: str) -> np.ndarray:
+    """Token ids as int64, refusing a fraction or a missing entry (5.5 used to be truncated to 5: a wrong token)."""
+    array = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
+    if bad.size:
+        raise InputError(f"token id {values[int(bad[0])]!r} (item {int(bad[0]) + 1} of the list) is not a whole number "
+                         f"({bad.size} such id(s) in this row)", file=where[0], row=where[1], field=name,
+                         hint="token ids are vocabulary indices: export them as integers")
+    return array.astype(np.int64)
 
 
 def _extras(row: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +161,7 @@ def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Recor
         ids = [int(t.split(":", 1)[1]) for t in tokens]
     message = choice.get("message") or {}
     return Record(
-        response_ids=np.asarray(ids, np.int64), where=where,
+        response_ids=token_ids(ids, where, "choices.token_ids"), where=where,
         rollout_logprobs=np.asarray([np.nan if v is None else v for v in values], np.float64),
         prompt_ids=row.get("prompt_token_ids") or choice.get("prompt_token_ids"),
         response_text=choice.get("text", message.get("content")), finish_reason=choice.get("finish_reason"),
@@ -172,7 +183,7 @@ def sglang_record(row: dict[str, Any], i: int) -> Record:
     ids = row.get("output_ids") or [e[1] for e in entries]
     finish = meta.get("finish_reason")
     return Record(
-        response_ids=np.asarray(ids, np.int64), where=where,
+        response_ids=token_ids(ids, where, "output_ids"), where=where,
         rollout_logprobs=np.asarray([np.nan if e[0] is None else e[0] for e in entries], np.float64),
         response_text=row.get("text"), finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
         prompt_id=None if meta.get("id") is None else str(meta["id"]))

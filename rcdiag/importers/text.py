@@ -32,7 +32,7 @@ def _trl_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
     files = sorted(path.glob("**/completions_*.parquet")) if path.is_dir() else [path]
     if not files or not files[0].exists():
         raise InputError("no completions_*.parquet here", file=str(path))
-    return [(str(f), i, row) for f in files for i, row in enumerate(pq.read_table(f).to_pylist())]
+    return [(str(f), i, row) for f in files for i, row in enumerate(pq.read_table(f).to_pylist(), 1)]
 
 
 def _swift_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:

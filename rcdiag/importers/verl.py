@@ -178,11 +178,22 @@ def _files(path: Path) -> list[tuple[Path, int | None]]:
         step = None
         meta = file.parent / "meta.json"
         if meta.exists():
-            step = json.loads(meta.read_text()).get("global_steps")
+            step = _meta_step(meta)
         elif file.parent.name.removeprefix("genstep_").isdigit():  # RolloutSkip: genstep_{gen_step:06d}
             step = int(file.parent.name.removeprefix("genstep_"))
         out.append((file, step))
     return sorted(out, key=lambda p: (p[1] is None, p[1] or 0, str(p[0])))
+
+
+def _meta_step(meta: Path) -> Any:
+    """`global_steps` of a meta.json, refusing a file that is not a JSON object (it used to be a traceback)."""
+    try:
+        data = json.loads(meta.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", file=str(meta), hint="remove or repair the file") from None
+    if not isinstance(data, dict):
+        raise InputError(f"expected a JSON object, got {type(data).__name__}", file=str(meta))
+    return data.get("global_steps")
 
 
 def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:

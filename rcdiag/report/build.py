@@ -27,6 +27,7 @@ from rcdiag.report.passes import Library
 from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
 from rcdiag.report.trend_section import report_trend
+from rcdiag.store.run import read_columns
 from rcdiag.tokenizers import run_tokenizer
 
 
@@ -94,6 +95,8 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
         _library_numbers(report, library)
     except InputError as exc:
         report.metrics_error = str(exc)
+        report.intervals = {}  # an interval around numbers the metrics refuse would look like a result
+    _suppress_invalidated(report)
     report.verdict = verdict(headline_values(report), report.checks)
     report.recommendation = recommend(report)
     report.trend, report.drift = report_trend(run, options)
@@ -119,6 +122,22 @@ def run_verdict(run: Any, scan: Scan | None = None) -> Verdict:
     tails = (scan or scan_run(run)).tails.finish()
     values = {**tails, **compute_metrics(run), **{k: point[k] for k in ("ess", "is_weight_mean")}}
     return verdict(values, run_checks(run, thresholds=(VERDICT_THRESHOLD,)))
+INVALIDATING = {"huge_negative", "positive"}
+"""Placeholder kinds the metrics accept (finite) although one value dominates every mean; 0.0 is left to the
+check's warning (it may be a certain token)."""
+
+
+def _suppress_invalidated(report: RunReport) -> None:
+    """Placeholder values the metrics accept (-1e30 is finite) still make every mean meaningless (kl = -2e27):
+    when the placeholders check found such values, withhold the metrics, IS numbers and intervals, as for refused
+    data."""
+    finding = next((f for f in report.checks if f.name == "placeholders"), None)
+    kinds = {k for side in (finding.evidence.get("counts", {}) if finding else {}).values() for k in side}
+    if report.metrics_error or not kinds & INVALIDATING:
+        return
+    report.metrics_error = f"withheld: {finding.message} — these values would dominate every mean"
+    report.metrics, report.is_modes, report.intervals = {}, {}, {}
+    report.tails = {k: v for k, v in report.tails.items() if not k.endswith("_mean")}  # order statistics stay
 
 
 def _library_numbers(report: RunReport, library: Library | InputError) -> None:
@@ -174,7 +193,7 @@ def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     columns = ["seq_id", "prompt_id", "prompt_text", "response_text", "finish_reason", "reward"]
     for file in run.sequence_files:
-        table = pq.read_table(file, columns=columns, filters=[("seq_id", "in", wanted.tolist())])
+        table = read_columns(file, columns, filters=[("seq_id", "in", wanted.tolist())])
         for row in table.to_pylist():
             out[int(row.pop("seq_id"))] = row
     return out

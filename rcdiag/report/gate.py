@@ -54,6 +54,8 @@ def parse(text: str) -> Condition:
     except ValueError:
         raise ConfigError(f"--fail-if {text!r}: {raw!r} is not a number (or a ratio to --baseline such as 2x)"
                           ) from None
+    if not math.isfinite(value):  # NaN compares false with everything: a gate that can never fire
+        raise ConfigError(f"--fail-if {text!r}: the threshold must be a finite number, got {raw!r}")
     return Condition(text.strip(), name, op, value, relative)
 
 

@@ -11,7 +11,7 @@ from rcdiag.errors import ConfigError
 from rcdiag.report import gate
 from rcdiag.report.build import RunReport, build_report
 from rcdiag.report.options import DEFAULT_COMPARISON_DIR, ReportOptions, validate
-from rcdiag.report.render import check_out_dir, write_files
+from rcdiag.report.outdir import check_out_dir, write_files
 from rcdiag.report.sections import comparison_files, run_files
 from rcdiag.store.run import Run, open_run
 

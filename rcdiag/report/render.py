@@ -7,17 +7,12 @@ import base64
 import html
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from rcdiag.checks.evidence import Finding
-from rcdiag.errors import ConfigError
 from rcdiag.numbers import fmt  # re-exported: the report's cells use the one formatter
 from rcdiag.report.template import render_page
 
@@ -176,41 +171,3 @@ def render_files(blocks: Sequence[Block], images: dict[str, bytes], data: dict[s
     return {**images, "report.html": to_html(blocks, images, title).encode(),
             "report.md": to_markdown(blocks).encode(),
             "metrics.json": (json.dumps(plain(data), indent=2, allow_nan=False) + "\n").encode()}
-
-
-def write_files(out: str | os.PathLike, files: dict[str, bytes]) -> Path:
-    """Write `files` (relative names) into `out` atomically and return `out`.
-
-    Everything goes to a temporary sibling directory first, which replaces `out` by rename; a previous report at
-    `out` is removed only after the new one is complete, and a directory that is not a report is refused.
-    """
-    out = Path(out)
-    check_out_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        for name, payload in files.items():
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(payload)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def check_out_dir(target: Path) -> None:
-    """Refuse an existing non-empty directory that is not a previous report (replacing it would delete files)."""
-    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / "metrics.json").exists())):
-        raise ConfigError(f"{target}: exists and is not an rcdiag report directory; choose a new or empty --out "
-                          "(a previous report there is replaced)")
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -89,7 +89,10 @@ def checks_line(report: RunReport) -> str:
     """'input checks pass' or 'N input check(s) need attention': checks are about the data's integrity, the
     verdict about the mismatch."""
     bad = [f for f in report.checks if f.severity in ("warning", "error")]
-    return f"{len(bad)} input check(s) need attention" if bad else "input checks pass"
+    line = f"{len(bad)} input check(s) need attention" if bad else "input checks pass"
+    if report.metrics_error:  # never "pass" alone when the metrics refused (or withheld) the numbers
+        line = f"{line if bad else 'the input checks pass'}, but the metrics refused the data (see Checks)"
+    return line
 
 
 def _summary(report: RunReport) -> str:

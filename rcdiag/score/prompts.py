@@ -27,7 +27,7 @@ ANSWER_FIELD = "answer"
 @dataclass(frozen=True)
 class Prompt:
     """One prompt: `index` is its position in the set (it fixes seq_ids and seeds); exactly one of `text` and
-    `messages` is set; `row` is the record's line (jsonl, 1-based) or row (parquet/arrow, 0-based)."""
+    `messages` is set; `row` is the record's line (jsonl) or row (parquet/arrow), counted from 1."""
 
     index: int
     prompt_id: str
@@ -60,7 +60,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _table_records(table: pa.Table) -> Iterator[tuple[int, Any]]:
-    row = 0
+    row = 1  # rows count from 1, as jsonl lines do
     for batch in table.to_batches(max_chunksize=4096):
         for record in batch.to_pylist():
             yield row, record
@@ -154,6 +154,9 @@ def _parse(record: Any, index: int, row: int, file: str, field: str | None) -> P
     where = {"file": file, "row": row, "field": names[0]}
     value = record[names[0]]
     text, messages = None, None
+    if isinstance(value, str) and names[0] == "messages":  # would be sent as plain text, without the template
+        raise InputError("holds a string, but a chat is a list of {role, content} messages", **where,
+                         hint="put plain text under 'prompt' (or name its field with --prompt-field)")
     if isinstance(value, str):
         if not value:
             raise InputError("empty prompt text", **where)

@@ -123,7 +123,7 @@ def _check_contiguous(pos: np.ndarray, lengths: np.ndarray, seq: np.ndarray, sou
     if bad.size:
         i = int(bad[0])
         raise InputError(f"seq {int(seq[i])} has position {int(pos[i])} where {int(expected[i])} was expected; "
-                         "rescoring needs every response token", file=source, row=i, field="pos")
+                         "rescoring needs every response token", file=source, row=i + 1, field="pos")
 
 
 def _shard_files(run_path: Path) -> list[tuple[Path, Path]]:

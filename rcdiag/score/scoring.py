@@ -160,7 +160,7 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
     prompts = [np.asarray(p, dtype=np.int64) for p, _ in sequences]
     responses = [np.asarray(r, dtype=np.int64) for _, r in sequences]
     for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-        check_sequence(prompt, response, vocab_size=vocab_size, max_context=max_context, source=source, row=i)
+        check_sequence(prompt, response, vocab_size=vocab_size, max_context=max_context, source=source, row=i + 1)
     out_cu = cu_seqlens_from_lengths([r.size for r in responses])
     prompt_lens = np.array([p.size for p in prompts], dtype=np.int64)
     inputs = [np.concatenate([p, r[:-1]]) if r.size else p[:0] for p, r in zip(prompts, responses, strict=True)]

@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from rcdiag.errors import RunDirError
 from rcdiag.store.files import DEFAULT_READ_ROWS, SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.manifest import Manifest, load_manifest
-from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
+from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform
+from rcdiag.store.validate import validate_run
 
 
 class Run:
@@ -42,6 +43,7 @@ class Run:
         """The typed manifest (rcdiag.store.manifest.Manifest)."""
         self.manifest: dict[str, Any] = self.info.to_dict()
         """The same manifest as a plain (normalised) dict, for JSON-minded code."""
+        validate_run(self.path, self.token_files, self.sequence_files)
 
     def __repr__(self) -> str:
         counts = self.manifest.get("counts", {})
@@ -98,7 +100,8 @@ class Run:
         for seq_file in self.sequence_files:
             index = int(seq_file.stem.split("-")[1])
             tok_file = self.path / TOKENS_DIR / seq_file.name
-            yield index, _read_tables([tok_file], token_columns, TOKEN_SCHEMA), pq.read_table(seq_file)
+            yield index, _read_tables([tok_file], token_columns, TOKEN_SCHEMA), _read_tables([seq_file], None,
+                                                                                            SEQUENCE_SCHEMA)
 
 
 def _parquet(file: Path) -> pq.ParquetFile:
@@ -124,14 +127,21 @@ def _read_tables(files: list[Path], columns: Sequence[str] | None, schema: pa.Sc
         names = list(columns) if columns is not None else schema.names
         return pa.Table.from_arrays([pa.array([], schema.field(n).type) for n in names], names=names)
     where = None if seq_ids is None else pc.field("seq_id").isin(pa.array(np.asarray(seq_ids, np.int64)))
-    tables = []
-    for file in files:
-        try:
-            tables.append(pq.read_table(file, columns=list(columns) if columns is not None else None,
-                                        filters=where))
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
-    return pa.concat_tables(tables)
+    return pa.concat_tables([read_columns(file, columns, schema, filters=where) for file in files])
+
+
+def read_columns(file: Path, columns: Sequence[str] | None, schema: pa.Schema = SEQUENCE_SCHEMA,
+                 filters: Any = None) -> pa.Table:
+    """One Parquet file of a run read as `schema` (all its columns, or `columns`); an optional column the file
+    lacks reads as nulls instead of failing (columns outside `schema` are read as stored)."""
+    names = schema.names if columns is None else list(columns)
+    conformable = set(names) <= set(schema.names)
+    try:
+        present = [c for c in names if c in pq.read_schema(file).names] if conformable else names
+        table = pq.read_table(file, columns=present, filters=filters)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+    return conform(table, pa.schema([schema.field(c) for c in names]), source=str(file)) if conformable else table
 
 
 def open_run(path: str | os.PathLike) -> Run:

@@ -83,19 +83,37 @@ def conform(table: pa.Table, schema: pa.Schema, *, source: str, required: Sequen
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def type_problem(kind: pa.DataType, field: pa.Field) -> str | None:
+    """Why a column stored as `kind` cannot be read as `field` (None when it can): judged on the type alone, so the
+    door check of a run (rcdiag.store.validate) needs only the file footers."""
+    target = field.type
+    if pa.types.is_null(kind) or kind == target:
+        return None
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    if pa.types.is_integer(target) and not (pa.types.is_integer(kind) or (
+            pa.types.is_floating(kind) and field.name not in KEY_COLUMNS)):
+        return f"wrong dtype {kind}: must be an integer column"
+    if pa.types.is_floating(target) and not numeric:
+        return f"wrong dtype {kind}: must be a numeric column"
+    if pa.types.is_boolean(target) and not (pa.types.is_boolean(kind) or pa.types.is_integer(kind)):
+        return f"wrong dtype {kind}: must be a boolean (or 0/1) column"
+    if pa.types.is_string(target) and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                                           or pa.types.is_dictionary(kind) or pa.types.is_integer(kind)):
+        return f"wrong dtype {kind}: must be a text column"
+    if pa.types.is_list(target) and not ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
+                                         and pa.types.is_integer(kind.value_type)):
+        return f"wrong dtype {kind}: must be a list of integers"
+    return None
+
+
 def _check_castable(column: pa.ChunkedArray, field: pa.Field, source: str) -> None:
-    kind = column.type
-    if pa.types.is_null(kind):
-        return
-    if pa.types.is_integer(field.type) and not pa.types.is_integer(kind):
-        # pandas turns an integer column with nulls into float: accept whole numbers except in the keys.
-        whole = pa.types.is_floating(kind) and field.name not in KEY_COLUMNS and _all_whole(column)
-        if not whole:
-            raise InputError(f"wrong dtype {kind}: must be an integer column", file=source, field=field.name)
-    if pa.types.is_floating(field.type) and not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
-        raise InputError(f"wrong dtype {kind}: must be a numeric column", file=source, field=field.name)
-    if pa.types.is_boolean(field.type) and not (pa.types.is_boolean(kind) or pa.types.is_integer(kind)):
-        raise InputError(f"wrong dtype {kind}: must be a boolean (or 0/1) column", file=source, field=field.name)
+    problem = type_problem(column.type, field)
+    if problem:
+        raise InputError(problem, file=source, field=field.name)
+    # pandas turns an integer column with nulls into float: accept whole numbers only.
+    if pa.types.is_integer(field.type) and pa.types.is_floating(column.type) and not _all_whole(column):
+        raise InputError(f"wrong dtype {column.type}: must be an integer column (holds fractions)", file=source,
+                         field=field.name)
 
 
 def _all_whole(column: pa.ChunkedArray) -> bool:
@@ -107,7 +125,7 @@ def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: 
                previous: tuple[int, int] | None = None) -> tuple[int, int] | None:
     """Check (seq_id, pos) is strictly increasing and pos ≥ 0; return the last key (to chain batches).
 
-    Raises InputError naming the first offending row (counted from `row_offset`).
+    Raises InputError naming the first offending row (counted from 1 after `row_offset` rows).
     """
     n = len(seq_id)
     if n == 0:
@@ -115,11 +133,11 @@ def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: 
     if pos.min() < 0:
         i = int(np.flatnonzero(pos < 0)[0])
         raise InputError(f"negative position {int(pos[i])} (seq {int(seq_id[i])})", file=source,
-                         row=row_offset + i, field="pos")
+                         row=row_offset + i + 1, field="pos")
     if previous is not None:
         s0, p0 = int(seq_id[0]), int(pos[0])
         if (s0, p0) <= previous:
-            _raise_order(previous, (s0, p0), source, row_offset)
+            _raise_order(previous, (s0, p0), source, row_offset + 1)
     if n > 1:
         ds = np.diff(seq_id)
         dp = np.diff(pos)
@@ -129,7 +147,7 @@ def check_keys(seq_id: np.ndarray, pos: np.ndarray, *, source: str, row_offset: 
         if bad.size:
             i = int(bad[0])
             _raise_order((int(seq_id[i]), int(pos[i])), (int(seq_id[i + 1]), int(pos[i + 1])), source,
-                         row_offset + i + 1)
+                         row_offset + i + 2)
     return int(seq_id[-1]), int(pos[-1])
 
 
@@ -148,7 +166,7 @@ def check_finite(values: np.ndarray, valid: np.ndarray, *, column: str, seq_id: 
         value = values[i]
         what = "missing (null or NaN)" if np.isnan(value) else f"{value}"
         raise InputError(f"{column} is {what} on a valid position (seq {int(seq_id[i])}, pos {int(pos[i])}); "
-                         f"{int(bad.size)} such value(s) in this batch", file=source, row=row_offset + i,
+                         f"{int(bad.size)} such value(s) in this batch", file=source, row=row_offset + i + 1,
                          field=column, hint=hint)
 
 

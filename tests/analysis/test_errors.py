@@ -1,4 +1,4 @@
-"""Bad input is an InputError (a ValueError) naming file, row and column — on every path (DataFrame, Arrow, Run
+"""Rows count from 1. Bad input is an InputError (a ValueError) naming file, row and column — on every path (DataFrame, Arrow, Run
 files, metrics, simulate, sweep, sequence_stats) — never silently masked."""
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _expect(data, *, field: str, row: int | None, file: str = "tokens", match: s
 def test_non_finite_on_valid_position(column, value):
     tokens = clean()
     tokens.loc[57, column] = value
-    _expect(tokens, field=column, row=57, match="valid position")
+    _expect(tokens, field=column, row=58, match="valid position")
 
 
 def test_null_logprob_in_arrow_table():
@@ -50,7 +50,7 @@ def test_null_logprob_in_arrow_table():
     values[23] = None
     table = table.set_column(table.schema.get_field_index("train_logprob"), "train_logprob",
                              pa.array(values, pa.float32()))
-    _expect(table, field="train_logprob", row=23, match="missing")
+    _expect(table, field="train_logprob", row=24, match="missing")
 
 
 def test_non_finite_on_masked_position_is_ignored():
@@ -76,7 +76,7 @@ def test_wrong_dtype(column, dtype):
 def test_negative_position():
     tokens = clean()
     tokens.loc[31, "pos"] = -1
-    _expect(tokens, field="pos", row=31, match="negative position")
+    _expect(tokens, field="pos", row=32, match="negative position")
 
 
 def test_unsorted_and_duplicated_keys():
@@ -84,11 +84,11 @@ def test_unsorted_and_duplicated_keys():
     order = np.arange(len(tokens))
     order[[40, 41]] = [41, 40]
     swapped = tokens.iloc[order].reset_index(drop=True)
-    _expect(swapped, field="seq_id/pos", row=41, match="unsorted")
+    _expect(swapped, field="seq_id/pos", row=42, match="unsorted")
     duplicated = tokens.copy()
     duplicated.loc[12, "seq_id"] = duplicated.loc[11, "seq_id"]
     duplicated.loc[12, "pos"] = duplicated.loc[11, "pos"]
-    _expect(duplicated, field="seq_id/pos", row=12, match="duplicated")
+    _expect(duplicated, field="seq_id/pos", row=13, match="duplicated")
 
 
 def test_error_in_a_run_file_names_the_file_and_its_row(tmp_path):
@@ -101,7 +101,7 @@ def test_error_in_a_run_file_names_the_file_and_its_row(tmp_path):
     values[5] = -np.inf
     pq.write_table(table.set_column(table.schema.get_field_index("rollout_logprob"), "rollout_logprob",
                                     pa.array(values)), target)
-    _expect(rcdiag.open_run(run.path), field="rollout_logprob", row=5, file="tokens/part-00003.parquet",
+    _expect(rcdiag.open_run(run.path), field="rollout_logprob", row=6, file="tokens/part-00003.parquet",
             match="processed log-probs")
 
 
@@ -110,15 +110,16 @@ def test_unsorted_across_files_and_null_keys(tmp_path):
     target = run.path / "tokens" / "part-00002.parquet"
     table = pq.read_table(target)
     seq = table.column("seq_id").to_numpy().copy()
-    seq[:] = 0  # jumps back behind part-00001's sequences
+    seq[:] = pq.read_table(run.path / "tokens" / "part-00000.parquet").column("seq_id")[0].as_py()
+    # ^ a seq_id that exists (an unknown one is refused when the run is opened), behind part-00001's sequences
     pq.write_table(table.set_column(0, "seq_id", pa.array(seq)), target)
     with pytest.raises(InputError, match="unsorted") as info:
         rcdiag.compute_metrics(rcdiag.open_run(run.path))
-    assert info.value.file == "tokens/part-00002.parquet" and info.value.row == 0
+    assert info.value.file == "tokens/part-00002.parquet" and info.value.row == 1
     tokens = pa.Table.from_pandas(clean(), preserve_index=False)
     ids = tokens.column("seq_id").to_pylist()
     ids[9] = None
-    _expect(tokens.set_column(0, "seq_id", pa.array(ids, pa.int64())), field="seq_id", row=9, match="null key")
+    _expect(tokens.set_column(0, "seq_id", pa.array(ids, pa.int64())), field="seq_id", row=10, match="null key")
 
 
 @pytest.mark.parametrize("call, match", [

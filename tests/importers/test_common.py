@@ -75,6 +75,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     records = [Record(response_ids=np.array([1, 2]), rollout_logprobs=np.zeros(2))]
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("old run")
+    (tmp_path / "out" / "manifest.json").write_text("{}")  # --overwrite replaces only a run
     monkeypatch.setattr(runstore, "write_parquet_atomic", failing)
     with pytest.raises(OSError, match="No space"):
         write_imported(Imported("jsonl", tmp_path / "src", records), tmp_path / "out", overwrite=True)

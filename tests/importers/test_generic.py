@@ -142,13 +142,13 @@ def test_bad_rows(tmp_path, rows, opts, message, row, field):
     file = _write(tmp_path, rows)
     with pytest.raises(InputError, match=message) as info:
         import_run("jsonl", file, tmp_path / "run", ImportOptions(quiet=True, **opts))
-    assert (info.value.file, info.value.row, info.value.field) == (str(file), row, field)
+    assert (info.value.file, info.value.row, info.value.field) == (str(file), row + 1, field)  # rows from 1
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
 
 
 def test_bad_json_and_bad_parquet(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"response_ids": [1]}\n{"response_ids": [1\n')
-    with pytest.raises(InputError, match=r"row 1: invalid JSON"):
+    with pytest.raises(InputError, match=r"row 2: invalid JSON"):
         import_run("jsonl", tmp_path / "r.jsonl", tmp_path / "run", Q)
     (tmp_path / "r.parquet").write_text("not parquet")
     with pytest.raises(InputError, match="not a readable Parquet file"):

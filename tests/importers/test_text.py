@@ -77,14 +77,14 @@ def test_swift_columnar_jsonl(tmp_path, tokenizer_dir):
 def test_text_errors(tmp_path, tokenizer_dir):
     (tmp_path / "completions.jsonl").write_text(json.dumps({"prompt": ["a", "b"], "completion": ["c"]}) + "\n")
     opts = ImportOptions(quiet=True, tokenizer=str(tokenizer_dir))
-    with pytest.raises(InputError, match="row 0 field 'prompt': expected columnar lines"):
+    with pytest.raises(InputError, match="row 1 field 'prompt': expected columnar lines"):
         import_run("swift", tmp_path, tmp_path / "run", opts)
     with pytest.raises(ConfigError, match="need --tokenizer"):
         import_run("swift", tmp_path, tmp_path / "run", ImportOptions(quiet=True))
     with pytest.raises(ConfigError, match="cannot load a tokenizer offline"):
         import_run("swift", tmp_path, tmp_path / "run", ImportOptions(quiet=True, tokenizer=str(tmp_path / "no")))
     pd.DataFrame({"step": [1], "prompt": ["x"]}).to_parquet(tmp_path / "completions_00001.parquet")
-    with pytest.raises(InputError, match="row 0 field 'completion': missing field"):
+    with pytest.raises(InputError, match="row 1 field 'completion': missing field"):
         import_run("trl", tmp_path / "completions_00001.parquet", tmp_path / "run", opts)
     assert not (tmp_path / "run").exists()
 

@@ -9,7 +9,8 @@ import pytest
 from rcdiag.errors import ConfigError
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
-from rcdiag.report.render import fmt, plain, write_files
+from rcdiag.report.outdir import MARKER, write_files
+from rcdiag.report.render import fmt, plain
 
 PNGS = {"l_histogram.png", "l_vs_rollout.png", "l_by_position.png", "sweep.png"}
 FAST = ReportOptions(replicates=100)
@@ -23,7 +24,7 @@ def clean_report(synthetic_runs, tmp_path_factory):
 def test_all_outputs_written(clean_report):
     out = clean_report.out
     names = {p.name for p in out.iterdir()}
-    assert names == {"report.md", "report.html", "metrics.json"} | PNGS
+    assert names == {"report.md", "report.html", "metrics.json", MARKER} | PNGS
     for png in PNGS:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((out / "metrics.json").read_text())

@@ -83,7 +83,7 @@ def test_unsorted_input_is_sorted_and_duplicates_rejected(tmp_path):
     run = write_run(tmp_path / "r", tokens)
     assert run.tokens()[["seq_id", "pos"]].values.tolist() == [[0, 0], [0, 1], [1, 0]]
     dup = pd.DataFrame({"seq_id": [0, 0], "pos": [1, 1], "rollout_logprob": [-1.0, -2.0]})
-    with pytest.raises(InputError, match=r"row 1.*duplicated \(seq_id, pos\)"):
+    with pytest.raises(InputError, match=r"row 2.*duplicated \(seq_id, pos\)"):
         write_run(tmp_path / "d", dup)
     assert not (tmp_path / "d" / MANIFEST_NAME).exists()
 
@@ -91,7 +91,7 @@ def test_unsorted_input_is_sorted_and_duplicates_rejected(tmp_path):
 @pytest.mark.parametrize(("frame", "pattern"), [
     ({"seq_id": [0], "pos": [0]}, "missing required column 'rollout_logprob'"),
     ({"seq_id": [0.5], "pos": [0], "rollout_logprob": [-1.0]}, "field 'seq_id'.*must be an integer"),
-    ({"seq_id": [0], "pos": [-1], "rollout_logprob": [-1.0]}, "row 0 field 'pos'.*negative position"),
+    ({"seq_id": [0], "pos": [-1], "rollout_logprob": [-1.0]}, "row 1 field 'pos'.*negative position"),
     ({"seq_id": [0], "pos": [0], "rollout_logprob": ["x"]}, "field 'rollout_logprob'.*numeric"),
 ])
 def test_bad_token_frames_name_the_field(tmp_path, frame, pattern):

@@ -1,0 +1,102 @@
+"""The door check of a run directory: every Parquet file against its column schema, once, when the run is opened.
+
+Every reader downstream (the checks, the report's passes, the dashboard) trusts what this lets through, so a
+damaged run stops here with the file, row and field to fix — not later as a numpy or Arrow traceback (a `mask`
+stored as strings, a `reward` of strings, a duplicated sequence row, an extra sequences shard, token rows whose
+seq_id has no sequence row, a null key). What it reads: every file's footer (column types, null counts), the
+`seq_id` columns of both tables. Optional columns may be absent (the readers fill them with nulls).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.schema import KEY_COLUMNS, SEQUENCE_SCHEMA, TOKEN_SCHEMA, type_problem
+
+FIX = "the run is damaged: re-create it (re-run the import or `rcdiag score`)"
+REQUIRED = {"tokens": KEY_COLUMNS, "sequences": ("seq_id",)}
+SCHEMAS = {"tokens": TOKEN_SCHEMA, "sequences": SEQUENCE_SCHEMA}
+
+
+def validate_run(path: Path, token_files: list[Path], sequence_files: list[Path]) -> None:
+    """Raise InputError (file/row/field, rows counted from 1) or RunDirError at the first structural defect."""
+    _same_shards(path, token_files, sequence_files)
+    known = _sequence_ids(path, sequence_files)
+    for file in token_files:
+        ids = _key_column(path, file, "tokens")
+        orphans = np.setdiff1d(ids, known, assume_unique=False)
+        if orphans.size:
+            row = int(np.flatnonzero(np.isin(ids, orphans))[0])
+            raise InputError(f"seq_id {int(orphans[0])} has token rows but no row in sequences/ "
+                             f"({orphans.size} such seq_id(s) in this file)", file=_rel(path, file), row=row + 1,
+                             field="seq_id", hint=FIX)
+
+
+def _rel(path: Path, file: Path) -> str:
+    return f"{path}/{file.parent.name}/{file.name}"
+
+
+def _same_shards(path: Path, token_files: list[Path], sequence_files: list[Path]) -> None:
+    tokens, sequences = {f.name for f in token_files}, {f.name for f in sequence_files}
+    for name in sorted(tokens ^ sequences):
+        have, lack = ("sequences", "tokens") if name in sequences else ("tokens", "sequences")
+        raise RunDirError(f"{path}/{have}/{name} has no matching {lack}/{name}: shards come in pairs (an extra or "
+                          f"a missing shard file) — remove the stray file or {FIX}")
+
+
+def _parquet(path: Path, file: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RunDirError(f"{_rel(path, file)}: unreadable Parquet file ({exc}); {FIX}") from None
+
+
+def _check_types(path: Path, file: Path, parquet: pq.ParquetFile, table: str) -> None:
+    names = parquet.schema_arrow.names
+    for name in REQUIRED[table]:
+        if name not in names:
+            raise InputError(f"missing required column '{name}' (have: {', '.join(names)})", file=_rel(path, file),
+                             field=name, hint=FIX)
+    for field in SCHEMAS[table]:
+        if field.name in names:
+            problem = type_problem(parquet.schema_arrow.field(field.name).type, field)
+            if problem:
+                raise InputError(problem, file=_rel(path, file), field=field.name, hint=FIX)
+
+
+def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
+    """The file's seq_id column (types checked, no nulls in the key columns) as int64 numpy."""
+    parquet = _parquet(path, file)
+    _check_types(path, file, parquet, table)
+    for name in REQUIRED[table]:
+        column = None
+        for g in range(parquet.num_row_groups):
+            stats = parquet.metadata.row_group(g).column(parquet.schema_arrow.get_field_index(name)).statistics
+            if stats is None or not stats.has_null_count or stats.null_count:
+                column = parquet.read(columns=[name]).column(0)
+                break
+        if column is not None and column.null_count:
+            row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
+            raise InputError("is null; every row needs one", file=_rel(path, file), row=row + 1, field=name, hint=FIX)
+    return np.asarray(parquet.read(columns=["seq_id"]).column(0), dtype=np.int64)
+
+
+def _sequence_ids(path: Path, files: list[Path]) -> np.ndarray:
+    """All seq_ids of sequences/, refusing a seq_id that appears twice (in one file or across two)."""
+    parts = [_key_column(path, file, "sequences") for file in files]
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    unique, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    if np.any(counts > 1):
+        dup = int(unique[np.flatnonzero(counts > 1)[0]])
+        where = [(file, int(r) + 1) for file, part in zip(files, parts, strict=True)
+                 for r in np.flatnonzero(part == dup)]
+        (file, row), (file2, row2) = where[0], where[1]
+        raise InputError(f"seq_id {dup} appears twice (again at {_rel(path, file2)} row {row2}); "
+                         f"{int((counts > 1).sum())} duplicated seq_id(s) in sequences/", file=_rel(path, file),
+                         row=row, field="seq_id", hint="remove the duplicated rows or the extra shard, or " + FIX)
+    return unique

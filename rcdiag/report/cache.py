@@ -11,7 +11,9 @@ or edited rcdiag recomputes). The run is re-stat'ed after the pass and nothing i
 The cache lives outside the run — $RCDIAG_CACHE_DIR, else $XDG_CACHE_HOME/rcdiag, else ~/.cache/rcdiag — so a
 read-only run directory works; an unwritable cache directory, or RCDIAG_CACHE_DIR=off, means no cache (the
 passes then simply run). Entries are pickles written atomically (temporary name, then rename); the oldest are
-removed beyond MAX_ENTRIES. Pickles execute code when loaded: the directory must be the user's own.
+removed beyond MAX_ENTRIES. Pickles execute code when loaded, so an entry is read only when it and its directory
+belong to the current user and nobody else may write them (the directory is created with mode 0700); anything
+else is ignored and recomputed — the cache never becomes a way to run someone else's code.
 """
 from __future__ import annotations
 
@@ -90,10 +92,23 @@ def is_cached(run: Run, options: Any) -> bool:
     return path is not None and path.is_file()
 
 
+def trusted(path: Path) -> bool:
+    """Whether `path` and its directory are owned by this user and writable by nobody else (POSIX); only such
+    entries are unpickled."""
+    try:
+        for item in (path, path.parent):
+            st = item.stat()
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
 def load(run: Run, options: Any) -> tuple[Any, Any] | None:
-    """The cached (scan, library) of (run, options), or None (absent, disabled or unreadable)."""
+    """The cached (scan, library) of (run, options), or None (absent, disabled, unreadable or not trusted)."""
     path = cache_path(run, options)
-    if path is None or not path.is_file():
+    if path is None or not path.is_file() or not trusted(path):
         return None
     try:
         with path.open("rb") as handle:
@@ -111,7 +126,7 @@ def store(run: Run, options: Any, key: str, result: tuple[Any, Any]) -> Path | N
     target = directory / "passes" / f"{key}.pkl"
     tmp = target.with_name(f".{key}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tmp.open("wb") as handle:
             pickle.dump(result, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, target)

@@ -100,3 +100,20 @@ def test_corrupt_entry_is_recomputed(tmp_path, cache_home):
     assert _numbers(cache.cached_passes(run, options)) == _numbers(run_passes(run, options))
     assert cache.load(run, options) is not None
     assert cache.clear_cache() == 1 and not cache.is_cached(run, options)
+
+
+def test_an_entry_others_may_write_is_never_unpickled(tmp_path, cache_home):
+    """Pickles run code when loaded: an entry (or its directory) writable by group/others — a planted file in a
+    shared cache directory — is ignored and recomputed, never loaded."""
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    cache.cached_passes(run, options)
+    entry = cache.cache_path(run, options)
+    assert cache.load(run, options) is not None
+    entry.write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    entry.chmod(entry.stat().st_mode | stat.S_IWOTH)
+    assert cache.load(run, options) is None and not (tmp_path / "pwned").exists()
+    entry.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    entry.parent.chmod(0o777)
+    assert not cache.trusted(entry)
+    assert cache.load(run, options) is None and not (tmp_path / "pwned").exists()
+    entry.parent.chmod(0o700)

@@ -122,9 +122,10 @@ def run_verdict(run: Any, scan: Scan | None = None) -> Verdict:
     tails = (scan or scan_run(run)).tails.finish()
     values = {**tails, **compute_metrics(run), **{k: point[k] for k in ("ess", "is_weight_mean")}}
     return verdict(values, run_checks(run, thresholds=(VERDICT_THRESHOLD,)))
-INVALIDATING = {"huge_negative", "positive"}
-"""Placeholder kinds the metrics accept (finite) although one value dominates every mean; 0.0 is left to the
-check's warning (it may be a certain token)."""
+INVALIDATING = {"huge_negative"}
+"""Placeholder kinds the metrics accept (finite) although one value dominates every mean (-1e9 and below).
+Positive log-probs and 0.0 are flagged by the check but left in: a log-prob of +1e-3 is impossible yet moves no
+mean by more than itself."""
 
 
 def _suppress_invalidated(report: RunReport) -> None:

@@ -108,9 +108,9 @@ def test_padded_view_of_results(model) -> None:
 
 
 def test_refusals_name_row_and_field(model) -> None:
-    with pytest.raises(InputError, match=r"row 1 field 'token_id'.*outside the model's vocabulary"):
+    with pytest.raises(InputError, match=r"row 2 field 'token_id'.*outside the model's vocabulary"):
         score_sequences(model, [([1], [2]), ([1], [VOCAB])])
-    with pytest.raises(InputError, match=r"row 0 field 'prompt_token_ids'.*-1"):
+    with pytest.raises(InputError, match=r"row 1 field 'prompt_token_ids'.*-1"):
         score_sequences(model, [([-1], [2])])
     with pytest.raises(InputError, match="empty prompt"):
         score_sequences(model, [([], [2])])

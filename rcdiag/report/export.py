@@ -20,11 +20,11 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import key_convention, tracker_table
 from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
+from rcdiag.report.tracker_read import need_tracker, read_wandb
 
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
 WANDB_FLUSH_SECONDS = 60.0
 """How long an export waits for wandb-core to finish writing the offline run's log."""
-TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
 EXPORTED = (*(c for c in TREND_COLUMNS if c != "step"), *(f"{n}_{b}" for n in INTERVAL_NAMES for b in ("low", "high")))
 """The trend columns a tracker gets (a framework's key style keeps those it logs; canonical all, under rcdiag/)."""
 
@@ -55,20 +55,11 @@ def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
     return rows
 
 
-def _need(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{module.split('.')[0]} is not installed: {TRACKERS_HINT}") from None
-
-
 def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str) -> Path:
     """One TensorBoard event file for `rows` in `dest`/`name`/ (so TensorBoard lists it as run `name` next to the
     trainer's runs in the same log directory), written in a temporary directory and moved in when complete.
     Returns the event file's path."""
-    _need("tensorboard")
+    need_tracker("tensorboard")
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -93,7 +84,7 @@ def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name
 
 def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str, config: dict[str, Any]) -> Path:
     """An offline W&B run under `dest`/wandb/ (no network; `wandb sync` uploads it later). Returns its directory."""
-    _need("wandb")
+    need_tracker("wandb")
     import wandb
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -113,8 +104,6 @@ def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str,
 def _await_history(directory: Path, steps: set[int], timeout: float = WANDB_FLUSH_SECONDS) -> None:
     """Wait until the run's .wandb log holds every logged step: wandb-core may still be writing it when finish()
     returns on a busy machine (seen in the tests), and an export must not look complete before it is."""
-    from rcdiag.report.tracker_read import read_wandb
-
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -155,7 +144,7 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
         raise ConfigError(f"unknown --to {to!r}; choose one of {', '.join(TARGETS)}")
     convention = key_convention(keys, None)
     if to in ("tensorboard", "wandb"):
-        _need(to)  # before the pass over the tokens
+        need_tracker(to)  # before the pass over the tokens
     from rcdiag.store.run import Run, open_run
 
     opened = run if isinstance(run, Run) else open_run(run)

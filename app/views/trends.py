@@ -1,5 +1,6 @@
-"""Trends page: the mismatch per training step with intervals and the drift verdict; click a step (or pick it) to see
-that step's ℓ distribution against the first step and its worst sequences."""
+"""Trends page: the mismatch per training step with intervals, the drift verdict and the steps where the health
+verdict changes (points coloured by the library's bands, rcdiag.analysis.health); click a step (or pick it) to see
+that step's verdict and cards, its ℓ distribution against the first step and its worst sequences."""
 from __future__ import annotations
 
 import altair as alt
@@ -9,11 +10,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import streamlit as st
 
-from app import charts, data, ui
+from app import bands, charts, data, ui
+from rcdiag.analysis import health
 from rcdiag.analysis.drift import ADVICE, drifts
 from rcdiag.analysis.trend import trend
+from rcdiag.report.context import verdict_html
 from rcdiag.report.options import CONVENTIONS, ReportOptions
-from rcdiag.report.trend_section import PANELS
+from rcdiag.report.render import md_escape
+from rcdiag.report.trend_section import PANELS, changes_text
 from rcdiag.store.run import open_run
 
 DEFAULTS = ReportOptions()
@@ -63,6 +67,10 @@ def render(ref: data.RunRef) -> None:
     else:
         st.success("**No drift (healthy).** No metric rises steadily above its first steps beyond the bootstrap "
                    "noise (CUSUM of the per-step excess in units of its bootstrap error).")
+    judged = health.step_verdicts(frame.to_dict(orient="records"))
+    frame = frame.assign(status=[v.status for v in judged])
+    records = frame.to_dict(orient="records")
+    st.markdown(md_escape(changes_text(records, health.status_changes(records))))
     start = min((d.start_step for d in found), default=None)
     picked = _charts(frame, start)
     steps = frame["step"].astype(int).tolist()
@@ -71,23 +79,29 @@ def render(ref: data.RunRef) -> None:
     st.session_state["trend_picked"] = picked
     step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step",
                             index=steps.index(start) if start in steps else len(steps) - 1))
-    _step_detail(ref, frame, step)
+    _step_detail(ref, frame, judged[steps.index(step)], step)
 
 
 def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
-    """The six per-step panels with interval bars; returns the step of a clicked point, if any."""
+    """The six per-step panels with interval bars, each point in its metric's health-band colour (a metric without
+    a band, the clipped share: the step's verdict); returns the step of a clicked point, if any."""
     click = alt.selection_point(fields=["step"], on="click", name="pick")
+    colour = alt.Color("band:N", scale=alt.Scale(domain=list(bands.COLOURS), range=list(bands.COLOURS.values())),
+                       legend=None)
     cols = st.columns(3)
     picked = None
     for i, (column, title) in enumerate(PANELS):
         rows = frame[["step", column]].rename(columns={column: "value"})
+        band = health.BY_METRIC.get(column)
+        rows["band"] = [band.classify(v) for v in rows["value"]] if band else frame["status"]
         if f"{column}_low" in frame:
             rows = rows.assign(low=frame[f"{column}_low"], high=frame[f"{column}_high"])
         base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
         layers = [base.mark_line(color="#2563eb"),
-                  base.mark_point(filled=True, size=60, color="#2563eb").encode(
-                      y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)),
-                      tooltip=["step", "value"] + (["low", "high"] if "low" in rows else [])).add_params(click)]
+                  base.mark_point(filled=True, size=60).encode(
+                      y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)), color=colour,
+                      tooltip=["step", "value", "band"] + (["low", "high"] if "low" in rows else [])
+                  ).add_params(click)]
         layers[0] = layers[0].encode(y="value:Q")
         if "low" in rows:
             layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
@@ -102,14 +116,21 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
     return picked
 
 
-def _step_detail(ref: data.RunRef, frame: pd.DataFrame, step: int) -> None:
-    """The chosen step: its numbers, its ℓ histogram over the first step's, its worst sequences."""
+def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:
+    """The chosen step: its verdict and band-coloured cards, its ℓ histogram over the first step's, its worst
+    sequences."""
     row = frame[frame["step"] == step].iloc[0]
     first = int(frame["step"].iloc[0])
     st.subheader(f"Step {step}")
-    cols = st.columns(5)
-    for col, name in zip(cols, ("kl", "k3_kl", "chi2_token", "ess", "clipped_frac"), strict=True):
-        col.metric(name, ui.fmt(float(row[name])))
+    st.html(verdict_html(judged))
+    cols = st.columns(4)
+    shown = [b for b in bands.BANDS if b.metric in row]
+    for i, band in enumerate(shown):
+        value = float(row[band.metric])
+        with cols[i % 4]:
+            st.html(ui.card(f"{band.label} · {band.metric}", value, band.classify(value), bands.describe(band)))
+    st.caption(f"This step's numbers alone (input checks judge the whole run: Overview); clipped share "
+               f"{ui.fmt(float(row['clipped_frac']))} at the threshold above.")
     index = data.sequence_index(*ref.key)
     in_step = index[index["step"].fillna(0).astype(int) == step] if "step" in index else index
     first_ids = index[index["step"].fillna(0).astype(int) == first] if "step" in index else index

@@ -16,6 +16,9 @@ notebook card). Where each band comes from:
 
 They are sanity ranges, not targets: a MoE run sits in "warning" by nature. A failed input check (error) makes
 the verdict an alarm and a check warning a warning, whatever the metrics say: the numbers then measure the defect.
+
+Across training, `step_verdicts` judges each step's numbers (rcdiag.trend rows) and `status_changes` names the
+steps where that verdict changes: the report's trend section, metrics.json's by_step `status`, the Trends page.
 """
 from __future__ import annotations
 
@@ -184,3 +187,50 @@ def _num(value: float) -> str:
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3g}"
     return f"{value:.4g}"
+
+
+# ----------------------------------------------------------------------------------------------- across steps
+@dataclass(frozen=True)
+class StatusChange:
+    """The verdict of one step differs from the step before: `before` → `after`, with the metrics whose band
+    changed ({metric: (before, after)}) and, for those now in the new status, why ('k3_kl = 0.02, outside
+    |value| ≤ 0.01')."""
+
+    step: int
+    before: str
+    after: str
+    metrics: dict[str, tuple[str, str]]
+    reasons: list[str]
+
+    def text(self) -> str:
+        """'step 6: healthy → warning (k3_kl = 0.0213, outside |value| ≤ 0.01)' — the metrics that moved into the
+        new status and the band edge they crossed (on a recovery, the healthy range they are back in)."""
+        why = "; ".join(self.reasons) or ", ".join(f"{m} {a} → {b}" for m, (a, b) in self.metrics.items())
+        return f"step {self.step}: {self.before} → {self.after}" + (f" ({why})" if why else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "from": self.before, "to": self.after, "text": self.text(),
+                "metrics": {m: {"from": a, "to": b} for m, (a, b) in self.metrics.items()}}
+
+
+def step_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[Verdict]:
+    """The verdict of each per-step row (rcdiag.trend's; ess / is_weight_mean of its IS mode), from its numbers
+    alone: input checks are run-wide, so they judge the run, not a step."""
+    return [verdict(row) for row in rows]
+
+
+def status_changes(rows: Iterable[Mapping[str, Any]]) -> list[StatusChange]:
+    """The steps whose verdict differs from the previous step's, in step order (the first step is the start, not a
+    change). A metric sitting on a band edge flips back and forth: each flip is a change, as the trainer saw it."""
+    rows = list(rows)
+    changes = []
+    verdicts = step_verdicts(rows)
+    for prev, row, now in zip(verdicts[:-1], rows[1:], verdicts[1:], strict=True):
+        if now.status == prev.status:
+            continue
+        moved = {m: (prev.metric_status.get(m, UNKNOWN), s) for m, s in now.metric_status.items()
+                 if s != prev.metric_status.get(m, UNKNOWN)}
+        reasons = [f"{m} = {_num(row[m])}, {BY_METRIC[m].limit(s)}" for m, (_, s) in moved.items()
+                   if s == now.status]
+        changes.append(StatusChange(int(row["step"]), prev.status, now.status, moved, reasons))
+    return changes

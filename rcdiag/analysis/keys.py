@@ -12,7 +12,7 @@ passes one of rcdiag's own numbers off as the framework's.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from rcdiag.errors import ConfigError
 
@@ -98,3 +98,28 @@ def rename(values: Mapping[str, object], keys: str | None) -> dict[str, object]:
     if style == "canonical":
         return dict(values)
     return {framework_key(name, style): value for name, value in values.items()}
+
+
+def tracker_table(keys: str | None, names: Iterable[str]) -> dict[str, str]:
+    """{rcdiag name: tracker key} of `names` for a tracker export or a cross-check: a framework style keeps only
+    the names that framework logs, under its keys (an rcdiag-only number in the trainer's panels would sit beside
+    curves it cannot be compared with); canonical puts every name under `rcdiag/` (one panel group)."""
+    style = check_keys(keys)
+    if style == "canonical":
+        return {name: RCDIAG_PREFIX + name for name in names}
+    table = {name: framework_key(name, style) for name in names}
+    return {name: key for name, key in table.items() if not key.startswith(RCDIAG_PREFIX)}
+
+
+def guess_keys(logged: Iterable[str]) -> str | None:
+    """The key style of a trainer's logged names (each possibly under a prefix such as actor/ or train/): the
+    framework sharing most keys with them, else canonical if any is an `rcdiag/` name, else None."""
+    names = set(logged)
+
+    def hits(style: str) -> int:
+        return sum(1 for key in TABLES[style].values() if any(n == key or n.endswith("/" + key) for n in names))
+
+    best = max(TABLES, key=hits)
+    if hits(best):
+        return best
+    return "canonical" if any(n.startswith(RCDIAG_PREFIX) or "/" + RCDIAG_PREFIX in n for n in names) else None

@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.analysis.trend import DEFAULT_MODE
 from rcdiag.errors import ConfigError
 from rcdiag.report.crosscheck import DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
-from rcdiag.report.tracker_keys import KEY_SETS
 
 SHOWN = 20
 """Disagreeing values printed (all are in --out)."""
@@ -23,7 +23,7 @@ def command(
     wandb: Annotated[Path | None, typer.Option("--wandb", help="An offline W&B run (dir or .wandb file).")] = None,
     csv: Annotated[Path | None, typer.Option("--csv", help="A CSV of the trainer's history (step column).")] = None,
     keys: Annotated[str | None, typer.Option(
-        "--keys", help=f"{' | '.join(KEY_SETS)} (default: guessed from the logged names).")] = None,
+        "--keys", help=f"{' | '.join(KEY_STYLES)} (default: guessed from the logged names).")] = None,
     mode: Annotated[str, typer.Option("--mode", help="The trainer's IS mode.")] = DEFAULT_MODE,
     threshold: Annotated[float, typer.Option("--threshold", help="The trainer's IS threshold C.")] = DEFAULT_THRESHOLD,
     lower: Annotated[float | None, typer.Option("--lower", help="The trainer's lower bound L.")] = None,

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.analysis.trend import DEFAULT_MODE
 from rcdiag.report.export import TARGETS, export_run
-from rcdiag.report.tracker_keys import KEY_SETS
 
 
 def command(
@@ -17,7 +17,7 @@ def command(
     to: Annotated[str, typer.Option("--to", help=f"Target: {' | '.join(TARGETS)}.")],
     dest: Annotated[Path, typer.Argument(help="TensorBoard log dir | dir for wandb/offline-run-* | CSV/JSONL file.")],
     keys: Annotated[str, typer.Option(
-        "--keys", help=f"Key names (and the convention computing them): {' | '.join(KEY_SETS)}.")] = "canonical",
+        "--keys", help=f"Key names (and the convention computing them): {' | '.join(KEY_STYLES)}.")] = "canonical",
     mode: Annotated[str, typer.Option("--mode", help="IS mode of the trainer (for its IS keys).")] = DEFAULT_MODE,
     threshold: Annotated[float, typer.Option("--threshold", help="IS threshold C of the trainer.")] = DEFAULT_THRESHOLD,
     lower: Annotated[float | None, typer.Option("--lower", help="Optional lower bound L.")] = None,

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.keys import check_keys, guess_keys, key_convention
 from rcdiag.analysis.trend import DEFAULT_MODE, trend
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.report.tracker_keys import CONVENTION_OF, guess_keys, key_table
+from rcdiag.report.export import export_table
 from rcdiag.report.tracker_read import READERS
 
 DEFAULT_RTOL = 1e-3
@@ -52,7 +53,7 @@ class CrossCheck:
                     f"steps {self.only_run[:5]}…): check the key set (--keys) and that the run holds these steps.")
         if not self.bad_steps:
             return (f"Agree (healthy): {len(self.table)} logged values at {n_steps} step(s) match the recomputation "
-                    f"under the {CONVENTION_OF[self.keys]} convention within tolerance.")
+                    f"under the {key_convention(self.keys, None)} convention within tolerance.")
         worst = self.disagreements.sort_values("rel_diff", ascending=False).iloc[0]
         return (f"Disagree (alarm) at step(s) {', '.join(map(str, self.bad_steps))}: {len(self.disagreements)} of "
                 f"{len(self.table)} values differ beyond tolerance; worst {worst['key']} at step {int(worst['step'])}: "
@@ -86,17 +87,17 @@ def crosscheck(run: Any, source: str | Path, kind: str = "tensorboard", keys: st
     if not (rtol >= 0 and atol >= 0):
         raise ConfigError("--rtol and --atol must be ≥ 0")
     logged = READERS[kind](source)
-    chosen = keys or guess_keys(set(logged["key"]))
+    chosen = check_keys(keys) if keys else guess_keys(logged["key"])
     if chosen is None:
         raise InputError("none of the logged keys is a known rollout-correction key (rollout_corr/…, "
                          "rollout_correction/…, sampling/…); pass --keys", file=str(source))
-    table = key_table(chosen)
+    table = export_table(chosen)
     prefixes = {v.rsplit("/", 1)[0] + "/" for v in table.values()}
     raw_keys = set(logged["key"])
     logged = _strip(logged, table).drop_duplicates(["step", "key"], keep="last")
     unmatched = sorted(k for k in raw_keys - set(table.values())
                        if any(p in k for p in prefixes) and not any(k.endswith("/" + v) for v in table.values()))
-    frame = trend(run, CONVENTION_OF[chosen], mode, threshold, lower, silent=silent)
+    frame = trend(run, key_convention(chosen, None), mode, threshold, lower, silent=silent)
     by_key = {v: k for k, v in table.items()}
     ours = frame.set_index("step")
     run_steps = {int(s) for s in ours.index}

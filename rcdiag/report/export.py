@@ -1,5 +1,5 @@
 """`rcdiag export`: a run's per-step numbers to the trackers users already watch — TensorBoard event files, an
-offline W&B run, or a flat CSV / JSONL table — under a framework's own key names (rcdiag.report.tracker_keys).
+offline W&B run, or a flat CSV / JSONL table — under a framework's own key names (rcdiag.analysis.keys, the table metrics.json and `--keys` use).
 
 Scalars go at global_step = step (a run without steps is step 0); a NaN value (nothing scored) is left out rather
 than drawn as a gap-less zero. TensorBoard and W&B are optional dependencies (`pip install 'rcdiag[trackers]'`).
@@ -17,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
-from rcdiag.analysis.trend import DEFAULT_MODE, trend
+from rcdiag.analysis.keys import key_convention, tracker_table
+from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
-from rcdiag.report.tracker_keys import CONVENTION_OF, key_table
+from rcdiag.report.tracker_read import need_tracker, read_wandb
 
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
 WANDB_FLUSH_SECONDS = 60.0
 """How long an export waits for wandb-core to finish writing the offline run's log."""
-TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
+EXPORTED = (*(c for c in TREND_COLUMNS if c != "step"), *(f"{n}_{b}" for n in INTERVAL_NAMES for b in ("low", "high")))
+"""The trend columns a tracker gets (a framework's key style keeps those it logs; canonical all, under rcdiag/)."""
+
+
+def export_table(keys: str | None) -> dict[str, str]:
+    """{trend column: tracker key} of an export (and of a cross-check) under `keys`; ConfigError if unknown."""
+    return tracker_table(keys, EXPORTED)
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class ExportResult:
 
 def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
     """(step, {tracker key: value}) per step of a trend frame, finite values only."""
-    table = key_table(keys)
+    table = export_table(keys)
     rows = []
     for record in frame.to_dict(orient="records"):
         values = {key: float(record[col]) for col, key in table.items()
@@ -48,20 +55,11 @@ def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
     return rows
 
 
-def _need(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{module.split('.')[0]} is not installed: {TRACKERS_HINT}") from None
-
-
 def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str) -> Path:
     """One TensorBoard event file for `rows` in `dest`/`name`/ (so TensorBoard lists it as run `name` next to the
     trainer's runs in the same log directory), written in a temporary directory and moved in when complete.
     Returns the event file's path."""
-    _need("tensorboard")
+    need_tracker("tensorboard")
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -86,7 +84,7 @@ def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name
 
 def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str, config: dict[str, Any]) -> Path:
     """An offline W&B run under `dest`/wandb/ (no network; `wandb sync` uploads it later). Returns its directory."""
-    _need("wandb")
+    need_tracker("wandb")
     import wandb
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -106,8 +104,6 @@ def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str,
 def _await_history(directory: Path, steps: set[int], timeout: float = WANDB_FLUSH_SECONDS) -> None:
     """Wait until the run's .wandb log holds every logged step: wandb-core may still be writing it when finish()
     returns on a busy machine (seen in the tests), and an export must not look complete before it is."""
-    from rcdiag.report.tracker_read import read_wandb
-
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -141,21 +137,21 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
     """Export the per-step trend of `run` (computed under the convention of `keys`) to `to` at `dest`.
 
     `to`: tensorboard (dest = log directory; the file goes to dest/<run name>/) | wandb (dest = the directory that gets wandb/offline-run-*) | csv |
-    jsonl (dest = the file). `keys`: verl | swift | trl | canonical (tracker_keys.KEY_TABLES). `mode`, `threshold`
+    jsonl (dest = the file). `keys`: verl | swift | trl | canonical (export_table). `mode`, `threshold`
     and `lower` should match the trainer's IS setting so its IS keys compare.
     """
     if to not in TARGETS:
         raise ConfigError(f"unknown --to {to!r}; choose one of {', '.join(TARGETS)}")
-    key_table(keys)
+    convention = key_convention(keys, None)
     if to in ("tensorboard", "wandb"):
-        _need(to)  # before the pass over the tokens
+        need_tracker(to)  # before the pass over the tokens
     from rcdiag.store.run import Run, open_run
 
     opened = run if isinstance(run, Run) else open_run(run)
-    frame = trend(opened, CONVENTION_OF[keys], mode, threshold, lower, silent=silent)
+    frame = trend(opened, convention, mode, threshold, lower, silent=silent)
     rows = tracker_rows(frame, keys)
     path = Path(dest)
-    config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": CONVENTION_OF[keys], "mode": mode,
+    config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": convention, "mode": mode,
               "threshold": threshold, "lower": lower}
     if to == "tensorboard":
         written = write_tensorboard(rows, path, opened.name)

@@ -22,6 +22,18 @@ _BLOCK = 32768
 _HEADER = 7
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 _WANDB_MAGIC = b":W&B"
+TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
+
+
+def need_tracker(module: str) -> Any:
+    """`module` imported, or ConfigError saying how to install it (tensorboard and wandb are optional: the
+    `trackers` extra) — one message for every reader and writer of tracker files."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{module.split('.')[0]} is not installed: {TRACKERS_HINT}") from None
 
 
 def _frame(records: list[tuple[int, str, float]]) -> Any:
@@ -34,10 +46,9 @@ def _frame(records: list[tuple[int, str, float]]) -> Any:
 # ----------------------------------------------------------------------------------------------- TensorBoard
 def read_tensorboard(logdir: str | Path) -> Any:
     """Every scalar of every event file under `logdir` (a file or directory), with TensorBoard's own reader."""
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-    except ImportError:
-        raise ConfigError("tensorboard is not installed: pip install 'rcdiag[trackers]'") from None
+    need_tracker("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
     path = Path(logdir)
     files = [path] if path.is_file() else sorted(path.rglob("events.out.tfevents*"))
     if not files:
@@ -98,10 +109,7 @@ def wandb_records(file: Path) -> Iterator[bytes]:
 
 def read_wandb(path: str | Path) -> Any:
     """Every numeric history value of an offline W&B run (see wandb_file), at its `_step`."""
-    try:
-        from wandb.proto import wandb_internal_pb2
-    except ImportError:
-        raise ConfigError("wandb is not installed: pip install 'rcdiag[trackers]'") from None
+    wandb_internal_pb2 = need_tracker("wandb.proto.wandb_internal_pb2")
     file = wandb_file(path)
     records = []
     for payload in wandb_records(file):

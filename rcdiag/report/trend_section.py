@@ -13,6 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rcdiag.analysis.drift import ADVICE, DRIFT_METRICS, Drift, drifts
+from rcdiag.analysis.health import BY_METRIC, COLOURS, StatusChange, status_changes, step_verdicts
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
 from rcdiag.report.plots import COLORS, png_bytes
 from rcdiag.report.render import Block, fmt
@@ -23,7 +24,9 @@ PANELS = (("kl", "kl (k1)"), ("k3_kl", "k3_kl"), ("chi2_token", "χ² (token)"),
           ("clipped_frac", "clipped share"), ("abs_log_ratio_mean", "mean |ℓ|"))
 """(trend column, panel title) of the trend figure, in order."""
 TABLE_COLUMNS = ("step", "sequences", "tokens", "kl", "k3_kl", "chi2_token", "ess", "clipped_frac",
-                 "abs_log_ratio_mean")
+                 "abs_log_ratio_mean", "status")
+SHOWN_CHANGES = 20
+"""Verdict changes listed in the report (all are in metrics.json's status_changes)."""
 
 
 def report_trend(run: Any, options: Any) -> tuple[Any, dict[str, Drift]]:
@@ -37,7 +40,15 @@ def report_trend(run: Any, options: Any) -> tuple[Any, dict[str, Drift]]:
 
 
 def by_step(report: Any) -> list[dict[str, Any]]:
-    """metrics.json's by_step: one dict per step; a one-step run's single row from the report's own numbers."""
+    """metrics.json's by_step: one dict per step, with `status`, the verdict of that step's numbers
+    (health.step_verdicts); a one-step run's single row from the report's own numbers."""
+    rows = _rows(report)
+    for row, judged in zip(rows, step_verdicts(rows), strict=True):
+        row["status"] = judged.status
+    return rows
+
+
+def _rows(report: Any) -> list[dict[str, Any]]:
     if report.trend is not None:
         return [{k: _plain(v) for k, v in row.items()} for row in report.trend.to_dict(orient="records")]
     if not report.metrics:
@@ -81,13 +92,16 @@ def trend_figure(frame: Any, drift: dict[str, Drift] | None = None) -> Figure:
             ax.errorbar(steps, values, yerr=err, color=COLORS[0], marker="o", ms=3, lw=1.2, capsize=2)
         else:
             ax.plot(steps, values, color=COLORS[0], marker="o", ms=3, lw=1.2)
+        if column in BY_METRIC:  # each point in its health band's colour
+            ax.scatter(steps, values, c=[COLOURS[BY_METRIC[column].classify(v)] for v in values], s=18, zorder=3)
         for start in starts:
             ax.axvline(start, color=COLORS[1], ls="--", lw=1)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    fig.suptitle("Mismatch per training step (bars: bootstrap interval; dashed: drift starts)", fontsize=11)
+    fig.suptitle("Mismatch per training step (bars: bootstrap interval; points: health band green / amber / red; "
+                 "dashed: drift starts)", fontsize=11)
     return fig
 
 
@@ -100,16 +114,29 @@ def drift_text(drift: dict[str, Drift]) -> str:
     return f"No drift (healthy): none of {names} rises steadily above its first steps beyond the bootstrap noise."
 
 
+def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str:
+    """The per-step verdict in one sentence: where it starts and each step where it changes."""
+    start = f"Verdict per step (each step's numbers against the health bands): {rows[0]['status']} at step " \
+            f"{rows[0]['step']}"
+    if not changes:
+        return start + f", unchanged through step {rows[-1]['step']}."
+    listed = "; ".join(c.text() for c in changes[:SHOWN_CHANGES])
+    more = f"; … {len(changes) - SHOWN_CHANGES} more (metrics.json status_changes)" if len(changes) > SHOWN_CHANGES \
+        else ""
+    return f"{start}; it changes at {len(changes)} step(s): {listed}{more}."
+
+
 def trend_section(report: Any) -> tuple[list[Block], dict[str, bytes], dict[str, Any]]:
     """(blocks, images, data) of the trend: blocks and the figure only for a multi-step run; data always carries
-    by_step (and drift, {} for one step)."""
-    data = {"by_step": by_step(report), "drift": {k: d.to_dict() for k, d in report.drift.items()}}
+    by_step with each step's status, status_changes, and drift ({} for one step)."""
+    steps = by_step(report)
+    changes = status_changes(steps)
+    data = {"by_step": steps, "status_changes": [c.to_dict() for c in changes],
+            "drift": {k: d.to_dict() for k, d in report.drift.items()}}
     frame = report.trend
     if frame is None:
         return [], {}, data
-    # TODO(H14): when rcdiag.analysis.health provides a per-step verdict, add "steps where the verdict changes"
-    # here (apply it to each by_step row); until then the drift verdict below is the per-step judgement.
-    rows = [[fmt(_plain(r[c])) for c in TABLE_COLUMNS] for r in frame.to_dict(orient="records")]
+    rows = [[fmt(r[c]) if c != "status" else r[c] for c in TABLE_COLUMNS] for r in steps]
     level = frame.attrs.get("level", 0.95)
     blocks = [Block("h", "Across training"),
               Block("p", f"{len(frame)} steps ({int(frame['step'].iloc[0])}–{int(frame['step'].iloc[-1])}); "
@@ -117,6 +144,7 @@ def trend_section(report: Any) -> tuple[list[Block], dict[str, bytes], dict[str,
                          "CUSUM of each step's excess over the first steps, in units of its bootstrap error "
                          "(K=0.5, H=5); the drift starts where the sum last left zero."),
               Block("callout", drift_text(report.drift)),
+              Block("p", changes_text(steps, changes)),
               Block("image", "mismatch per step", image=FIGURE),
               Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
     return blocks, {FIGURE: png_bytes(trend_figure(frame, report.drift))}, data

@@ -10,8 +10,7 @@ import pytest
 
 from rcdiag.analysis.trend import trend
 from rcdiag.cli import main
-from rcdiag.report.export import export_run
-from rcdiag.report.tracker_keys import KEY_TABLES
+from rcdiag.report.export import export_run, export_table
 from rcdiag.report.tracker_read import read_history_csv, read_wandb
 from tests.trend.conftest import STEPS
 
@@ -28,7 +27,7 @@ def test_tensorboard_scalars_at_their_steps(drifting_run, tmp_path, capsys):
     accumulator = EventAccumulator(str(event))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert tags == set(KEY_TABLES["verl"].values())
+    assert tags == set(export_table("verl").values())
     frame = trend(drifting_run, "verl", replicates=10)
     for column, key in (("k3_kl", "rollout_corr/k3_kl"), ("ess", "rollout_corr/rollout_is_eff_sample_size")):
         got = [(e.step, e.value) for e in accumulator.Scalars(key)]
@@ -49,7 +48,7 @@ def test_wandb_offline_run_reads_back(drifting_run, tmp_path, monkeypatch):
     k3 = logged[logged["key"] == "rollout_correction/k3_kl"].sort_values("step")
     assert k3["step"].tolist() == list(range(STEPS))
     assert k3["value"].tolist() == pytest.approx(frame["k3_kl"].tolist(), rel=1e-12)
-    assert set(logged["key"]) == set(KEY_TABLES["swift"].values())
+    assert set(logged["key"]) == set(export_table("swift").values())
 
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
@@ -58,9 +57,9 @@ def test_flat_tables(drifting_run, tmp_path, fmt):
     export_run(drifting_run, fmt, dest, "trl")
     table = pd.read_csv(dest) if fmt == "csv" else pd.DataFrame([json.loads(x) for x in dest.read_text().splitlines()])
     assert table["step"].tolist() == list(range(STEPS))
-    assert set(table.columns) == {"step", *KEY_TABLES["trl"].values()}
+    assert set(table.columns) == {"step", *export_table("trl").values()}
     if fmt == "csv":
-        assert len(read_history_csv(dest)) == STEPS * len(KEY_TABLES["trl"])
+        assert len(read_history_csv(dest)) == STEPS * len(export_table("trl"))
 
 
 def test_missing_tracker_is_a_clear_error(drifting_run, tmp_path, monkeypatch, capsys):
@@ -75,7 +74,29 @@ def test_missing_tracker_is_a_clear_error(drifting_run, tmp_path, monkeypatch, c
 
 def test_unknown_keys_and_target(drifting_run, tmp_path, capsys):
     assert main(["export", str(drifting_run.path), "--to", "tensorboard", str(tmp_path), "--keys", "x"]) == 1
-    assert "unknown --keys 'x'; choose one of verl, swift, trl, canonical" in capsys.readouterr().err
+    assert "unknown keys 'x'; choose one of canonical, verl, swift, trl" in capsys.readouterr().err
     assert main(["export", str(drifting_run.path), "--to", "mlflow", str(tmp_path)]) == 1
     assert "unknown --to 'mlflow'" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
+
+
+def test_export_keys_are_the_frameworks_own():
+    """The exact strings verl 0.9 / ms-swift 4.5 / TRL 1.9 log (research/framework_keys.md), from the one table
+    metrics.json uses; nothing rcdiag-only is passed off under a framework's prefix."""
+    off_policy = ("training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl",
+                  "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+                  "chi2_token", "chi2_seq")
+    verl_is = ("rollout_is_mean", "rollout_is_std", "rollout_is_min", "rollout_is_max", "rollout_is_eff_sample_size",
+               "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low")
+    assert set(export_table("verl").values()) == {f"rollout_corr/{k}" for k in (*off_policy, *verl_is)}
+    assert set(export_table("swift").values()) == {f"rollout_correction/{k}" for k in (
+        *off_policy, "is_weight_mean", "ess", "clipped_frac")}
+    assert export_table("trl") == {
+        "is_weight_min": "sampling/importance_sampling_ratio/min",
+        "is_weight_mean": "sampling/importance_sampling_ratio/mean",
+        "is_weight_max": "sampling/importance_sampling_ratio/max",
+        "abs_log_ratio_mean": "sampling/sampling_logp_difference/mean",
+        "abs_log_ratio_max": "sampling/sampling_logp_difference/max"}
+    canonical = export_table("canonical")
+    assert canonical["k3_kl"] == "rcdiag/k3_kl" and canonical["k3_kl_high"] == "rcdiag/k3_kl_high"
+    assert "step" not in canonical and not any(k.endswith("_se") for k in canonical)

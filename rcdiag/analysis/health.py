@@ -220,12 +220,14 @@ def step_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[Verdict]:
 
 
 def status_changes(rows: Iterable[Mapping[str, Any]]) -> list[StatusChange]:
-    """The steps whose verdict differs from the previous step's, in step order (the first step is the start, not a
-    change). A metric sitting on a band edge flips back and forth: each flip is a change, as the trainer saw it."""
+    """The steps whose verdict differs from the previous judged step's, in step order (the first step is the start,
+    not a change). A metric sitting on a band edge flips back and forth: each flip is a change, as the trainer saw
+    it. A step with nothing to judge (every value NaN: UNKNOWN) is no change: the next judged step compares with
+    the last judged one."""
     rows = list(rows)
     changes = []
-    verdicts = step_verdicts(rows)
-    for prev, row, now in zip(verdicts[:-1], rows[1:], verdicts[1:], strict=True):
+    judged = [(row, v) for row, v in zip(rows, step_verdicts(rows), strict=True) if v.status != UNKNOWN]
+    for (_, prev), (row, now) in zip(judged[:-1], judged[1:], strict=False):
         if now.status == prev.status:
             continue
         moved = {m: (prev.metric_status.get(m, UNKNOWN), s) for m, s in now.metric_status.items()

@@ -108,6 +108,9 @@ def command(
         for report in result.reports:
             typer.echo(summary_line(report))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
+        runs_shown = " ".join(str(r) for r in runs)
+        typer.echo(f"Next: open {result.out}/report.html in a browser, or explore with `rcdiag dashboard "
+                   f"{runs_shown}`")
     failed = False
     if result.failures:
         header = "Failed --fail-if / --fail-on-drift conditions:" if fail_on_drift else "Failed --fail-if conditions:"

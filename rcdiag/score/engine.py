@@ -57,12 +57,14 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def set_vllm_logging(verbose: bool = False) -> None:
-    """vLLM's log at WARNING (its INFO lines flood a terminal), or INFO with `verbose`. An explicit
-    VLLM_LOGGING_LEVEL in the environment wins unless `verbose`; applies whether or not vLLM is imported yet."""
+    """vLLM's log at ERROR (its INFO lines flood a terminal, and its start-up warnings — Triton, libtcmalloc,
+    NUMA, compile-cache reloads — are about the machine, not about anything an rcdiag user can change), or INFO
+    with `verbose`. An explicit VLLM_LOGGING_LEVEL in the environment wins unless `verbose`; applies whether or
+    not vLLM is imported yet."""
     if verbose:
         os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
     else:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
 
 

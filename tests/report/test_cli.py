@@ -35,7 +35,8 @@ def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
     assert code == 0, stderr
     assert stdout.splitlines()[0].startswith("temperature: ALARM: fix the failed input check first (kl=0.02")
     assert stdout.splitlines()[1].startswith("  check temperature (error): b ≈ 1.356·a")
-    assert stdout.strip().endswith(f"Wrote {out}/report.html, report.md, metrics.json")
+    assert stdout.strip().splitlines()[-2] == f"Wrote {out}/report.html, report.md, metrics.json"
+    assert stdout.strip().splitlines()[-1].startswith(f"Next: open {out}/report.html")
     data = json.loads((out / "metrics.json").read_text())
     assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0],
                                "keys": "canonical"}

@@ -154,7 +154,8 @@ def test_manifest_records_settings(spied_run, sample_model: Path) -> None:
     _, manifest, _ = spied_run
     engine = manifest["engine"]
     assert engine["logprobs_mode"] == "processed_logprobs" and engine["name"] == "vllm"
-    assert (engine["temperature"], engine["top_p"], engine["top_k"], engine["n"], engine["max_tokens"]) == (
+    # the typed manifest writes set fields only: no top_k key means no top-k (rcdiag.store.manifest)
+    assert (engine["temperature"], engine["top_p"], engine.get("top_k"), engine["n"], engine["max_tokens"]) == (
         0.8, 1.0, None, 3, 12)
     assert engine["allow_truncated_sampling"] is False and engine["dtype_resolved"] == "float32"
     assert engine["version"] and engine["model"] == str(sample_model.resolve())

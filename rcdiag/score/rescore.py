@@ -212,11 +212,20 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
             share = responses / max(_input_tokens(pairs), 1)  # rows report model input tokens; the bar counts
             scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
                                      chunk_tokens=config.chunk_tokens, epilogue=epilogue,
-                                     on_row=lambda n, share=share: bar.update(n * share),
+                                     on_row=lambda n, share=share, cap=done_before + responses:
+                                     advance(bar, n * share, cap),
                                      source=f"{SEQUENCES_DIR}/{seq_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
-            bar.update(done_before + responses - bar.n)  # exact at each shard's end (the share is per shard)
+            advance(bar, done_before + responses - bar.n, done_before + responses)  # exact at each shard's end
     return update_manifest(run.path, {"trainer": settings})
+
+
+def advance(bar: Any, amount: float, cap: float) -> None:
+    """Move `bar` by `amount`, never past `cap`: per-row progress is an estimate (input tokens scaled to response
+    tokens), and a bar past its total makes tqdm warn and show more than 100 %."""
+    step = min(amount, cap - bar.n)
+    if step > 0:
+        bar.update(step)
 
 
 def _input_tokens(pairs: list[tuple[np.ndarray, np.ndarray]]) -> int:

@@ -204,3 +204,20 @@ def test_cli_rescore_only_then_api(tmp_path, model_dir, pairs, capsys) -> None:
     capsys.readouterr()
     assert main(["score", "--rescore-only", str(run.path), "--train-dtype", "fp8", "--quiet"]) == 1
     assert capsys.readouterr().err.startswith("Error: --train-dtype 'fp8' is not one of float32")
+
+
+def test_progress_estimate_never_passes_the_total() -> None:
+    """The rescore bar advances by an estimate per packed row (input tokens scaled to response tokens); it must stop
+    at the shard's response-token total — before, make demo ended with tqdm's 'clamping frac to range [0, 1]'."""
+    import io
+
+    from tqdm import tqdm
+
+    from rcdiag.score.rescore import advance
+
+    with tqdm(total=100, file=io.StringIO()) as bar:  # a real bar (a disabled one does not count)
+        for _ in range(7):
+            advance(bar, 20.0, 100)
+        assert bar.n == 100
+        advance(bar, 5.0, 100)
+        assert bar.n == 100

@@ -221,7 +221,7 @@ def _verdict_html(run: Any, max_tokens: int) -> str:
     from rcdiag.report.context import verdict_html
 
     try:
-        return verdict_html(run_verdict(run, _cached_scan(run)), max_reasons=5)
+        return verdict_html(run_verdict(run), max_reasons=5)
     except RcdiagError as exc:
         return f"<p>Verdict unavailable: {html.escape(str(exc))}</p>"
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.correction import IS_METRIC_NAMES
-from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, VERDICT_THRESHOLD, Verdict, verdict
+from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
@@ -77,6 +77,25 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     NaN/±inf log-probs on valid positions do not stop the report: the checks locate them and `metrics_error`
     says why the metrics (which refuse such input) are missing.
     """
+    report = judge(run, options, map_files)
+    scan = report.scan
+    report.strata = scan.strata.finish()
+    ids, sums = scan.sums.table(scan.info.seq_id)
+    # no interval around numbers the metrics refused or withheld: it would look like a result
+    report.intervals = {} if report.metrics_error else bootstrap(
+        sums, options.convention, replicates=options.replicates, level=options.level, seed=options.seed)
+    report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
+    report.worst_sequences = _worst_sequences(run, ids, sums)
+    report.prompts = worst_prompts(scan.info.prompt_id, sums)
+    report.recommendation = recommend(report)
+    report.trend, report.drift = report_trend(run, options)
+    return report
+
+
+def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
+    """The part of the report the verdict needs — the passes (cached: rcdiag.report.cache), the input checks, the
+    tails, metrics, IS modes and the verdict — without the bootstrap, worst items, recommendation or trend. The
+    notebook card calls it too, so its verdict is the report's, from the same one pass."""
     validate(options)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
@@ -84,22 +103,12 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     report = RunReport(run.name, str(run.path), run.manifest, options,
                        check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
     report.tails = scan.tails.finish()
-    report.strata = scan.strata.finish()
-    ids, sums = scan.sums.table(scan.info.seq_id)
-    report.intervals = bootstrap(sums, options.convention, replicates=options.replicates, level=options.level,
-                                 seed=options.seed)
-    report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
-    report.worst_sequences = _worst_sequences(run, ids, sums)
-    report.prompts = worst_prompts(scan.info.prompt_id, sums)
     try:
         _library_numbers(report, library)
     except InputError as exc:
         report.metrics_error = str(exc)
-        report.intervals = {}  # an interval around numbers the metrics refuse would look like a result
     _suppress_invalidated(report)
     report.verdict = verdict(headline_values(report), report.checks)
-    report.recommendation = recommend(report)
-    report.trend, report.drift = report_trend(run, options)
     return report
 
 
@@ -110,18 +119,12 @@ def headline_values(report: RunReport) -> dict[str, float]:
     return {**report.tails, **report.metrics, **{k: point[k] for k in ("ess", "is_weight_mean") if k in point}}
 
 
-def run_verdict(run: Any, scan: Scan | None = None) -> Verdict:
-    """The report's verdict of a Run without writing a report (the notebook card): canonical metrics, tails,
-    token_truncate at the default C, and the input checks. `scan`: a cached scan_run(run) to reuse."""
-    from rcdiag.analysis.correction import simulate
-    from rcdiag.analysis.metrics import compute_metrics
-    from rcdiag.checks.verdicts import run_checks
-    from rcdiag.report.scan import scan_run
+def run_verdict(run: Any) -> Verdict:
+    """The verdict `rcdiag report RUN` gives, without writing a report (the notebook card): judge() with the
+    report's defaults — one cached pass instead of a pass per metric family."""
+    return judge(run).verdict
 
-    point = simulate(run, VERDICT_MODE, VERDICT_THRESHOLD)
-    tails = (scan or scan_run(run)).tails.finish()
-    values = {**tails, **compute_metrics(run), **{k: point[k] for k in ("ess", "is_weight_mean")}}
-    return verdict(values, run_checks(run, thresholds=(VERDICT_THRESHOLD,)))
+
 INVALIDATING = {"huge_negative"}
 """Placeholder kinds the metrics accept (finite) although one value dominates every mean (-1e9 and below).
 Positive log-probs and 0.0 are flagged by the check but left in: a log-prob of +1e-3 is impossible yet moves no

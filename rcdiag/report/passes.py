@@ -28,7 +28,7 @@ from rcdiag.progress import progress
 from rcdiag.report.options import MODES, ReportOptions
 from rcdiag.report.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, Scan, new_scan, relabel, sequence_info, update
 from rcdiag.store.files import SEQUENCES_DIR
-from rcdiag.store.run import Run, open_run
+from rcdiag.store.run import Run
 from rcdiag.store.schema import check_keys
 
 MapFiles = Callable[[Callable[[int], "Partial"], Iterable[int]], Iterable["Partial"]]
@@ -157,7 +157,7 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -
 def file_partial(run_path: str, options: Any, index: int, *, finish_labels: Sequence[str] | None = None) -> Partial:
     """The partial of token file `index` (in sorted order) of the run at `run_path`, reading only its own shard's
     sequences; `finish_labels` are the whole run's (the driver reads them once)."""
-    run = open_run(run_path)
+    run = Run(run_path, validate=False)  # the driver opened (and validated) the run; tasks only re-open it
     file = run.token_files[index]
     scan, library = passes(FileView(run, file), options, finish_labels)
     return Partial(scan, library, *_edge_keys(file), file=f"tokens/{file.name}")

@@ -35,7 +35,10 @@ class Run:
     table (memory bounded by the batch size); `shards()` yields (tokens, sequences) Arrow tables per shard.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, validate: bool = True):
+        """`validate`: check the run's structure at the door (rcdiag.store.validate: reads every file's seq_id
+        column). A caller re-opening a run that was already opened and validated in this job — a report's per-file
+        task — passes False instead of paying that read once per file."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunDirError(f"{self.path}: no such run directory")
@@ -43,7 +46,8 @@ class Run:
         """The typed manifest (rcdiag.store.manifest.Manifest)."""
         self.manifest: dict[str, Any] = self.info.to_dict()
         """The same manifest as a plain (normalised) dict, for JSON-minded code."""
-        validate_run(self.path, self.token_files, self.sequence_files)
+        if validate:
+            validate_run(self.path, self.token_files, self.sequence_files)
 
     def __repr__(self) -> str:
         counts = self.manifest.get("counts", {})

@@ -19,12 +19,22 @@ SIZE = (6.4, 3.6)
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 
 
+class FixedFigure(Figure):
+    """A figure whose margins were chosen to fit its artists (no layout engine, no tight crop): `png_bytes` draws it
+    once. Constrained layout cost ~1 s a figure and bbox_inches="tight" a second full draw (issue #15)."""
+
+
 def _figure(size: tuple[float, float] = SIZE, bottom: float = 0.15) -> tuple[Figure, Any]:
-    """A figure with a fixed layout (margins set once: constrained layout costs ~1 s a figure, issue #15);
-    `bottom` leaves room for rotated bucket labels."""
-    fig = Figure(figsize=size, dpi=110)
+    """A FixedFigure with one axes; `bottom` leaves room for rotated bucket labels."""
+    fig = FixedFigure(figsize=size, dpi=110)
     fig.subplots_adjust(left=0.12, right=0.97, bottom=bottom, top=0.9)
     return fig, fig.add_subplot()
+
+
+def _title(ax: Any, text: str, **kwargs: Any) -> None:
+    """An axes title at a fixed height: matplotlib's automatic title placement measures every tick label of the
+    axes on each draw (a third of a figure's drawing time) to dodge top-side labels these figures never have."""
+    ax.set_title(text, y=1.0, **kwargs)
 
 
 def _runs(data: Any) -> Mapping[str, Any]:
@@ -46,7 +56,7 @@ def log_ratio_histogram(tails: TailAccumulator | Mapping[str, TailAccumulator], 
         ax.text(0.5, 0.5, "no valid tokens", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("ℓ = a − b = log π_train − log π_rollout (nats)")
     ax.set_ylabel("tokens (log scale)")
-    ax.set_title("Distribution of the per-token log-ratio")
+    _title(ax, "Distribution of the per-token log-ratio")
     ax.axvline(0, color="#555", lw=0.8, ls=":")
     if len(runs) > 1:
         ax.legend(frameon=False)
@@ -71,7 +81,7 @@ def density_scatter(tails: TailAccumulator) -> Figure:
     ax.set_ylim(start - 0.2, 0.05)
     ax.set_xlabel("a: training log-prob")
     ax.set_ylabel("b: rollout log-prob")
-    ax.set_title("Rollout vs training log-probs (density)")
+    _title(ax, "Rollout vs training log-probs (density)")
     ax.legend(loc="upper left", frameon=False)
     return fig
 
@@ -95,7 +105,7 @@ def by_stratum(rows: list[dict[str, Any]] | Mapping[str, list[dict[str, Any]]], 
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("nats")
-    ax.set_title(title)
+    _title(ax, title)
     ax.legend(frameon=False, fontsize=8)
     return fig
 
@@ -120,7 +130,7 @@ def log_ratio_vs_rollout(rows: list[dict[str, Any]] | Mapping[str, list[dict[str
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
     ax.set_xlabel("rollout probability exp(b) (bucket)")
     ax.set_ylabel("|ℓ| (nats, log scale)")
-    ax.set_title("Mismatch against the rollout probability")
+    _title(ax, "Mismatch against the rollout probability")
     ax.grid(alpha=0.3)
     ax.legend(frameon=False, fontsize=7, ncol=3 if len(runs) == 1 else 2)
     return fig
@@ -132,7 +142,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
     thresholds, the ESS target labelled and the `recommended` (mode, C) marked; several runs: one colour each."""
     runs = _runs(sweep)
     modes = list(dict.fromkeys(m for frame in runs.values() for m in frame["mode"]))
-    fig = Figure(figsize=(2.6 * max(len(modes), 1) + 0.6, 4.8), dpi=110)
+    fig = FixedFigure(figsize=(2.6 * max(len(modes), 1) + 0.6, 4.8), dpi=110)
     fig.subplots_adjust(left=0.08, right=0.99, bottom=0.15, top=0.88, wspace=0.25, hspace=0.12)
     axes = fig.subplots(2, max(len(modes), 1), sharex=True, squeeze=False)
     ticks = sorted({float(c) for frame in runs.values() for c in frame["threshold"]})
@@ -148,7 +158,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
                             label="recommended" if ax is axes[0, k] else None)
     for k, mode in enumerate(modes):
         top, bottom = axes[0, k], axes[1, k]
-        top.set_title(mode, fontsize=10)
+        _title(top, mode, fontsize=10)
         top.axhline(target, color="#555", lw=0.8, ls=":")
         top.annotate(f"ESS target {target:g}", (0.02, target), xycoords=("axes fraction", "data"), fontsize=7,
                      color="#555", va="bottom")
@@ -173,11 +183,12 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
 
 
 def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (Agg canvas), cropped to its artists (bbox_inches="tight": one layout pass instead
-    of constrained layout's several — a third of the report's fixed start-up was figure layout)."""
+    """The figure as PNG bytes (Agg canvas) from ONE draw when its layout already fits (a FixedFigure, or a layout
+    engine such as constrained); any other figure is cropped to its artists (bbox_inches="tight", a second draw)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.08)
+    fits = isinstance(fig, FixedFigure) or fig.get_layout_engine() is not None
+    fig.savefig(buffer, format="png", **({} if fits else {"bbox_inches": "tight", "pad_inches": 0.08}))
     return buffer.getvalue()

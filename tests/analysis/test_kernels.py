@@ -127,6 +127,28 @@ def test_token_modes_against_python_loop(action):
         assert f[j]["kept_tokens"] == (sum(w > 0 for w in ws) if action == "mask" else len(ws))
 
 
+@pytest.mark.parametrize("swift", [False, True])
+def test_token_modes_together_equal_each_mode_alone(swift):
+    """The kernel interleaves modes per row: every output of a 14-mode call (truncate and mask, with and without
+    L, ρ at ±20 and 0/1 rows scored) is bit-identical to that mode's own single-mode call."""
+    rng = np.random.default_rng(11)
+    starts, lengths = _segments(rng, 80, 50)
+    n = int(lengths.sum())
+    lr = np.clip(rng.standard_t(2, n), -20, 20)
+    lr[:5] = [20.0, -20.0, 0.0, 1e-12, -1e-12]
+    rho = np.exp(lr)
+    stat = rng.random(n) > 0.3
+    stat[starts[1]:starts[2]] = False  # a sequence without scored rows
+    params = np.array([[c, low or 0.0, math.log(c), math.log(low) if low else -math.inf,
+                        math.log(low) if low else -math.log(c), action]
+                       for action in (0.0, 1.0) for c in (1.1, 1.5, 2.0, 3.0, 10.0) for low in (None, 0.5)][:14])
+    together = kernels.token_modes(lr, rho, stat, starts, params, swift, True)
+    for j in range(params.shape[0]):
+        alone = kernels.token_modes(lr, rho, stat, starts, params[j:j + 1], swift, True)
+        for joint, single in zip(together, alone, strict=True):
+            assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64))
+
+
 def test_exact_sum_is_independent_of_how_values_arrive():
     """Many small arrays (kept, then reduced every ~8k values), one big array, scalars and merges: one value, the
     correctly rounded sum."""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.checks.evidence_kernel import KINDS, pair_evidence, side_evidence
 from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import column_as_float64, mask_as_bool
@@ -57,14 +58,13 @@ class Grid:
 GRIDS = (Grid("bfloat16", 16, 7), Grid("float16", 13, 10))
 
 
-def _float32_bits(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32).view(np.uint32)
+_GRID_LOW_BITS = np.array([g.low_bits for g in GRIDS], dtype=np.int64)
 
 
 class _SideStats:
     """Per-column placeholder counts and storage-grid evidence (mergeable)."""
 
-    KINDS = ("nan", "pos_inf", "neg_inf", "huge_negative", "zero", "positive")
+    KINDS = KINDS
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(self.KINDS, 0)
@@ -76,30 +76,19 @@ class _SideStats:
 
     def update(self, values: np.ndarray, other: np.ndarray, valid: np.ndarray, where: dict[str, np.ndarray],
                file: str, row0: int) -> None:
-        tests = {
-            "nan": np.isnan(values), "pos_inf": values == np.inf, "neg_inf": values == -np.inf,
-            "huge_negative": np.isfinite(values) & (values <= HUGE_NEGATIVE),
-            # exact 0.0 where the other side says the token was not certain (both ≈ 0 is a confident token)
-            "zero": (values == 0.0) & (np.abs(np.nan_to_num(other, nan=1.0)) > 1e-2),
-            "positive": np.isfinite(values) & (values > 1e-6),
-        }
-        for kind, hit in tests.items():
-            hit &= valid
-            count = int(hit.sum())
-            if not count:
-                continue
+        """Add one batch's valid rows (one compiled pass: evidence_kernel.side_evidence)."""
+        counts, first, pos0, checked, on_grid, exponents = side_evidence(values, other, valid, where["pos"],
+                                                                         HUGE_NEGATIVE, _GRID_LOW_BITS)
+        for kind, count, i in zip(self.KINDS, counts.tolist(), first.tolist(), strict=True):
             self.counts[kind] += count
-            self.pos0 += int((hit & (where["pos"] == 0)).sum())
-            if kind not in self.first:
-                i = int(np.flatnonzero(hit)[0])
+            if count and kind not in self.first:
                 self.first[kind] = {"file": file, "row": row0 + i, "seq_id": int(where["seq_id"][i]),
                                     "pos": int(where["pos"][i]), "value": float(values[i])}
-        normal = valid & np.isfinite(values) & (values != 0.0) & (values > HUGE_NEGATIVE)
-        bits = _float32_bits(values[normal])
-        self.checked += bits.size
-        for grid in GRIDS:
-            self.on_grid[grid.name] += int(((bits & np.uint32((1 << grid.low_bits) - 1)) == 0).sum())
-        self.exponents += np.bincount(((bits >> 23) & 0xFF).astype(np.int64), minlength=256)
+        self.pos0 += int(pos0)
+        self.checked += int(checked)
+        for grid, count in zip(GRIDS, on_grid.tolist(), strict=True):
+            self.on_grid[grid.name] += count
+        self.exponents += exponents
 
     def merge(self, other: _SideStats) -> None:
         for kind in self.KINDS:
@@ -158,27 +147,14 @@ class CheckAccumulator:
         self.sides["rollout_logprob"].update(b, a, valid, where, file, row0)
         self.tokens += seq.size
         self.valid += int(valid.sum())
-        clean = valid & _plausible(a) & _plausible(b)
-        self._fit(a[clean], b[clean])
-        self._shift(seq, pos, a, b, clean)
+        fit, offset, shift = pair_evidence(seq, pos, a, b, valid, HUGE_NEGATIVE)
+        self.fit += fit
+        self.offset += offset
+        self.shift += shift
         ids, starts, counts = np.unique(seq, return_index=True, return_counts=True)
         self.seq_ids.append(ids)
         self.seq_counts.append(counts)
         self.seq_maxpos.append(np.maximum.reduceat(pos, starts) if seq.size else pos)
-
-    def _fit(self, a: np.ndarray, b: np.ndarray) -> None:
-        self.fit += (a.size, a.sum(), b.sum(), (a * a).sum(), (a * b).sum(), (b * b).sum())
-        d = b - a
-        self.offset += (d[d > 1e-6].sum(), (d > 1e-6).sum(), (d < -1e-6).sum(), (np.abs(d) <= 1e-6).sum())
-
-    def _shift(self, seq: np.ndarray, pos: np.ndarray, a: np.ndarray, b: np.ndarray, clean: np.ndarray) -> None:
-        """Compare a_t with b at t−1, t, t+1 on interior positions whose neighbours are in the same sequence."""
-        if seq.size < 3:
-            return
-        same = (seq[1:] == seq[:-1]) & (pos[1:] == pos[:-1] + 1) & clean[1:] & clean[:-1]
-        mid = same[1:] & same[:-1]  # rows 1..n−2 with both neighbours
-        ai, bi = a[1:-1][mid], b[1:-1][mid]
-        self.shift += (ai.size, np.abs(ai - b[:-2][mid]).sum(), np.abs(ai - bi).sum(), np.abs(ai - b[2:][mid]).sum())
 
     def merge(self, other: CheckAccumulator) -> CheckAccumulator:
         for name, side in self.sides.items():
@@ -204,11 +180,6 @@ class CheckAccumulator:
         maxpos = np.full(uniq.size, -1, dtype=np.int64)
         np.maximum.at(maxpos, inverse, np.concatenate(self.seq_maxpos))
         return uniq, counts.astype(np.int64), maxpos
-
-
-def _plausible(values: np.ndarray) -> np.ndarray:
-    """Finite, not a placeholder (0.0, ≤ −1e9) and not positive: usable for the statistical checks."""
-    return np.isfinite(values) & (values < 0.0) & (values > HUGE_NEGATIVE)
 
 
 # ----------------------------------------------------------------------------------------------- entry points

@@ -159,85 +159,66 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     sequence without scored rows), float64 [M, 14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min,
     max of w and of w̃, counts) and, when `rows`, w on every row (float64 [M, n], 0 on unscored rows; else
     [M, 0]).
-
-    Rows outer, modes inner: each mode's compensated sums form a chain of dependent adds (latency-bound when one
-    mode runs alone); interleaving the M independent chains keeps the core busy. Each mode still adds its rows
-    in row order, so every sum is bit-identical to a mode-by-mode loop.
     """
     n_modes, n_seq, n = params.shape[0], starts.size, lr.size
     per_w = np.zeros((n_modes, n_seq))
     per_e = np.zeros((n_modes, n_seq))
     w_rows = np.zeros((n_modes, n if rows else 0))
     out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
-    upper, lower, log_upper = params[:, 0].copy(), params[:, 1].copy(), params[:, 2].copy()
-    log_lower, log_lo, mask_action = params[:, 3].copy(), params[:, 4].copy(), params[:, 5] > 0
-    lo_w, hi_w = np.full(n_modes, np.inf), np.full(n_modes, -np.inf)
-    lo_e, hi_e = np.full(n_modes, np.inf), np.full(n_modes, -np.inf)
-    counts = np.zeros((5, n_modes), np.int64)  # high, low, out of [L, C], kept tokens, kept sequences
-    s_w, c_w = np.zeros(n_modes), np.zeros(n_modes)
-    s_e, c_e = np.zeros(n_modes), np.zeros(n_modes)
-    kept = np.zeros(n_modes, np.int64)
     count = 0
     for i in range(n):
         count += stat[i]
-    for k in range(n_seq):
-        s_w[:] = 0.0
-        c_w[:] = 0.0
-        s_e[:] = 0.0
-        c_e[:] = 0.0
-        kept[:] = 0
-        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
-            if not stat[i]:
-                continue
-            x, r = lr[i], rho[i]
-            for j in range(n_modes):
-                w, out_flag = _weight(x, r, upper[j], lower[j], log_upper[j], log_lower[j], mask_action[j])
-                counts[0, j] += x > log_upper[j]
-                counts[1, j] += x < log_lo[j]
-                counts[2, j] += out_flag
-                kept[j] += not (mask_action[j] and out_flag)
+    for j in range(n_modes):  # modes outer, a sequence's rows inner: the accumulators stay in registers
+        upper, lower, log_upper, log_lower, log_lo = params[j, 0], params[j, 1], params[j, 2], params[j, 3], params[j, 4]
+        mask_action = params[j, 5] > 0
+        lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
+        n_high = n_low = n_out = kept_tok = kept_seq = 0
+        for k in range(n_seq):
+            s_w = c_w = s_e = c_e = 0.0
+            kept = 0
+            for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+                if not stat[i]:
+                    continue
+                x = lr[i]
+                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
+                n_high += x > log_upper
+                n_low += x < log_lo
+                n_out += out_flag
+                kept += not (mask_action and out_flag)
                 if rows:
                     w_rows[j, i] = w
-                s_w[j], c_w[j] = _two_sum(s_w[j], c_w[j], w)
-                lo_w[j], hi_w[j] = min(lo_w[j], w), max(hi_w[j], w)
+                s_w, c_w = _two_sum(s_w, c_w, w)
+                lo_w, hi_w = min(lo_w, w), max(hi_w, w)
                 if swift_ess:
-                    e = min(max(w, 1.0 / upper[j]), upper[j])
-                    s_e[j], c_e[j] = _two_sum(s_e[j], c_e[j], e)
-                    lo_e[j], hi_e[j] = min(lo_e[j], e), max(hi_e[j], e)
-        for j in range(n_modes):
-            per_w[j, k] = _total(s_w[j], c_w[j])
-            per_e[j, k] = _total(s_e[j], c_e[j])
-            counts[3, j] += kept[j]
-            counts[4, j] += kept[j] > 0
-    for j in range(n_modes):
+                    e = min(max(w, 1.0 / upper), upper)
+                    s_e, c_e = _two_sum(s_e, c_e, e)
+                    lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+            per_w[j, k] = _total(s_w, c_w)
+            per_e[j, k] = _total(s_e, c_e)
+            kept_tok += kept
+            kept_seq += kept > 0
         out[j, 0] = count
-        out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w[j], hi_w[j], lo_e[j], hi_e[j]
-        out[j, 9], out[j, 10], out[j, 11], out[j, 12], out[j, 13] = (counts[0, j], counts[1, j], counts[2, j],
-                                                                     counts[3, j], counts[4, j])
+        out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w, hi_w, lo_e, hi_e
+        out[j, 9], out[j, 10], out[j, 11], out[j, 12], out[j, 13] = n_high, n_low, n_out, kept_tok, kept_seq
         if count:
             out[j, 1], out[j, 5] = per_w[j].sum() / count, per_e[j].sum() / count
-    if count:
-        _second_pass(lr, rho, stat, params, swift_ess, out)
+            out[j, 2], out[j, 6] = _second_pass(lr, rho, stat, params[j], swift_ess, out[j, 1], out[j, 5])
     return per_w, per_e, out, w_rows
 
 
 @numba.njit(inline="always")
-def _second_pass(lr, rho, stat, params, swift_ess, out):
-    """out[:, 2] and out[:, 6]: the M2 of w about its mean out[:, 1] and of w̃ about out[:, 5], over the scored
-    rows, every mode in one pass over the rows (each mode's sum still in row order)."""
-    n_modes = params.shape[0]
-    m2, m2e = np.zeros(n_modes), np.zeros(n_modes)
+def _second_pass(lr, rho, stat, p, swift_ess, mean_w, mean_e):
+    """(M2 of w about mean_w, M2 of w̃ about mean_e) over the scored rows, for one mode's params row `p`."""
+    m2 = m2e = 0.0
+    upper, mask_action = p[0], p[5] > 0
     for i in range(lr.size):
         if stat[i]:
-            for j in range(n_modes):
-                upper = params[j, 0]
-                w = _weight(lr[i], rho[i], upper, params[j, 1], params[j, 2], params[j, 3], params[j, 5] > 0)[0]
-                m2[j] += (w - out[j, 1]) * (w - out[j, 1])
-                if swift_ess:
-                    e = min(max(w, 1.0 / upper), upper) - out[j, 5]
-                    m2e[j] += e * e
-    out[:, 2] = m2
-    out[:, 6] = m2e
+            w = _weight(lr[i], rho[i], upper, p[1], p[2], p[3], mask_action)[0]
+            m2 += (w - mean_w) * (w - mean_w)
+            if swift_ess:
+                e = min(max(w, 1.0 / upper), upper) - mean_e
+                m2e += e * e
+    return m2, m2e
 
 
 @numba.njit(**_JIT)

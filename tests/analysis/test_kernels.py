@@ -129,7 +129,7 @@ def test_token_modes_against_python_loop(action):
 
 @pytest.mark.parametrize("swift", [False, True])
 def test_token_modes_together_equal_each_mode_alone(swift):
-    """The kernel interleaves modes per row: every output of a 14-mode call (truncate and mask, with and without
+    """Modes never interact: every output of a 14-mode call (truncate and mask, with and without
     L, ρ at ±20 and 0/1 rows scored) is bit-identical to that mode's own single-mode call."""
     rng = np.random.default_rng(11)
     starts, lengths = _segments(rng, 80, 50)

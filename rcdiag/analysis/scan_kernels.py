@@ -30,10 +30,14 @@ _BAND_LOG_HI = np.log(np.array([hi for _, hi in tails_mod.RATIO_BANDS]))
 
 
 @numba.njit(inline="always")
-def _digitize(value, edges):
-    """clip(searchsorted(edges, value, 'right') − 1, 0, len − 2), as rcdiag.analysis.strata."""
-    i = np.searchsorted(edges, value, side="right") - 1
-    return min(max(i, 0), edges.size - 2)
+def bucket_index(value, edges):
+    """clip(searchsorted(edges, value, 'right') − 1, 0, len − 2), as rcdiag.analysis.strata, for a non-NaN value:
+    counting the edges ≤ value over the (≤ 17) sorted edges has no data-dependent branch, where a binary search
+    mispredicts on every random value (rollout probability, entropy)."""
+    count = 0
+    for j in range(edges.size):
+        count += edges[j] <= value
+    return min(max(count - 1, 0), edges.size - 2)
 
 
 @numba.njit(inline="always")
@@ -118,10 +122,10 @@ def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward
         e = entropy[i]
         last = (i + 1 < n and seq[i + 1] != seq[i]) or (p_len.size > 0 and p_len[r] >= 0 and pos[i] + 1 >= p_len[r])
         buckets = (
-            _digitize(pos[i], POW2_EDGES),
-            _digitize(length, POW2_EDGES) - 1,
-            _digitize(pb_, PROB_EDGES),
-            _digitize(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1,
+            bucket_index(pos[i], POW2_EDGES),
+            bucket_index(length, POW2_EDGES) - 1,
+            bucket_index(pb_, PROB_EDGES),
+            bucket_index(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1,
             1 if last and finish == stop_code else 0,
             finish,
             2 if math.isnan(reward) else (0 if reward > 0 else 1),
@@ -144,21 +148,20 @@ def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward
         k3_raw = k3 if lc == lr else math.expm1(lr) - lr
         w = min(max(rho, lower), threshold)
         ws = min(max(rho, 1.0 / threshold), threshold)
-        row_sums = sums[k]
-        row_sums[0] += 1.0
-        row_sums[1] += x
-        row_sums[2] += y
-        row_sums[3] += lr
-        row_sums[4] += absl
-        row_sums[5] = max(row_sums[5], absl)
-        row_sums[6] += k3
-        row_sums[7] += min(max(k3, -SWIFT_K3_CLAMP), SWIFT_K3_CLAMP)
-        row_sums[8] += k3_raw
-        row_sums[9] += rho * rho
-        row_sums[10] += w
-        row_sums[11] += w * w
-        row_sums[12] += ws
-        row_sums[13] += ws * ws
+        sums[k, 0] += 1.0
+        sums[k, 1] += x
+        sums[k, 2] += y
+        sums[k, 3] += lr
+        sums[k, 4] += absl
+        sums[k, 5] = max(sums[k, 5], absl)
+        sums[k, 6] += k3
+        sums[k, 7] += min(max(k3, -SWIFT_K3_CLAMP), SWIFT_K3_CLAMP)
+        sums[k, 8] += k3_raw
+        sums[k, 9] += rho * rho
+        sums[k, 10] += w
+        sums[k, 11] += w * w
+        sums[k, 12] += ws
+        sums[k, 13] += ws * ws
     tail_sums[0] += s_abs
     tail_sums[1] += s_l2
     tail_sums[2] += s_pa

@@ -173,3 +173,21 @@ def test_exact_sum_is_independent_of_how_values_arrive():
     inf = ExactSum()
     inf.add(np.array([1.0, math.inf]))
     assert inf.value() == math.inf
+
+
+def test_bucket_index_is_clipped_searchsorted():
+    """The scan's branch-free bucket rule equals clip(searchsorted(edges, v, 'right') − 1, 0, len − 2) on every
+    strata edge set, at the edges themselves, between them, beyond both ends and at ±inf."""
+    from rcdiag.analysis.scan_kernels import bucket_index
+    from rcdiag.analysis.strata import ENTROPY_EDGES, POW2_EDGES, PROB_EDGES
+
+    for edges in (POW2_EDGES, PROB_EDGES, ENTROPY_EDGES):
+        finite = edges[np.isfinite(edges)].astype(np.float64)
+        values = np.concatenate([finite, np.nextafter(finite, -np.inf), np.nextafter(finite, np.inf),
+                                 (finite[:-1] + finite[1:]) / 2, [-1e300, -1.0, 0.0, 1e300, np.inf, -np.inf]])
+        for v in values:
+            expected = min(max(int(np.searchsorted(edges, v, side="right")) - 1, 0), edges.size - 2)
+            assert bucket_index(v, edges) == expected, (edges, v)
+    for p in (0, 1, 2, 3, 4, 7, 8, 1 << 20, (1 << 62) + 5):
+        assert bucket_index(p, POW2_EDGES) == min(max(int(np.searchsorted(POW2_EDGES, p, "right")) - 1, 0),
+                                                  POW2_EDGES.size - 2)

@@ -159,16 +159,47 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     sequence without scored rows), float64 [M, 14] TOKEN_MODE_FIELDS (n, chunk mean, two-pass M2 about it, min,
     max of w and of w̃, counts) and, when `rows`, w on every row (float64 [M, n], 0 on unscored rows; else
     [M, 0]).
+
+    Most rows are usually "quiet": ℓ̂ and ρ inside every mode's bounds, so every mode weighs them ρ and counts
+    nothing; a chunk with at least half its scored rows quiet takes the shared-sum path (_modes_sparse: a 14-mode
+    sweep then costs a few modes, not 14), any other the mode-by-mode loop (_modes_dense). Both give
+    bit-identical results.
     """
     n_modes, n_seq, n = params.shape[0], starts.size, lr.size
     per_w = np.zeros((n_modes, n_seq))
     per_e = np.zeros((n_modes, n_seq))
     w_rows = np.zeros((n_modes, n if rows else 0))
     out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
-    count = 0
+    if n_modes == 0:
+        return per_w, per_e, out, w_rows
+    upper = params[:, 0]
+    # quiet rows: no mode clips, masks or counts them high/low (and swift's w̃ = w = ρ)
+    quiet = (max(params[:, 3].max(), params[:, 4].max()), params[:, 2].min(),
+             max(params[:, 1].max(), (1.0 / upper).max()) if swift_ess else params[:, 1].max(), upper.min())
+    count = loud = 0
     for i in range(n):
         count += stat[i]
-    for j in range(n_modes):  # modes outer, a sequence's rows inner: the accumulators stay in registers
+    if n_modes > 1:
+        for i in range(n):
+            loud += stat[i] and not _is_quiet(lr[i], rho[i], quiet)
+    if n_modes > 1 and loud * 2 < count:  # measured break-even: ~60 % of the rows outside some mode's bounds
+        _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows)
+    else:
+        _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, per_e, out, w_rows)
+    return per_w, per_e, out, w_rows
+
+
+@numba.njit(inline="always")
+def _is_quiet(x, r, quiet):
+    """Row (ℓ̂ = x, ρ = r) inside every mode's bounds: quiet = (min log, max log, min ρ, max ρ)."""
+    return quiet[0] <= x <= quiet[1] and quiet[2] <= r <= quiet[3]
+
+
+@numba.njit(**_JIT)
+def _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, per_e, out, w_rows):
+    """token_modes mode by mode: modes outer, a sequence's rows inner (the accumulators stay in registers)."""
+    n_modes, n_seq, n = params.shape[0], starts.size, lr.size
+    for j in range(n_modes):
         upper, lower, log_upper, log_lower, log_lo = params[j, 0], params[j, 1], params[j, 2], params[j, 3], params[j, 4]
         mask_action = params[j, 5] > 0
         lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
@@ -203,7 +234,109 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
         if count:
             out[j, 1], out[j, 5] = per_w[j].sum() / count, per_e[j].sum() / count
             out[j, 2], out[j, 6] = _second_pass(lr, rho, stat, params[j], swift_ess, out[j, 1], out[j, 5])
-    return per_w, per_e, out, w_rows
+
+
+@numba.njit(**_JIT)
+def _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows):
+    """token_modes on a mostly quiet chunk. Within a sequence the modes share ONE compensated sum of ρ until a
+    row gives a mode another weight; that mode then continues on its own copy of the sum. Each mode's sum is
+    thus the same sequence of operations as in _modes_dense (bit-identical; tests/analysis/test_kernels.py).
+    Modes that never left the shared sum in the chunk have equal weights and means: one M2 pass for them all."""
+    n_modes, n_seq, n = params.shape[0], starts.size, lr.size
+    upper, lower, log_upper, log_lower, log_lo = params[:, 0], params[:, 1], params[:, 2], params[:, 3], params[:, 4]
+    mask_action = params[:, 5] > 0
+    quiet_min, quiet_max = np.inf, -np.inf
+    lo_w, hi_w = np.full(n_modes, np.inf), np.full(n_modes, -np.inf)
+    lo_e, hi_e = np.full(n_modes, np.inf), np.full(n_modes, -np.inf)
+    counts = np.zeros((5, n_modes), np.int64)  # high, low, out of [L, C], kept tokens, kept sequences
+    s_w, c_w = np.zeros(n_modes), np.zeros(n_modes)
+    s_e, c_e = np.zeros(n_modes), np.zeros(n_modes)
+    kept = np.zeros(n_modes, np.int64)
+    own = np.zeros(n_modes, np.bool_)  # this sequence: the mode left the shared sum
+    ever = np.zeros(n_modes, np.bool_)  # this chunk: the mode left the shared sum in some sequence
+    own_list = np.empty(n_modes, np.int64)
+    for k in range(n_seq):
+        shared_s = shared_c = 0.0
+        own[:] = False
+        n_own = 0
+        kept[:] = 0
+        n_quiet = 0
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            if not stat[i]:
+                continue
+            x, r = lr[i], rho[i]
+            if _is_quiet(x, r, quiet):
+                n_quiet += 1
+                quiet_min, quiet_max = min(quiet_min, r), max(quiet_max, r)
+                for t in range(n_own):
+                    j = own_list[t]
+                    s_w[j], c_w[j] = _two_sum(s_w[j], c_w[j], r)
+                    if swift_ess:
+                        s_e[j], c_e[j] = _two_sum(s_e[j], c_e[j], r)
+                if rows:
+                    w_rows[:, i] = r
+            else:
+                for j in range(n_modes):
+                    w, out_flag = _weight(x, r, upper[j], lower[j], log_upper[j], log_lower[j], mask_action[j])
+                    counts[0, j] += x > log_upper[j]
+                    counts[1, j] += x < log_lo[j]
+                    counts[2, j] += out_flag
+                    kept[j] += not (mask_action[j] and out_flag)
+                    if rows:
+                        w_rows[j, i] = w
+                    lo_w[j], hi_w[j] = min(lo_w[j], w), max(hi_w[j], w)
+                    e = r
+                    if swift_ess:
+                        e = min(max(w, 1.0 / upper[j]), upper[j])
+                        lo_e[j], hi_e[j] = min(lo_e[j], e), max(hi_e[j], e)
+                    if not own[j]:
+                        if w == r and e == r:
+                            continue  # still weighs ρ: stays on the shared sum
+                        own[j] = ever[j] = True
+                        own_list[n_own] = j
+                        n_own += 1
+                        s_w[j], c_w[j] = shared_s, shared_c
+                        s_e[j], c_e[j] = shared_s, shared_c
+                    s_w[j], c_w[j] = _two_sum(s_w[j], c_w[j], w)
+                    if swift_ess:
+                        s_e[j], c_e[j] = _two_sum(s_e[j], c_e[j], e)
+            shared_s, shared_c = _two_sum(shared_s, shared_c, r)
+        shared = _total(shared_s, shared_c)
+        for j in range(n_modes):
+            per_w[j, k] = _total(s_w[j], c_w[j]) if own[j] else shared
+            if swift_ess:
+                per_e[j, k] = _total(s_e[j], c_e[j]) if own[j] else shared
+            counts[3, j] += kept[j] + n_quiet
+            counts[4, j] += kept[j] + n_quiet > 0
+    shared_m2 = shared_m2e = -1.0
+    for j in range(n_modes):
+        out[j, 0] = count
+        out[j, 3], out[j, 4] = min(lo_w[j], quiet_min), max(hi_w[j], quiet_max)
+        out[j, 7], out[j, 8] = (min(lo_e[j], quiet_min), max(hi_e[j], quiet_max)) if swift_ess else (lo_e[j], hi_e[j])
+        for f in range(5):
+            out[j, 9 + f] = counts[f, j]
+        if count:
+            out[j, 1], out[j, 5] = per_w[j].sum() / count, per_e[j].sum() / count
+            if ever[j]:
+                out[j, 2], out[j, 6] = _second_pass(lr, rho, stat, params[j], swift_ess, out[j, 1], out[j, 5])
+            else:
+                if shared_m2 < 0.0:
+                    shared_m2, shared_m2e = _rho_second_pass(rho, stat, swift_ess, out[j, 1], out[j, 5])
+                out[j, 2], out[j, 6] = shared_m2, shared_m2e
+
+
+@numba.njit(inline="always")
+def _rho_second_pass(rho, stat, swift_ess, mean_w, mean_e):
+    """_second_pass for a mode whose weights (and w̃) are ρ on every scored row, with the same operations."""
+    m2 = m2e = 0.0
+    for i in range(rho.size):
+        if stat[i]:
+            w = rho[i]
+            m2 += (w - mean_w) * (w - mean_w)
+            if swift_ess:
+                e = w - mean_e
+                m2e += e * e
+    return m2, m2e
 
 
 @numba.njit(inline="always")

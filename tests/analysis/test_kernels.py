@@ -128,14 +128,18 @@ def test_token_modes_against_python_loop(action):
 
 
 @pytest.mark.parametrize("swift", [False, True])
-def test_token_modes_together_equal_each_mode_alone(swift):
-    """Modes never interact: every output of a 14-mode call (truncate and mask, with and without
-    L, ρ at ±20 and 0/1 rows scored) is bit-identical to that mode's own single-mode call."""
+@pytest.mark.parametrize("scale", [1.0, 0.01])
+def test_token_modes_together_equal_each_mode_alone(swift, scale):
+    """Modes never interact: every output of a 14-mode call (truncate and mask, with and without L, ρ at ±20,
+    at the bounds, rows not scored) is bit-identical to that mode's own single-mode call. scale 1: most rows
+    clipped somewhere (the mode-by-mode loop); scale 0.01: mostly quiet rows (the shared-sum path, which a
+    single mode never takes)."""
     rng = np.random.default_rng(11)
     starts, lengths = _segments(rng, 80, 50)
     n = int(lengths.sum())
-    lr = np.clip(rng.standard_t(2, n), -20, 20)
+    lr = np.clip(scale * rng.standard_t(2, n), -20, 20)
     lr[:5] = [20.0, -20.0, 0.0, 1e-12, -1e-12]
+    lr[rng.integers(0, n, 20)] = np.log(rng.choice([1.1, 1.5, 2.0, 0.5, 1 / 1.1], 20))
     rho = np.exp(lr)
     stat = rng.random(n) > 0.3
     stat[starts[1]:starts[2]] = False  # a sequence without scored rows

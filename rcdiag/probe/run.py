@@ -114,20 +114,29 @@ def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], tempe
 
 def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Sequence[Pair], temperature: float,
                  device: str, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
-    """Log-probs per trainer setting; one model load per (dtype, attention), freed before the next."""
+    """Log-probs per trainer setting; one model load per dtype (freed before the next), its attention
+    implementation switched in place between settings (the weights are the same tensors, so the numbers are those
+    of a fresh load with that attention; a load per (dtype, attention) cost a load and a gc per switch)."""
     import warnings
 
-    from rcdiag.score.scoring import RescoreWarning, load_model
+    from rcdiag.score.attention import resolve_attention
+    from rcdiag.score.scoring import RescoreWarning, attention_used, load_model
 
     out: dict[str, np.ndarray] = {}
-    groups: dict[tuple[str, str], list[TrainSetting]] = {}
+    groups: dict[str, list[TrainSetting]] = {}
     for setting in settings:
-        groups.setdefault((setting.dtype, setting.attn), []).append(setting)
+        groups.setdefault(setting.dtype, []).append(setting)
     n_tokens = sum(len(r) for _, r in pairs)
-    for (dtype, attn), members in groups.items():
-        say(f"trainer: loading {Path(model_path).name} in {dtype} with {attn} attention")
-        model = load_model(model_path, dtype=dtype, device=device, attn=attn)
+    for dtype, members in groups.items():
+        order = {attn: i for i, attn in enumerate(dict.fromkeys(s.attn for s in members))}
+        members.sort(key=lambda s: order[s.attn])  # stable: one switch per attention implementation
+        say(f"trainer: loading {Path(model_path).name} in {dtype} with {members[0].attn} attention")
+        model = load_model(model_path, dtype=dtype, device=device, attn=members[0].attn)
         for setting in members:
+            impl = resolve_attention(setting.attn, device, model.config)
+            if impl != attention_used(model):
+                say(f"trainer: {dtype} model switched to {setting.attn} attention")
+                model.set_attn_implementation(impl)
             with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar, \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore", RescoreWarning)

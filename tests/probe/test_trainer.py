@@ -141,3 +141,38 @@ def test_sample_is_seeded_and_bounded(probe_run: Run) -> None:
     assert a.equals(b) and a["seq_id"].nunique() == 5 == len(pairs)
     assert c["seq_id"].nunique() == 12
     assert sum(len(r) for _, r in pairs) == len(a)
+
+
+def test_attention_switched_in_place_equals_a_fresh_load(probed, probe_run: Run, probe_model) -> None:
+    """One load per dtype, the attention switched on the loaded model, gives the numbers of a fresh load with that
+    attention, bit for bit (the layout before this reuse loaded once per (dtype, attention))."""
+    from rcdiag.probe.factors import FACTORS
+    from rcdiag.probe.run import sample_tokens
+    from rcdiag.score.scoring import load_config, load_model, model_limits, score_sequences
+    from tests.probe.conftest import TEMPERATURE
+
+    _, frame = probed
+    vocab, context = model_limits(load_config(probe_model))
+    _, pairs = sample_tokens(probe_run, 10, 0, vocab, context)
+    for setting in FACTORS["attention"]:
+        fresh = load_model(probe_model, dtype=setting.dtype, attn=setting.attn)
+        expected = score_sequences(fresh, pairs, temperature=TEMPERATURE, token_budget=setting.token_budget,
+                                   chunk_tokens=setting.chunk_tokens).logprobs
+        assert frame[setting.name].to_numpy(np.float32).tobytes() == expected.astype(np.float32).tobytes()
+
+
+def test_one_trainer_load_per_dtype(probe_run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention grid in float32 plus the reference: one model load, not one per attention."""
+    import rcdiag.score.scoring as scoring
+
+    loads: list[tuple[str, str]] = []
+    real = scoring.load_model
+
+    def counting(path, **kwargs):
+        loads.append((kwargs["dtype"], kwargs["attn"]))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(scoring, "load_model", counting)
+    run_probe(probe_run.path, ProbeConfig(sample=3, factors=("attention", "train_dtype"), name="loads"),
+              silent=True, write=False)
+    assert sorted(d for d, _ in loads) == ["bfloat16", "float16", "float32"]

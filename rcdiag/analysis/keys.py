@@ -36,6 +36,8 @@ VERL_KEYS: dict[str, str] = {
     "batch_norm_factor": "rollout_corr/rollout_is_batch_norm_factor",
     **{f"is_seq_{s}": f"rollout_corr/rollout_is_seq_{s}" for s in (
         "mean", "std", "min", "max", "max_deviation", "fraction_high", "fraction_low")},
+    **{name: f"training/rollout_{name}" for name in (
+        "probs_diff_valid", "probs_diff_max", "probs_diff_mean", "probs_diff_std", "actor_probs_pearson_corr")},
     "rs_masked_fraction": "rollout_corr/rollout_rs_masked_fraction",
     "rs_seq_masked_fraction": "rollout_corr/rollout_rs_seq_masked_fraction",
 }

@@ -1,9 +1,13 @@
 """The frameworks' own names for rcdiag's numbers: ONE table per framework, read by the library (`keys=`) and by
-every writer of metrics (the report's metrics.json, exports) through `rename`.
+every writer of metrics (the report's metrics.json, exports) through `rename`. docs/framework-keys.md lists every
+logged key with the rcdiag call that reproduces it.
 
 Key strings as the frameworks log them (prefixes included):
-- verl v0.9.0 `verl/trainer/ppo/rollout_corr_helper.py`: `rollout_corr/<key>` (decoupled mode; bypass mode logs the
-  same keys under `actor/rollout_corr/`, per micro-batch — not reproducible offline).
+- verl v0.9.0 `verl/trainer/ppo/rollout_corr_helper.py`: `rollout_corr/<key>` (decoupled mode), and
+  `verl/utils/debug/metrics.py`: `training/rollout_probs_diff_*`, `training/rollout_actor_probs_pearson_corr`.
+  Bypass mode logs the `rollout_corr/` keys as `actor/rollout_corr/<key>` from inside the loss, per micro-batch,
+  with the log-probs of the policy as it is being updated: not reproducible offline (one fixed trainer log-prob
+  per token, no micro-batch split), so this table has no `actor/` names.
 - ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py` `_update_metrics`: `rollout_correction/<key>`.
 - TRL v1.9.0 `trl/trainer/grpo_trainer.py` `_generate_and_score_completions`: `sampling/...` (eval runs prefix
   `eval_`).

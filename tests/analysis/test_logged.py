@@ -115,3 +115,17 @@ def test_groups_default_and_bad_columns():
     per_group = logged_values(tokens, "trl", "sequence_mask", 3.0, unit="mb", rank="rank", sequences=frame,
                               per_group=True)
     assert len(per_group) == len(frame.drop_duplicates(["step", "mb", "rank"]))
+
+
+def test_every_key_in_the_tables_is_documented():
+    """docs/framework-keys.md names every framework key rcdiag can return (full strings; the per-option rejection
+    keys by their pattern), so the list and the key tables cannot drift apart."""
+    from pathlib import Path
+
+    from rcdiag.analysis.keys import TABLES
+    from rcdiag.analysis.verlstats import RS_SUFFIXES
+
+    doc = (Path(__file__).parents[2] / "docs" / "framework-keys.md").read_text()
+    missing = [key for table in TABLES.values() for key in table.values() if f"`{key}`" not in doc]
+    assert not missing, missing
+    assert "`rollout_corr/rollout_rs_<option>`" in doc and all(f"`_{suffix}`" in doc for suffix in RS_SUFFIXES)

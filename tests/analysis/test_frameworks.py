@@ -210,3 +210,31 @@ def test_no_valid_token_values_per_convention():
     verl = rcdiag.compute_metrics(nothing, sequences=sequences, keys="verl")
     compare(verl, fw.verl_debug(*fw.padded(nothing, universe)), "[verl debug, no valid token]")
     assert verl["training/rollout_probs_diff_valid"] == 0 and math.isnan(verl["rollout_corr/kl"])
+
+
+def test_trl_and_swift_adversarial_batch():
+    """Hand-built, against the TRL and ms-swift references: a single-token row, an all-masked row, an empty row,
+    ℓ = ±0.5 exactly at C = e^0.5 and L = e^-0.5 (ties kept: ρ ≤ C, ρ ≥ L), a sequence whose ratio ties C, an
+    exact-zero ℓ and a catastrophic ℓ = −29 (beyond the ±20 clamp swift applies and TRL does not)."""
+    c, low = math.exp(0.5), math.exp(-0.5)
+    assert np.exp(0.5) == c and np.exp(-0.5) == low
+    tokens = _rows([(0, 0, -1.0, -1.5, True), (0, 1, -2.0, -1.5, True), (0, 2, -3.0, -1.0, True),
+                    (1, 0, -0.25, -0.75, True),
+                    (2, 0, -1.0, -9.0, False), (2, 1, -4.0, -1.0, False),
+                    (4, 0, -1.0, -1.0, True), (4, 1, -30.0, -1.0, True)])
+    universe = [0, 1, 2, 3, 4]
+    sequences = pd.DataFrame({"seq_id": np.array(universe, np.int64)})
+    a, b, m = fw.padded(tokens, universe)
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        for upper, lower in ((c, low), (None, low), (c, None)):
+            got = rcdiag.compute_metrics(tokens, sequences=sequences, keys="trl")
+            got.update(rcdiag.simulate(tokens, mode, upper, lower, sequences=sequences, keys="trl"))
+            compare(got, fw.trl(a, b, m, mode, upper, lower), f"[trl adversarial {mode} {upper} {lower}]",
+                    rel=1e-12)
+        got = rcdiag.compute_metrics(tokens, sequences=sequences, keys="swift")
+        got.update(rcdiag.simulate(tokens, mode, c, sequences=sequences, keys="swift"))
+        compare(got, fw.swift(a, b, m, mode, c), f"[swift adversarial {mode}]")
+    # the ties are kept: under token_mask only ℓ = −2 and ℓ = −29 fall outside [L, C]
+    kept = rcdiag.simulate(tokens, "token_mask", c, low, keys="trl")
+    assert kept["sampling/importance_sampling_ratio/max"] == c
+    assert kept["sampling/importance_sampling_ratio/min"] == 0.0

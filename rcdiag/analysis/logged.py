@@ -56,35 +56,39 @@ def _reduce(how: str, values: np.ndarray) -> float:
     return float(_REDUCERS[how](values))
 
 
-def group_columns(data: Any, sequences: Any, columns: Sequence[str]) -> dict[str, np.ndarray]:
+def group_columns(data: Any, sequences: Any, columns: Sequence[str], optional: str | None = None
+                  ) -> dict[str, np.ndarray]:
     """{"seq_id": int64 [B] sorted, column: int64 [B]} from the sequences table (a Run's or `sequences`) or, for
-    token rows without one, from the token rows (one value per seq_id). A missing column, a null, a non-integer or
-    a sequence with two values raises InputError naming it."""
+    token rows without one, from the token rows (one value per seq_id). The `optional` column may be absent or
+    all-null (then every sequence gets 0: a run without steps is one step). A missing column, a null among values,
+    a non-integer or a sequence with two values raises InputError naming it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rcdiag.store.run import Run
-    from rcdiag.store.schema import as_table
+    from rcdiag.store.schema import SEQUENCE_SCHEMA, as_table
 
     if sequences is None and isinstance(data, Run):
-        have = set.intersection(*(set(pq.read_schema(f).names) for f in data.sequence_files)) if \
-            data.sequence_files else set()
-        lacking = [c for c in columns if c not in have]
-        if lacking:
-            raise InputError(f"the run's sequences table has no column {lacking[0]!r}; pass sequences= a frame "
-                             "with seq_id and the group columns", file=str(data.path / "sequences"),
-                             field=lacking[0])
-        table, source = data.sequence_table(["seq_id", *columns]), "sequences"
+        source = str(data.path / "sequences")
+        have = set(SEQUENCE_SCHEMA.names)  # a schema column a file lacks reads as nulls
+        if data.sequence_files:
+            have |= set.intersection(*(set(pq.read_schema(f).names) for f in data.sequence_files))
+        wanted = [c for c in columns if c in have]
+        table = data.sequence_table(["seq_id", *wanted])
     else:
-        table = as_table(data if sequences is None else sequences, source="sequences")
         source = "tokens" if sequences is None else "sequences"
-        for name in ("seq_id", *columns):
-            if name not in table.column_names:
-                raise InputError(f"missing group column {name!r}", file=source, field=name)
-        table = table.select(["seq_id", *columns])
-    frame = table.to_pandas()
+        table = as_table(data if sequences is None else sequences, source=source)
+        if "seq_id" not in table.column_names:
+            raise InputError("missing required column 'seq_id'", file=source, field="seq_id")
+    out = {"seq_id": np.asarray(table.column("seq_id").fill_null(-1), dtype=np.int64)}
     for name in columns:
-        column = table.column(name)
+        column = table.column(name) if name in table.column_names else None
+        if name == optional and (column is None or column.null_count == len(column)):
+            out[name] = np.zeros(len(table), np.int64)
+            continue
+        if column is None:
+            raise InputError(f"missing group column {name!r}; pass sequences= a frame with seq_id and the group "
+                             "columns", file=source, field=name)
         if column.null_count:
             row = int(np.flatnonzero(np.asarray(column.is_null()))[0]) + 1
             raise InputError(f"group column {name!r} is null (every sequence needs one)", file=source, row=row,
@@ -92,13 +96,14 @@ def group_columns(data: Any, sequences: Any, columns: Sequence[str]) -> dict[str
         if not pa.types.is_integer(column.type):
             raise InputError(f"group column {name!r} must hold integers, got {column.type}", file=source,
                              field=name)
-    per_seq = frame.drop_duplicates()
-    if per_seq["seq_id"].duplicated().any():
-        seq = int(per_seq.loc[per_seq["seq_id"].duplicated(), "seq_id"].iloc[0])
-        raise InputError(f"seq_id {seq} has two values of the group columns {', '.join(columns)}", file=source,
-                         field=columns[0])
-    per_seq = per_seq.sort_values("seq_id")
-    return {name: per_seq[name].to_numpy(np.int64) for name in ("seq_id", *columns)}
+        out[name] = np.asarray(column, dtype=np.int64)
+    keys = np.stack([out[c] for c in ("seq_id", *columns)], axis=1)
+    unique = np.unique(keys, axis=0)
+    repeated = np.flatnonzero(np.diff(unique[:, 0]) == 0)
+    if repeated.size:
+        raise InputError(f"seq_id {int(unique[repeated[0], 0])} has two values of the group columns "
+                         f"{', '.join(columns)}", file=source, field=columns[0])
+    return {name: unique[:, i] for i, name in enumerate(("seq_id", *columns))}
 
 
 class GroupRouter:
@@ -133,8 +138,9 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
     `convention`: verl | swift | trl. `mode`, `threshold`, `lower`, `rejection`, `batch_normalize`: the IS
     correction, as in simulate (None: the off-policy metrics only). `step`, `unit`, `rank`: integer columns (of the
     sequences table, `sequences`, or the token rows) naming each sequence's logged step, micro-batch / generation
-    call, and rank; None = one group (a missing `step` column also means one step, 0). verl takes `step` only (its
-    decoupled-mode numbers are per step; its bypass mode is not reproducible offline, docs/framework-keys.md).
+    call, and rank; None = one group (a `step` column that is absent or all null also means one step, 0; one
+    null among values is refused). verl takes `step` only (its decoupled-mode numbers are per step; its bypass
+    mode is not reproducible offline, docs/framework-keys.md).
     `keys`: the key names (default: the framework's own). `per_group`: return the per-(step, unit, rank) values
     instead, before the framework's averaging.
     Returns a pandas DataFrame sorted by step: `step`, `groups` (micro-batches × ranks averaged), the framework's
@@ -155,15 +161,7 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
                           "by step only (its bypass mode's per-micro-batch actor/rollout_corr/ values are not "
                           "reproducible offline; see docs/framework-keys.md)")
     names = [c for c in (step, unit, rank) if c]
-    step_missing = False
-    try:
-        columns = group_columns(data, sequences, names)
-    except InputError as exc:
-        if step is None or exc.field != step:
-            raise
-        step_missing = True  # no step column: the whole data set is one logged step
-        names = [c for c in (unit, rank) if c]
-        columns = group_columns(data, sequences, names)
+    columns = group_columns(data, sequences, names, optional=step)  # no step column: one logged step, 0
     ids = columns["seq_id"]
     if names:
         groups, labels = np.unique(np.stack([columns[c] for c in names], axis=1), axis=0, return_inverse=True)
@@ -191,7 +189,7 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
         if chosen is not None:
             values.update(parts[1].finish(size, batch_normalize)[0])
         labelled = dict(zip(names, (int(k) for k in key), strict=True))
-        records.append({"step": 0 if step is None or step_missing else labelled[step],
+        records.append({"step": labelled[step] if step else 0,
                         "unit": labelled.get(unit, 0) if unit else 0, "rank": labelled.get(rank, 0) if rank else 0,
                         **values})
     frame = pd.DataFrame.from_records(records)

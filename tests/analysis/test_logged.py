@@ -129,3 +129,31 @@ def test_every_key_in_the_tables_is_documented():
     missing = [key for table in TABLES.values() for key in table.values() if f"`{key}`" not in doc]
     assert not missing, missing
     assert "`rollout_corr/rollout_rs_<option>`" in doc and all(f"`_{suffix}`" in doc for suffix in RS_SUFFIXES)
+
+
+def test_a_run_directory_groups_by_its_step_column(tmp_path):
+    """On a real run directory (Parquet): each step's row equals compute_metrics / simulate on that step's
+    sequences alone; a run without steps is one step 0; steps null for some sequences only are refused."""
+    tokens, frame = _data(5)
+    run = rcdiag.write_run(tmp_path / "run", tokens.drop(columns=["token_id"]), frame[["seq_id", "step"]])
+    got = logged_values(run, "swift", "sequence_truncate", 2.0)
+    assert got["step"].tolist() == sorted(frame["step"].unique().tolist())
+    for step, in_step in frame.groupby("step"):
+        ids = in_step["seq_id"]
+        part = tokens[tokens["seq_id"].isin(ids)]
+        want = rcdiag.compute_metrics(part, sequences=in_step[["seq_id"]], keys="swift")
+        want.update(rcdiag.simulate(part, "sequence_truncate", 2.0, sequences=in_step[["seq_id"]], keys="swift"))
+        row = got[got["step"] == step].iloc[0].to_dict()
+        compare(row, {k: v for k, v in want.items() if not k.startswith("rcdiag/")}, f"[run step {step}]",
+                rel=1e-12)
+        assert row["rcdiag/sequences"] == len(in_step)
+    flat = rcdiag.write_run(tmp_path / "flat", tokens.drop(columns=["token_id"]), frame[["seq_id"]])
+    one = logged_values(flat, "trl", "sequence_mask", 3.0)
+    assert one["step"].tolist() == [0] and one["rcdiag/sequences"].item() == len(frame)
+    partial = frame[["seq_id", "step"]].astype({"step": "float64"})
+    partial.loc[3, "step"] = np.nan
+    broken = rcdiag.write_run(tmp_path / "partial", tokens.drop(columns=["token_id"]),
+                              partial.astype({"step": "Int64"}))
+    with pytest.raises(InputError, match="'step' is null") as info:
+        logged_values(broken, "verl")
+    assert info.value.row == 4

@@ -7,6 +7,7 @@ Public API (imported lazily, so `import rcdiag` stays cheap)::
     rcdiag.simulate(run, "token_truncate", threshold=2.0)
     rcdiag.sweep(run)                             # DataFrame: IS metrics per mode × threshold
     rcdiag.trend(run, convention="verl")          # DataFrame: every metric per training step, with intervals
+    rcdiag.logged_values(run, "swift", unit="micro_batch", rank="rank")   # a framework's logged value per step
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _EXPORTS = {
     **dict.fromkeys(("simulate", "sweep", "CorrectionMode", "analyze"), "rcdiag.analysis.correction"),
     "verl_rejections": "rcdiag.analysis.rejection",
     "trend": "rcdiag.analysis.trend",
+    "logged_values": "rcdiag.analysis.logged",
     "import_run": "rcdiag.importers",
     "rescore_run": "rcdiag.score.rescore",
     "RescoreConfig": "rcdiag.score.config",

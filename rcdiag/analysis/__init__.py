@@ -12,6 +12,7 @@ _EXPORTS = {
     **dict.fromkeys(("REJECTION_OPTIONS", "rejection_bound", "parse_rejections", "verl_rejections"),
                     "rcdiag.analysis.rejection"),
     **dict.fromkeys(("KEY_STYLES", "rename", "framework_key"), "rcdiag.analysis.keys"),
+    "logged_values": "rcdiag.analysis.logged",
     **dict.fromkeys(("bootstrap", "SequenceSums"), "rcdiag.analysis.bootstrap"),
     **dict.fromkeys(("TailAccumulator", "TAIL_NAMES"), "rcdiag.analysis.tails"),
     **dict.fromkeys(("StrataAccumulator", "SequenceInfo"), "rcdiag.analysis.strata"),

@@ -37,8 +37,9 @@ class Convention:
     - `batch_norm`: "divide" (canonical: the IS metrics are of the normalised weights) or "factor" (verl: metrics
       before normalisation, plus batch_norm_factor).
     - `no_upper`: an upper bound of None (no C) is allowed (TRL's vllm_importance_sampling_clip_max=None).
-    - `no_data`: "nan" (canonical: no valid token → NaN) or "trl" (TRL logs 0.0 for token modes, 1.0 for sequence
-      modes and 0.0 for the logp differences).
+    - `no_data`: "nan" (canonical, verl: no valid token → NaN; verl itself raises ValueError), "trl" (TRL logs 0.0
+      for token modes, 1.0 for sequence modes and 0.0 for the logp differences) or "swift" (ms-swift's max(N, 1)
+      divisors: kl = k3_kl = 0, chi2_token = −1, PPL 1, is_weight_mean 0, ess 1e10, clipped_frac 0).
     """
 
     name: str
@@ -66,7 +67,7 @@ CONVENTIONS: dict[str, Convention] = {
     "swift": Convention(
         "swift", seq_rows="all", k3="clamped10", chi2_seq="geometric", is_seq_ratio="swift", ess="swift",
         allow_lower=frozenset(), seq_mask_weight="token", float32_counts=frozenset({"clipped_frac"}),
-        clipped_rows="all"),
+        clipped_rows="all", no_data="swift"),
     "verl": Convention(
         "verl", seq_rows="all", k3="raw", chi2_seq="product", is_seq_ratio="product_clamped", ess="verl",
         allow_lower=frozenset({"mask"}), seq_extrema="raw",

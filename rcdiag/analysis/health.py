@@ -167,6 +167,8 @@ def verdict(values: Mapping[str, Any], checks: Iterable[Any] = ()) -> Verdict:
                                   f"{_field(check, 'message')}"))
     check_reasons.sort(key=lambda r: -r[0])
     per_metric = statuses(values)
+    if values.get("tokens") == 0:  # a framework's no-data values (swift's 0 / −1 / 1e10, TRL's 0.0) measure nothing
+        per_metric = dict.fromkeys(per_metric, UNKNOWN)
     metric_reasons = []
     for level in (ALARM, WARNING):
         for metric, status in per_metric.items():

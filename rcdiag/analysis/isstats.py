@@ -321,6 +321,10 @@ class ModeStats:
         out = {"is_weight_mean": mean, "is_weight_std": std, "is_weight_min": w_min, "is_weight_max": w_max,
                "ess": self._ess()}
         out.update(self._fractions(num_sequences))
+        if conv.no_data == "swift" and self.n_valid_tokens == 0 and num_sequences:
+            # ms-swift v4.5.2 _compute_is_correction_metrics on a micro-batch without a valid token: masked means
+            # divide by max(N, 1), so the mean weight and clipped share are 0 and the ESS is 1 / max(0, 1e-10)
+            out.update(is_weight_mean=0.0, ess=1e10, clipped_frac=0.0)
         if batch_normalize:  # divide every weight by the token mean of the weights
             scale = self.token_mean()
             for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):
@@ -352,6 +356,8 @@ class ModeStats:
         token = self.level == "token"
         scored = self.tok.moments.n if token else self.n_scored_seqs
         clipped = ratio(c["clipped"], scored)
+        if token and "clipped_frac" in conv.float32_counts:  # swift's mm([ρ > C].float(), m): float32(k/N)
+            clipped = f32_share(c["clipped"], scored)
         if not token and conv.clipped_rows == "all":
             clipped = f32_share(c["high"], num_sequences)
         high, low = ratio(c["high"], scored), ratio(c["low"], scored)

@@ -1,9 +1,13 @@
 """The frameworks' own names for rcdiag's numbers: ONE table per framework, read by the library (`keys=`) and by
-every writer of metrics (the report's metrics.json, exports) through `rename`.
+every writer of metrics (the report's metrics.json, exports) through `rename`. docs/framework-keys.md lists every
+logged key with the rcdiag call that reproduces it.
 
 Key strings as the frameworks log them (prefixes included):
-- verl v0.9.0 `verl/trainer/ppo/rollout_corr_helper.py`: `rollout_corr/<key>` (decoupled mode; bypass mode logs the
-  same keys under `actor/rollout_corr/`, per micro-batch — not reproducible offline).
+- verl v0.9.0 `verl/trainer/ppo/rollout_corr_helper.py`: `rollout_corr/<key>` (decoupled mode), and
+  `verl/utils/debug/metrics.py`: `training/rollout_probs_diff_*`, `training/rollout_actor_probs_pearson_corr`.
+  Bypass mode logs the `rollout_corr/` keys as `actor/rollout_corr/<key>` from inside the loss, per micro-batch,
+  with the log-probs of the policy as it is being updated: not reproducible offline (one fixed trainer log-prob
+  per token, no micro-batch split), so this table has no `actor/` names.
 - ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py` `_update_metrics`: `rollout_correction/<key>`.
 - TRL v1.9.0 `trl/trainer/grpo_trainer.py` `_generate_and_score_completions`: `sampling/...` (eval runs prefix
   `eval_`).
@@ -36,6 +40,8 @@ VERL_KEYS: dict[str, str] = {
     "batch_norm_factor": "rollout_corr/rollout_is_batch_norm_factor",
     **{f"is_seq_{s}": f"rollout_corr/rollout_is_seq_{s}" for s in (
         "mean", "std", "min", "max", "max_deviation", "fraction_high", "fraction_low")},
+    **{name: f"training/rollout_{name}" for name in (
+        "probs_diff_valid", "probs_diff_max", "probs_diff_mean", "probs_diff_std", "actor_probs_pearson_corr")},
     "rs_masked_fraction": "rollout_corr/rollout_rs_masked_fraction",
     "rs_seq_masked_fraction": "rollout_corr/rollout_rs_seq_masked_fraction",
 }

@@ -10,6 +10,7 @@ import pyarrow as pa
 from rcdiag.analysis.accum import ExactSum, Extremum, add_range, merge_ranges, ratio
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
+from rcdiag.analysis.verlstats import VerlProbStats
 
 METRIC_NAMES = ("kl", "k3_kl", "training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl",
                 "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
@@ -56,6 +57,7 @@ class MetricsAccumulator:
         self.sums = {name: ExactSum() for name in _TOKEN_SUMS + _SEQ_SUMS}
         self.diff = Extremum()
         self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
+        self.probs = VerlProbStats() if self.convention.framework == "verl" else None  # verl's training/ keys
         self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
 
@@ -91,6 +93,8 @@ class MetricsAccumulator:
         if conv.framework == "trl":
             self.abs_sum.add(chunk.seq_column("abs_ell"))
             self.abs_max.add(chunk.sums[2])  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
+        if self.probs is not None:
+            self.probs.update(chunk)
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
         t = counts[valid].astype(np.float64)
@@ -121,6 +125,8 @@ class MetricsAccumulator:
         self.diff.merge(other.diff)
         self.abs_sum.merge(other.abs_sum)
         self.abs_max.merge(other.abs_max)
+        if self.probs is not None:
+            self.probs.merge(other.probs)
         return self
 
     # ------------------------------------------------------------------ result
@@ -128,20 +134,24 @@ class MetricsAccumulator:
         """The metrics dict (METRICS.md names, then counts). `num_sequences` = B, the rows of the sequences table
         (default: sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0.
         Under trl, also TRL's `sampling_logp_difference` mean and max of |ℓ| over valid tokens (unclamped) as
-        abs_log_ratio_mean / abs_log_ratio_max: 0.0 without a valid token, as TRL v1.9.0 logs."""
+        abs_log_ratio_mean / abs_log_ratio_max: 0.0 without a valid token, as TRL v1.9.0 logs. Under verl, also
+        verl's `training/` debug numbers (verlstats.PROBS_NAMES). Under swift, a batch with rows but no valid token
+        gives what ms-swift v4.5.2 logs for such a micro-batch (its divisors are max(count, 1)): kl = k3_kl = 0,
+        chi2_token = −1, PPL 1, log-PPL and differences 0, ppl_ratio 1, chi2_seq 0."""
         self._flush()
         rows = self.seen_sequences if num_sequences is None else int(num_sequences)
         if rows < self.seen_sequences:
             raise ValueError(f"num_sequences={rows} is less than the {self.seen_sequences} sequences with tokens")
         empty = rows - self.valid_sequences
         counts = {"tokens": self.tokens, "sequences": rows, "empty_sequences": empty}
-        trl = {}
+        extra = self.probs.finish() if self.probs is not None else {}
         if self.convention.framework == "trl":
-            trl = {"abs_log_ratio_mean": self.abs_sum.value() / self.tokens if self.tokens else 0.0,
-                   "abs_log_ratio_max": self.abs_max.hi if self.tokens else 0.0}
-        if self.tokens == 0:
-            return {**dict.fromkeys(METRIC_NAMES, math.nan), **trl, **counts}
-        n = self.tokens
+            extra = {"abs_log_ratio_mean": self.abs_sum.value() / self.tokens if self.tokens else 0.0,
+                     "abs_log_ratio_max": self.abs_max.hi if self.tokens else 0.0}
+        swift_no_data = self.convention.no_data == "swift" and rows > 0
+        if self.tokens == 0 and not swift_no_data:
+            return {**dict.fromkeys(METRIC_NAMES, math.nan), **extra, **counts}
+        n = max(self.tokens, 1)  # swift's max(N, 1); N ≥ 1 under every other convention here
         all_rows = self.convention.seq_rows == "all"
         denominator = rows if all_rows else self.valid_sequences
 
@@ -159,9 +169,10 @@ class MetricsAccumulator:
             "rollout_log_ppl": seq_mean("rollout_log_ppl"), "rollout_ppl": seq_mean("rollout_ppl"),
             "log_ppl_diff": seq_mean("diff"), "log_ppl_abs_diff": seq_mean("abs_diff"),
             "log_ppl_diff_max": diff_max, "log_ppl_diff_min": diff_min, "ppl_ratio": seq_mean("ppl_ratio"),
-            "chi2_token": self.sums["chi2"].value() / n, "chi2_seq": seq_mean("chi2_seq"),
+            "chi2_token": self.sums["chi2"].value() / n if self.tokens else -1.0,  # swift: mm(ρ², m) − 1 = −1
+            "chi2_seq": seq_mean("chi2_seq"),
         }
-        return {**values, **trl, **counts}
+        return {**values, **extra, **counts}
 
 
 def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any = None,
@@ -175,9 +186,11 @@ def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any 
     canonical, or the framework named by `keys`). `keys`: "canonical" (METRICS.md names) or "verl" | "swift" |
     "trl": the framework's logged key names (keys.py), e.g. "rollout_corr/kl"; numbers the framework does not log
     are prefixed "rcdiag/".
-    Returns {metric: float} in METRIC_NAMES order (+ trl's abs_log_ratio_mean/max under trl) plus int counts
+    Returns {metric: float} in METRIC_NAMES order (+ trl's abs_log_ratio_mean/max under trl, verl's probs_diff_*
+    and actor_probs_pearson_corr under verl) plus int counts
     `tokens` (valid), `sequences` (B) and `empty_sequences` (T_i = 0). No valid token → metrics NaN (never "no
-    mismatch"). Bad rows raise InputError.
+    mismatch"), except under trl and swift, which give the framework's own logged values (finish). Bad rows
+    raise InputError.
     """
     from rcdiag.analysis.keys import key_convention, rename
 

@@ -3,7 +3,8 @@
 Written from verl v0.9.0 (`483b8a009ba3`) `verl/trainer/ppo/rollout_corr_helper.py`:
 `compute_rollout_correction_weights` (weights, IcePop `rollout_is_oob_ratio`, `rollout_is_batch_norm_factor`),
 `compute_is_metrics` (`rollout_is_seq_*`), `compute_rollout_rejection_mask` and `compute_rs_metrics`
-(`rollout_rs_<option>_*`, `rollout_rs_masked_fraction`, `rollout_rs_seq_masked_fraction`). verl computes all of them
+(`rollout_rs_<option>_*`, `rollout_rs_masked_fraction`, `rollout_rs_seq_masked_fraction`); and
+`verl/utils/debug/metrics.py` (`training/rollout_probs_diff_*`, `training/rollout_actor_probs_pearson_corr`). verl computes all of them
 once per training step over the whole step batch, on the ORIGINAL response mask (before rejection) and before batch
 normalisation; rcdiag pools the whole data set as one batch (a data set of one step reproduces verl's values).
 
@@ -66,6 +67,65 @@ class SeqValues:
             lo, hi, dev = min(lo, 0.0), max(hi, 0.0), max(dev, abs(centre))
         std = math.sqrt(max(moments.m2 / (n - 1), 0.0)) if n > 1 else 0.0
         return {"mean": self.total.value() / n, "std": std, "min": lo, "max": hi, "max_deviation": dev}
+
+
+PROBS_NAMES = ("probs_diff_valid", "probs_diff_max", "probs_diff_mean", "probs_diff_std", "actor_probs_pearson_corr")
+"""verl's `training/rollout_probs_diff_*` and `training/rollout_actor_probs_pearson_corr` under rcdiag's names."""
+
+
+class VerlProbStats:
+    """verl's debug metrics of the probabilities p_a = exp(a), p_b = exp(b) over the valid tokens of the step batch
+    (`verl/utils/debug/metrics.py` `calculate_debug_metrics`, called by `ray_trainer.py` whenever the batch has
+    `rollout_log_probs`, before any rejection): max, mean and unbiased std (`torch.std`) of |p_a − p_b| — the
+    PROBABILITY difference, not |ℓ| — and `torch.corrcoef` of p_a and p_b. Moments are two-pass per chunk merged
+    with Chan's formula (verl: float32 torch), so nearly equal probabilities keep their precision."""
+
+    def __init__(self) -> None:
+        self.diff, self.diff_max = Moments(), Extremum()
+        self.n, self.mean_a, self.mean_b, self.m2_a, self.m2_b, self.c_ab = 0, 0.0, 0.0, 0.0, 0.0, 0.0
+
+    def update(self, chunk: TokenChunk) -> None:
+        pa = np.exp(chunk.valid_values(chunk.train).astype(np.float64))
+        pb = np.exp(chunk.valid_values(chunk.rollout).astype(np.float64))
+        if not pa.size:
+            return
+        d = np.abs(pa - pb)
+        self.diff.add(d)
+        self.diff_max.add(d)
+        ma, mb = float(pa.mean()), float(pb.mean())
+        da, db = pa - ma, pb - mb
+        self._merge(int(pa.size), ma, mb, float(da @ da), float(db @ db), float(da @ db))
+
+    def _merge(self, n: int, mean_a: float, mean_b: float, m2_a: float, m2_b: float, c_ab: float) -> None:
+        """Chan's pairwise update of the co-moments (the cross term gains δa·δb·n₁n₂/n like M2 gains δ²)."""
+        if n == 0:
+            return
+        total = self.n + n
+        da, db = mean_a - self.mean_a, mean_b - self.mean_b
+        w = self.n * n / total
+        self.m2_a += m2_a + da * da * w
+        self.m2_b += m2_b + db * db * w
+        self.c_ab += c_ab + da * db * w
+        self.mean_a += da * n / total
+        self.mean_b += db * n / total
+        self.n = total
+
+    def merge(self, other: VerlProbStats) -> None:
+        self.diff.merge(other.diff)
+        self.diff_max.merge(other.diff_max)
+        self._merge(other.n, other.mean_a, other.mean_b, other.m2_a, other.m2_b, other.c_ab)
+
+    def finish(self) -> dict[str, float]:
+        """verl's values: valid 0 and NaN without a valid token (as verl returns); std and correlation NaN for one
+        token (torch's unbiased std and corrcoef divide by n − 1 = 0) and the correlation NaN when either side is
+        constant (0/0); torch.corrcoef clips to [−1, 1]."""
+        if self.n == 0:
+            return {"probs_diff_valid": 0, **dict.fromkeys(PROBS_NAMES[1:], math.nan)}
+        std = math.sqrt(self.diff.m2 / (self.n - 1)) if self.n > 1 else math.nan
+        denominator = math.sqrt(self.m2_a * self.m2_b)
+        corr = min(max(self.c_ab / denominator, -1.0), 1.0) if self.n > 1 and denominator > 0 else math.nan
+        return {"probs_diff_valid": 1, "probs_diff_max": self.diff_max.hi, "probs_diff_mean": self.diff.mean,
+                "probs_diff_std": std, "actor_probs_pearson_corr": corr}
 
 
 class VerlISExtras:

@@ -122,7 +122,7 @@ def _train_logprobs(files: list[Path], opts: ImportOptions) -> dict[int, tuple[n
     """sample index → (log_probs, tokens or None, file, row) over all train dump files (ranks merged)."""
     out: dict[int, tuple[np.ndarray, Any, str, int]] = {}
     for file in files:
-        for row, sample in enumerate(_train_columns(_load(file, opts, "train dump"), file)):
+        for row, sample in enumerate(_train_columns(_load(file, opts, "train dump"), file), 1):
             index = sample.get("sample_indices", sample.get("sample_index", sample.get("index")))
             if index is None:
                 raise InputError("train sample has no sample index ('sample_indices', 'sample_index' or 'index'): "
@@ -207,7 +207,8 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
             raise InputError(f"a rollout dump needs a 'samples' list (have: {', '.join(sorted(map(str, data)))})",
                              file=str(file), field="samples")
         rollout_id = step_from_name(file) if data.get("rollout_id") is None else data["rollout_id"]
-        batch = [_record(_as_dict(s, file, i), file, i, rollout_id) for i, s in enumerate(data["samples"])]
+        # rows count from 1, as in every importer's errors (sample i of the dump is row i + 1)
+        batch = [_record(_as_dict(s, file, i), file, i, rollout_id) for i, s in enumerate(data["samples"], 1)]
         if train_files:
             _attach_train(batch, _train_logprobs(train_files, opts))
             with_train += 1

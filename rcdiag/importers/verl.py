@@ -142,7 +142,7 @@ def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str
     for i in range(shape[0]):
         n = int(lengths[i])
         records.append(Record(
-            response_ids=responses[i, :n].astype(np.int64), where=(str(file), i),
+            response_ids=responses[i, :n].astype(np.int64), where=(str(file), i + 1),  # rows from 1
             rollout_logprobs=None if rollout is None else rollout[i, :n],
             train_logprobs=None if train is None else train[i, :n], mask=None if mask is None else mask[i, :n],
             prompt_ids=None if prompt_valid is None else prompts[i][prompt_valid[i]].astype(np.int64),

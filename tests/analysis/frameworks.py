@@ -68,7 +68,24 @@ def verl(a, b, m, rollout_is=None, threshold="2.0", batch_normalize=False, rollo
     if rollout_rs is not None:
         out.update(_verl_rs(log_ratio, m, rollout_rs, rs_threshold))
     out.update(_verl_offpolicy(a, b, m))
-    return {f"rollout_corr/{k}": v for k, v in out.items()}
+    return {**{f"rollout_corr/{k}": v for k, v in out.items()}, **verl_debug(a, b, m)}
+
+
+def verl_debug(a, b, m):
+    """`verl/utils/debug/metrics.py` calculate_debug_metrics: |exp(a) − exp(b)| over the valid tokens (torch.std is
+    unbiased) and torch.corrcoef of the probabilities; no valid token → valid 0 and NaN."""
+    if not m.any():
+        return {"training/rollout_probs_diff_valid": 0, **dict.fromkeys(
+            [f"training/rollout_probs_diff_{k}" for k in ("max", "mean", "std")]
+            + ["training/rollout_actor_probs_pearson_corr"], math.nan)}
+    pa, pb = np.exp(a[m > 0]), np.exp(b[m > 0])
+    diff = np.abs(pa - pb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = float(np.corrcoef(np.stack([pa, pb]))[0, 1]) if pa.size > 1 else math.nan
+    return {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": float(diff.max()),
+            "training/rollout_probs_diff_mean": float(diff.mean()),
+            "training/rollout_probs_diff_std": float(diff.std(ddof=1)) if diff.size > 1 else math.nan,
+            "training/rollout_actor_probs_pearson_corr": corr}
 
 
 def _verl_is(log_ratio, m, level, threshold, batch_normalize):

@@ -267,8 +267,9 @@ def _fractions(seqs, tokens, seq_info, convention, level, action, log_c, log_l, 
         if convention == "verl":
             return {"clipped_frac": clipped / n if n else NAN, "fraction_high": _f32(high, n),
                     "fraction_low": _f32(low, n)}
-        return {"clipped_frac": clipped / n if n else NAN, "fraction_high": high / n if n else NAN,
-                "fraction_low": low / n if n else NAN}
+        # swift: mm((ρ > C).float(), m) = float32(k) / float32(N)
+        return {"clipped_frac": _f32(clipped, n) if convention == "swift" else clipped / n if n else NAN,
+                "fraction_high": high / n if n else NAN, "fraction_low": low / n if n else NAN}
     rows = [(lam, out) for lam, out, n_scored in seq_info if n_scored > 0]
     n = len(rows)
     out = {"clipped_frac": sum(1 for _, o in rows if o) / n if n else NAN,

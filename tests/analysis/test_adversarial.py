@@ -125,21 +125,26 @@ def test_all_weights_zero_gives_nan_ess_with_warning():
 
 def test_no_valid_tokens_is_not_a_perfect_match():
     """Zero valid tokens: every metric NaN (never 0 mismatch), counts say 0, for every convention and mode —
-    except the numbers TRL itself logs for such a batch under trl: 0.0 (token modes, logp differences) and 1.0
-    (sequence modes: every row's ratio is exp(0)), TRL v1.9.0 grpo_trainer.py."""
+    except the numbers a framework itself logs for such a batch under its convention: TRL v1.9.0 0.0 (token modes,
+    logp differences) and 1.0 (sequence modes: every row's ratio is exp(0)); ms-swift v4.5.2 0 / −1 / 1 / 1e10
+    (its max(N, 1) divisors); verl's training/rollout_probs_diff_valid = 0."""
     tokens = frame([(0, 0, -1.0, float("nan"), False), (1, 0, -1.0, -2.0, False)])
-    trl_logged = ("is_weight_mean", "is_weight_min", "is_weight_max", "abs_log_ratio_mean", "abs_log_ratio_max")
+    swift_metrics = {**dict.fromkeys(("kl", "k3_kl", "training_log_ppl", "rollout_log_ppl", "log_ppl_diff",
+                                      "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "chi2_seq"), 0.0),
+                     "training_ppl": 1.0, "rollout_ppl": 1.0, "ppl_ratio": 1.0, "chi2_token": -1.0}
+    logged = {"canonical": {}, "verl": {"probs_diff_valid": 0}, "swift": swift_metrics,
+              "trl": {"abs_log_ratio_mean": 0.0, "abs_log_ratio_max": 0.0}}
     for convention in CONVENTIONS:
         got = rcdiag.compute_metrics(tokens, convention)
         assert got["tokens"] == 0 and got["sequences"] == 2 and got["empty_sequences"] == 2
-        framework = {k: got.pop(k) for k in trl_logged if convention == "trl" and k in got}
-        assert framework == ({"abs_log_ratio_mean": 0.0, "abs_log_ratio_max": 0.0} if convention == "trl" else {})
+        assert {k: got.pop(k) for k in logged[convention]} == logged[convention]
         assert all(math.isnan(got[k]) for k in got if k not in ("tokens", "sequences", "empty_sequences"))
         for mode in MODES:
             result = rcdiag.simulate(tokens, mode, convention=convention)
-            framework = {k: result.pop(k) for k in trl_logged if convention == "trl" and k in result}
             value = 1.0 if mode.startswith("sequence") else 0.0
-            assert framework == (dict.fromkeys(trl_logged[:3], value) if convention == "trl" else {})
+            want = {"trl": dict.fromkeys(("is_weight_mean", "is_weight_min", "is_weight_max"), value),
+                    "swift": {"is_weight_mean": 0.0, "ess": 1e10, "clipped_frac": 0.0}}.get(convention, {})
+            assert {k: result.pop(k) for k in want} == want
             assert all(math.isnan(v) for v in result.values()), (convention, mode, result)
     empty = frame([])
     got = rcdiag.compute_metrics(empty)

@@ -108,10 +108,11 @@ def test_trl_logs_reproduced(tokens, extra, mode, upper, lower):
     [None, "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]),
     threshold=st.sampled_from([1.0, 2.0, 3.0]))
 def test_swift_logs_reproduced(tokens, extra, mode, threshold):
-    """The 13 off-policy keys and is_weight_mean / ess / clipped_frac for one micro-batch."""
-    if not tokens["mask"].any():
-        return  # rcdiag keeps NaN for "no data"; swift would log 0 / -1 / 1e10 (METRICS.md)
+    """The 13 off-policy keys and is_weight_mean / ess / clipped_frac for one micro-batch — also one without a
+    valid token, where swift's max(N, 1) divisors log 0 / −1 / 1e10 (canonical keeps NaN: test below)."""
     universe = _universe(tokens, extra)
+    if not universe:
+        return  # a micro-batch has at least one row
     want = fw.swift(*fw.padded(tokens, universe), mode, threshold)
     sequences = pd.DataFrame({"seq_id": np.array(universe, np.int64)})
     got = rcdiag.compute_metrics(tokens, sequences=sequences, keys="swift")
@@ -189,3 +190,51 @@ def test_verl_rejection_config_strings():
         verl_rejections("token_k1,token_k2,token_k3", "1,2")
     with pytest.raises(ConfigError, match="single upper bound"):
         verl_rejections("token_k2", "0.1_0.5")
+
+
+def test_no_valid_token_values_per_convention():
+    """No valid token: canonical and verl NaN (verl raises; its training/ keys say valid 0), TRL 0.0 / 1.0,
+    ms-swift 0 / −1 / 1e10 — each as the framework logs it, checked against the references."""
+    nothing = _rows([(0, 0, -1.0, -2.0, False), (1, 0, -3.0, -1.0, False)])
+    universe = [0, 1, 2]
+    sequences = pd.DataFrame({"seq_id": np.array(universe, np.int64)})
+    canonical = rcdiag.compute_metrics(nothing, sequences=sequences)
+    assert all(math.isnan(canonical[k]) for k in rcdiag.analysis.METRIC_NAMES)
+    assert math.isnan(rcdiag.simulate(nothing, "token_truncate", 2.0, sequences=sequences)["is_weight_mean"])
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        want = fw.swift(*fw.padded(nothing, universe), mode, 2.0)
+        got = rcdiag.compute_metrics(nothing, sequences=sequences, keys="swift")
+        got.update(rcdiag.simulate(nothing, mode, 2.0, sequences=sequences, keys="swift"))
+        compare(got, want, f"[swift no valid token {mode}]")
+        assert got["rollout_correction/chi2_token"] == -1.0 and got["rollout_correction/ess"] == 1e10
+    verl = rcdiag.compute_metrics(nothing, sequences=sequences, keys="verl")
+    compare(verl, fw.verl_debug(*fw.padded(nothing, universe)), "[verl debug, no valid token]")
+    assert verl["training/rollout_probs_diff_valid"] == 0 and math.isnan(verl["rollout_corr/kl"])
+
+
+def test_trl_and_swift_adversarial_batch():
+    """Hand-built, against the TRL and ms-swift references: a single-token row, an all-masked row, an empty row,
+    ℓ = ±0.5 exactly at C = e^0.5 and L = e^-0.5 (ties kept: ρ ≤ C, ρ ≥ L), a sequence whose ratio ties C, an
+    exact-zero ℓ and a catastrophic ℓ = −29 (beyond the ±20 clamp swift applies and TRL does not)."""
+    c, low = math.exp(0.5), math.exp(-0.5)
+    assert np.exp(0.5) == c and np.exp(-0.5) == low
+    tokens = _rows([(0, 0, -1.0, -1.5, True), (0, 1, -2.0, -1.5, True), (0, 2, -3.0, -1.0, True),
+                    (1, 0, -0.25, -0.75, True),
+                    (2, 0, -1.0, -9.0, False), (2, 1, -4.0, -1.0, False),
+                    (4, 0, -1.0, -1.0, True), (4, 1, -30.0, -1.0, True)])
+    universe = [0, 1, 2, 3, 4]
+    sequences = pd.DataFrame({"seq_id": np.array(universe, np.int64)})
+    a, b, m = fw.padded(tokens, universe)
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        for upper, lower in ((c, low), (None, low), (c, None)):
+            got = rcdiag.compute_metrics(tokens, sequences=sequences, keys="trl")
+            got.update(rcdiag.simulate(tokens, mode, upper, lower, sequences=sequences, keys="trl"))
+            compare(got, fw.trl(a, b, m, mode, upper, lower), f"[trl adversarial {mode} {upper} {lower}]",
+                    rel=1e-12)
+        got = rcdiag.compute_metrics(tokens, sequences=sequences, keys="swift")
+        got.update(rcdiag.simulate(tokens, mode, c, sequences=sequences, keys="swift"))
+        compare(got, fw.swift(a, b, m, mode, c), f"[swift adversarial {mode}]")
+    # the ties are kept: under token_mask only ℓ = −2 and ℓ = −29 fall outside [L, C]
+    kept = rcdiag.simulate(tokens, "token_mask", c, low, keys="trl")
+    assert kept["sampling/importance_sampling_ratio/max"] == c
+    assert kept["sampling/importance_sampling_ratio/min"] == 0.0

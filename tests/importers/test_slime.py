@@ -125,7 +125,7 @@ def test_bad_samples_name_file_row_field(tmp_path, edit, message, field):
     file = _bad(tmp_path, truth, edit)
     with pytest.raises(InputError, match=message) as info:
         import_run("slime", file, tmp_path / "run", OK)
-    assert (info.value.file, info.value.row, info.value.field) == (str(file), 4, field)
+    assert (info.value.file, info.value.row, info.value.field) == (str(file), 5, field)  # s[4] is row 5
     assert not (tmp_path / "run").exists()
     assert not list(tmp_path.glob(".run*"))
 
@@ -137,7 +137,7 @@ def test_length_error_counts_all_offenders(tmp_path):
         for s in samples[3:6]:
             s["rollout_log_probs"] = s["rollout_log_probs"] + [0.0]
 
-    with pytest.raises(InputError, match=r"row 3 .*3 of 7 sample\(s\)"):
+    with pytest.raises(InputError, match=r"row 4 .*3 of 7 sample\(s\)"):
         import_run("slime", _bad(tmp_path, truth, edit), tmp_path / "run", OK)
 
 

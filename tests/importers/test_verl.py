@@ -111,3 +111,15 @@ def test_object_arrays_and_multiple_steps(tmp_path):
     assert_run_matches(run, a + b)
     assert run.sequences()["step"].tolist() == [3] * 4 + [12] * 5
     assert np.isfinite(run.tokens()["rollout_logprob"]).all()
+
+
+def test_rows_count_from_one(tmp_path):
+    """A NaN on a valid token of batch index i is reported as row i + 1 (rows count from 1 in every importer)."""
+    truth = make_truth(seed=29)
+    tensors = verl_tensors(truth)
+    mask = tensors["response_mask"].numpy()
+    index = next(i for i in range(1, mask.shape[0]) if mask[i].any())
+    tensors["rollout_log_probs"][index, int(np.flatnonzero(mask[index])[0])] = float("nan")
+    torch.save(tensors, tmp_path / "b.pt")
+    _, imported = import_run("verl", tmp_path / "b.pt", tmp_path / "run", OK)
+    assert any(f" row {index + 1}: rollout_logprobs is nan" in w for w in imported.warnings), imported.warnings

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, charts, data, state, ui
+from app import aggregates, charts, data, judged, state, ui
 from app.text import md
 from rcdiag.store.names import unique_run_names
 
@@ -56,7 +56,7 @@ def _open(path: str) -> data.RunRef | None:
 def metrics_table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
     """Rows: metrics (TABLE_METRICS present in any run); columns: metric, each run's value (float, NaN when the run
     lacks it), then 'Δ run' = run − first run for the other runs. Numbers stay numbers, so columns sort."""
-    values = {name: aggregates.headline(*ref.key) for ref, name in zip(refs, names, strict=True)}
+    values = {name: judged.headline(*ref.key) for ref, name in zip(refs, names, strict=True)}
     rows = [m for m in TABLE_METRICS if any(m in v for v in values.values())]
     table = pd.DataFrame({"metric": rows})
     for name, v in values.items():
@@ -71,9 +71,8 @@ def _overlays(refs: list[data.RunRef], names: list[str]) -> None:
     limit = max((r["tails"].quantile(RANGE_QUANTILE) for r in results if r["tails"].n), default=0.0) or None
     hist = pd.concat([aggregates.histogram(r["tails"], limit).assign(run=n) for r, n in zip(results, names, strict=True)],
                      ignore_index=True)
-    colours = charts.run_colours(names)
     st.markdown("**ℓ histograms** (log counts, overlaid)")
-    st.altair_chart(charts.histogram(hist, colour="run", scale=colours), width="stretch", key="cmp_hist")
+    charts.draw(st, "histogram", hist, key="cmp_hist", colour="run", runs=tuple(names))
     if limit:
         st.caption(f"Axis ±{ui.fmt(limit)} nats (the largest per-run 99.9th percentile of |ℓ|); tokens beyond "
                    "count in the outer bins. Largest |ℓ|: " + ", ".join(
@@ -84,8 +83,7 @@ def _overlays(refs: list[data.RunRef], names: list[str]) -> None:
                            ignore_index=True)
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}**")
-        col.altair_chart(charts.strata(merged, title, colour="run", scale=colours), width="stretch",
-                         key=f"cmp_by_{name}")
+        charts.draw(col, "strata", merged, key=f"cmp_by_{name}", title=title, colour="run", runs=tuple(names))
 
 
 ui.guarded(render)

@@ -37,15 +37,14 @@ def _view(ref: data.RunRef) -> None:
                f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
     left, right = st.columns(2)
     left.markdown("**ℓ histogram** (log counts)")
-    left.altair_chart(charts.histogram(aggregates.histogram(tails)), width="stretch", key="dist_hist")
+    charts.draw(left, "histogram", aggregates.histogram(tails), key="dist_hist")
     right.markdown("**Rollout b vs training a** (token density, log colour; dashed: a = b)")
-    right.altair_chart(charts.density(aggregates.density(tails)), width="stretch", key="dist_density")
+    charts.draw(right, "density", aggregates.density(tails), key="dist_density")
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}**")
-        col.altair_chart(charts.strata(result["strata"][name], title), width="stretch",
-                         key=f"dist_by_{name}")
+        charts.draw(col, "strata", result["strata"][name], key=f"dist_by_{name}", title=title)
     with st.expander("Strata tables"):
         for name, frame in result["strata"].items():
             st.markdown(f"*{md(aggregates.strata_title(name))}*")

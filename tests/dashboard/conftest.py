@@ -39,7 +39,7 @@ def noisy_run(dash_root: Path) -> Run:
     manifest whose model path holds a tokenizer."""
     model = write_tokenizer(dash_root / "model")
     return build_run(dash_root / "noisy", "clean", noise=0.5, seed=3,
-                     manifest={"models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}})
+                     manifest={"models": {"engine": {"path": str(model)}, "trainer": {"path": str(model)}}})
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +92,6 @@ def heavy_run(dash_root: Path) -> Run:
     for column, payload in PAYLOADS.items():
         sequences[column] = sequences[column].astype(object)
         sequences.loc[sequences["seq_id"] == 0, column] = payload
-    manifest = {**defect_manifest("clean"), "models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}}
+    manifest = {**defect_manifest("clean"), "models": {"engine": {"path": str(model)}, "trainer": {"path": str(model)}}}
     return rcdiag.write_run(dash_root / "heavy", tokens, sequences, manifest=manifest, shard_tokens=2000,
                             overwrite=True)

@@ -8,7 +8,6 @@ diamond's one-row dataset and the read-out's initial position, so moving the sli
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import altair as alt
@@ -59,28 +58,13 @@ def sweep_spec(rows: pd.DataFrame, others: pd.DataFrame, mode: str, metric: str,
 
 
 def place(spec: dict[str, Any], threshold: float, value: float) -> dict[str, Any]:
-    """A copy of `spec` with the slider's setting: the diamond at (threshold, value), the read-out there."""
-    out = copy.deepcopy(spec)
-    out.setdefault("datasets", {})[CURRENT] = [{"threshold": threshold, spec_metric(spec): value}]
-    for param in _params(out):
-        if param.get("name") == SCRUB:
-            param["value"] = [{"threshold": threshold}]
-    return out
-
-
-def spec_metric(spec: dict[str, Any]) -> str:
-    """The curve's metric of a sweep spec (the y field of its first layer)."""
-    return spec["hconcat"][0]["layer"][0]["encoding"]["y"]["field"]
-
-
-def _params(node: Any) -> list[dict[str, Any]]:
-    """Every selection parameter in the spec (Altair hoists them to the top level or keeps them in a view)."""
-    if isinstance(node, dict):
-        own = [p for p in node.get("params", []) if isinstance(p, dict)]
-        return own + [p for key, v in node.items() if key != "params" for p in _params(v)]
-    if isinstance(node, list):
-        return [p for v in node for p in _params(v)]
-    return []
+    """`spec` with the slider's setting: the diamond at (threshold, value), the read-out there (a shallow copy:
+    only the datasets and the top-level selection parameters — where Altair hoists them — are new)."""
+    metric = spec["hconcat"][0]["layer"][0]["encoding"]["y"]["field"]
+    params = [{**p, "value": [{"threshold": threshold}]} if p.get("name") == SCRUB else p
+              for p in spec.get("params", [])]
+    return {**spec, "datasets": {**spec.get("datasets", {}), CURRENT: [{"threshold": threshold, metric: value}]},
+            "params": params}
 
 
 def _panel(mine: pd.DataFrame, base: pd.Series, hover: alt.Parameter, mode: str) -> alt.Chart:

@@ -7,7 +7,6 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, charts, data, ui
-from app.text import md
 
 
 def render(ref: data.RunRef) -> None:
@@ -45,10 +44,10 @@ def _view(ref: data.RunRef) -> None:
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}**")
         charts.draw(col, "strata", result["strata"][name], key=f"dist_by_{name}", title=title)
-    with st.expander("Strata tables"):
-        for name, frame in result["strata"].items():
-            st.markdown(f"*{md(aggregates.strata_title(name))}*")
-            st.dataframe(frame, hide_index=True, key=f"dist_table_{name}")
+    with st.expander("Strata tables"):  # one table at a time: each drawn table costs ~30 ms per rerun
+        name = st.selectbox("Stratification", list(result["strata"]), format_func=aggregates.strata_title,
+                            key="dist_table_choice")
+        st.dataframe(result["strata"][name], hide_index=True, key="dist_table")
 
 
 def _filters(index: pd.DataFrame) -> aggregates.Filters | None:

@@ -14,6 +14,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+STRATA_DASHES = "solid: mean ℓ, dashed: mean |ℓ|"
+"""How the strata charts of several runs tell the two statistics apart."""
 RUN_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 """Colours of runs on the Compare page, in run order (colour means run in every chart there)."""
 
@@ -67,14 +69,15 @@ def density(frame: pd.DataFrame) -> alt.Chart:
 def strata(frame: pd.DataFrame, title: str, colour: str | None = None, scale: alt.Scale | None = None) -> alt.Chart:
     """Mean ℓ and mean |ℓ| per bucket, buckets in row order: frame (bucket, tokens, mean_log_ratio, mean_abs[, run])
     as rcdiag.analysis.strata rows. With `colour` (several runs) colour is the run (`scale`) and the dash the
-    statistic; alone, colour is the statistic."""
+    statistic (solid: mean ℓ, dashed: mean |ℓ|; STRATA_DASHES, said in words next to the chart — a second legend
+    is clipped in a narrow column); alone, colour is the statistic."""
     long = frame.melt(id_vars=[c for c in ("bucket", "tokens", colour) if c],
                       value_vars=["mean_log_ratio", "mean_abs"], var_name="statistic", value_name="value")
     order = list(dict.fromkeys(frame["bucket"]))
     legend = alt.Legend(orient="bottom", title=None)
     if colour:
         enc = {"color": alt.Color(f"{colour}:N", scale=scale or alt.Undefined, legend=legend),
-               "strokeDash": alt.StrokeDash("statistic:N", legend=legend, scale=alt.Scale(
+               "strokeDash": alt.StrokeDash("statistic:N", legend=None, scale=alt.Scale(
                    domain=["mean_log_ratio", "mean_abs"], range=[[1, 0], [4, 3]]))}
     else:
         enc = {"color": alt.Color("statistic:N", legend=legend)}

@@ -1,5 +1,5 @@
 """The IS simulator's sweep chart: curves of one metric over the dense threshold grid for every mode, the slider's
-setting (diamond), the report's recommended setting (star), and a read-out panel that follows the mouse — Vega
+setting (black diamond), the report's recommended setting (red ring), and a read-out panel that follows the mouse — Vega
 scrubs it in the browser, no rerun.
 
 The chart's Vega-Lite spec depends on the run, mode, lower bound, convention and curve only; it is built and
@@ -49,8 +49,8 @@ def sweep_spec(rows: pd.DataFrame, others: pd.DataFrame, mode: str, metric: str,
         point = grid[(grid["mode"] == recommended[0]) & (grid["threshold"] == recommended[1])]
         if len(point):
             star = point.assign(label=f"recommended: {recommended[0]} at C = {recommended[1]:g}")
-            layers.append(alt.Chart(star).mark_point(shape="triangle-up", size=260, filled=True, color="#dc2626",
-                                                     stroke="black").encode(
+            layers.append(alt.Chart(star).mark_point(shape="circle", size=420, filled=False, color="#dc2626",
+                                                     strokeWidth=3).encode(
                 x=x, y=f"{metric}:Q", tooltip=["label:N", f"{metric}:Q"]))
     panel = _panel(mine, base, hover, mode)
     chart = alt.hconcat(alt.layer(*layers).properties(width=500, height=320), panel)

@@ -112,7 +112,7 @@ def _overlays(shown: dict[str, Any], names: list[str]) -> None:
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         title = aggregates.strata_title(name)
-        col.markdown(f"**ℓ by {title}**")
+        col.markdown(f"**ℓ by {title}** ({charts.STRATA_DASHES})")
         charts.draw(col, "strata", shown["strata"][name], key=f"cmp_by_{name}", title=title, colour="run",
                     runs=tuple(names))
 

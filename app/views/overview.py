@@ -10,8 +10,9 @@ from app.text import md
 from rcdiag.analysis import health
 from rcdiag.report.context import context_line, verdict_html
 
-# Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin).
-SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
+# A coloured severity word, no icon: ":material/…:" icons load an icon font, and emoji show as empty boxes where
+# the machine has no emoji font (headless servers, many Linux desktops).
+SEVERITY_COLOURS = {"error": "red", "warning": "orange", "info": "blue", "ok": "green"}
 COUNTS = ("tokens", "sequences", "empty_sequences")
 FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
@@ -82,9 +83,9 @@ def _recommendation(ref: data.RunRef) -> None:
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
     for finding in judged.findings(*ref.key):
-        with st.expander(f"{finding['severity']} · {md(finding['name'])}: {md(finding['message'])}",
-                         expanded=finding["severity"] in ("error", "warning"),
-                         icon=SEVERITY_ICONS.get(finding["severity"])):
+        severity = finding["severity"]
+        with st.expander(f":{SEVERITY_COLOURS.get(severity, 'gray')}[**{md(severity)}**] · {md(finding['name'])}: "
+                         f"{md(finding['message'])}", expanded=severity in ("error", "warning")):
             if finding.get("fix"):
                 st.markdown(f"**Fix:** {md(finding['fix'])}")
             if finding.get("evidence"):

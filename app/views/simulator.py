@@ -88,10 +88,9 @@ def _sweep_chart(ref: data.RunRef, rows: pd.DataFrame, others: pd.DataFrame, mod
         st.caption(f"The report recommends no setting here ({md(advice['kind'].replace('_', ' '))}): see the "
                    "Overview.")
         return
-    left, right = st.columns([4, 1], vertical_alignment="center")
-    left.caption(f"Red triangle: the report's recommendation, {recommended[0]} at C = {recommended[1]:g} (canonical "
-                 f"convention, no lower bound). {md(advice['text'])}")
-    right.button("Use the recommended setting", key="sim_use_recommended", on_click=_use, args=recommended)
+    st.caption(f"Red ring: the report's recommendation, {recommended[0]} at C = {recommended[1]:g} (canonical "
+               f"convention, no lower bound). {md(advice['text'])}")
+    st.button("Use the recommended setting", key="sim_use_recommended", on_click=_use, args=recommended)
 
 
 def _use(mode: str, threshold: float) -> None:

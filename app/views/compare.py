@@ -24,21 +24,22 @@ RANGE_QUANTILE = 0.999
 def render() -> None:
     st.header("Compare runs")
     known = list(dict.fromkeys([*st.session_state.get(ui.GIVEN, []), *st.session_state.get(ui.OPENED, [])]))
-    by_name = {Path(p).name: p for p in known}
+    labels = ui.run_names(known)
+    by_name = {name: path for path, name in labels.items()}
     state.bind("cmp_runs", "runs", lambda raw: [by_name.get(n, n) for n in raw.split(",") if n],
                lambda runs: all(r in known for r in runs))
     st.session_state.setdefault("cmp_runs", known[:4])
-    chosen = st.multiselect("Runs", known, format_func=lambda p: Path(p).name, key="cmp_runs",
+    chosen = st.multiselect("Runs", known, format_func=lambda p: labels.get(p, p), key="cmp_runs",
                             help="The runs given on the command line and those opened in the sidebar. The first "
                                  "is the baseline of the Δ columns.")
     extra = st.text_input("Add a run directory", key="cmp_add", placeholder="runs/other")
-    state.publish("runs", [Path(p).name for p in chosen] or None)
+    state.publish("runs", [labels[p] for p in chosen] or None)
     paths = list(dict.fromkeys([*chosen, *([extra.strip()] if extra.strip() else [])]))
     refs = [ref for ref in (_open(p) for p in paths) if ref is not None]
     if len(refs) < 2:
         st.info("Choose at least two runs to compare.")
         return
-    names = unique_run_names([r.path for r in refs])
+    names = unique_run_names([r.path for r in refs], [labels.get(r.path, Path(r.path).name) for r in refs])
     shown = comparison(tuple(r.key for r in refs), tuple(names))
     table = shown["table"]
     st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort. A run's "

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import streamlit as st
 
-from app import bands, charts, data, ui
+from app import bands, charts, data, state, ui
 from rcdiag.analysis import health
 from rcdiag.analysis.drift import ADVICE, drifts
 from rcdiag.analysis.trend import trend
@@ -51,10 +51,14 @@ def step_log_ratios(path: str, mtime: float, seq_ids: tuple[int, int], ids: tupl
 
 
 def render(ref: data.RunRef) -> None:
+    state.bind("trend_convention", "convention", str, CONVENTIONS.__contains__)
+    state.bind("trend_threshold", "threshold", float, lambda c: c >= 1.01)
+    st.session_state.setdefault("trend_threshold", float(DEFAULTS.threshold))
     left, right = st.columns(2)
     convention = left.selectbox("Convention", CONVENTIONS, key="trend_convention")
-    threshold = float(right.number_input("IS threshold C", min_value=1.01, value=DEFAULTS.threshold, step=0.5,
-                                         key="trend_threshold"))
+    threshold = float(right.number_input("IS threshold C", min_value=1.01, step=0.5, key="trend_threshold"))
+    state.publish("convention", convention)
+    state.publish("threshold", f"{threshold:g}")
     frame = trend_frame(*ref.key, convention, threshold)
     if len(frame) < 2:
         st.info(f"This run has one step ({int(frame['step'].iloc[0])}): nothing to trend. Runs imported from "
@@ -74,11 +78,13 @@ def render(ref: data.RunRef) -> None:
     start = min((d.start_step for d in found), default=None)
     picked = _charts(frame, start)
     steps = frame["step"].astype(int).tolist()
+    state.bind("trend_step", "step", int, steps.__contains__)
     if picked is not None and picked != st.session_state.get("trend_picked"):
         st.session_state["trend_step"] = picked
     st.session_state["trend_picked"] = picked
-    step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step",
-                            index=steps.index(start) if start in steps else len(steps) - 1))
+    st.session_state.setdefault("trend_step", start if start in steps else steps[-1])
+    step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step"))
+    state.publish("step", step)
     _step_detail(ref, frame, judged[steps.index(step)], step)
 
 

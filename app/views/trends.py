@@ -91,9 +91,6 @@ def render(ref: data.RunRef) -> None:
 def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
     """The six per-step panels with interval bars, each point in its metric's health-band colour (a metric without
     a band, the clipped share: the step's verdict); returns the step of a clicked point, if any."""
-    click = alt.selection_point(fields=["step"], on="click", name="pick")
-    colour = alt.Color("band:N", scale=alt.Scale(domain=list(bands.COLOURS), range=list(bands.COLOURS.values())),
-                       legend=None)
     cols = st.columns(3)
     picked = None
     for i, (column, title) in enumerate(PANELS):
@@ -102,24 +99,34 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
         rows["band"] = [band.classify(v) for v in rows["value"]] if band else frame["status"]
         if f"{column}_low" in frame:
             rows = rows.assign(low=frame[f"{column}_low"], high=frame[f"{column}_high"])
-        base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
-        layers = [base.mark_line(color="#2563eb"),
-                  base.mark_point(filled=True, size=60).encode(
-                      y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)), color=colour,
-                      tooltip=["step", "value", "band"] + (["low", "high"] if "low" in rows else [])
-                  ).add_params(click)]
-        layers[0] = layers[0].encode(y="value:Q")
-        if "low" in rows:
-            layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
-        if start is not None:
-            layers.append(alt.Chart(pd.DataFrame({"step": [start]})).mark_rule(color="#dc2626", strokeDash=[4, 3])
-                          .encode(x="step:Q"))
-        event = cols[i % 3].altair_chart(alt.layer(*layers).properties(title=title, height=200), width="stretch",
-                                         key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
+        event = cols[i % 3].vega_lite_chart(panel_spec(rows, title, start), width="stretch",
+                                            key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
         chosen = (event.selection.get("pick") or [{}])[0] if event and event.selection else {}
         if "step" in chosen:
             picked = int(chosen["step"])
     return picked
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
+    """One panel's validated Vega-Lite spec (built once: Altair costs ~0.1 s a chart): rows (step, value, band[,
+    low, high]); `start` the drift's first step (dashed red rule) or None. The panel title names the metric, so
+    the y axis has none (a long vertical axis title pushed the panel's title out of view)."""
+    click = alt.selection_point(fields=["step"], on="click", name="pick")
+    colour = alt.Color("band:N", scale=alt.Scale(domain=list(bands.COLOURS), range=list(bands.COLOURS.values())),
+                       legend=None)
+    base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
+    y = alt.Y("value:Q", title=None, scale=alt.Scale(zero=False))
+    layers = [base.mark_line(color="#2563eb").encode(y=y),
+              base.mark_point(filled=True, size=60).encode(
+                  y=y, color=colour, tooltip=["step", "value", "band"] + (["low", "high"] if "low" in rows else [])
+              ).add_params(click)]
+    if "low" in rows:
+        layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
+    if start is not None:
+        layers.append(alt.Chart(pd.DataFrame({"step": [start]})).mark_rule(color="#dc2626", strokeDash=[4, 3])
+                      .encode(x="step:Q"))
+    return alt.layer(*layers).properties(title=title, height=200).to_dict()
 
 
 def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:

@@ -161,13 +161,17 @@ def is_number(value: Any) -> bool:
 # --------------------------------------------------------------------------------------------------- sequences
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, stamp: str) -> pd.DataFrame:
-    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats` joined with the
+    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats`'s columns —
+    from the report's cached per-sequence sums (app.judged), else from the library's own pass — joined with the
     sequence metadata (INDEX_COLUMNS, no texts). Sequences without valid tokens have n_valid 0 and NaN stats."""
+    from app import judged
     from rcdiag.analysis.metrics import sequence_stats
 
     run = open_run(path)
     meta = run.sequences(list(INDEX_COLUMNS))
-    stats = sequence_stats(run)
+    stats = judged.sequence_stats(path, stamp)
+    if stats is None:
+        stats = sequence_stats(run)
     extra = [c for c in stats.columns if c == "seq_id" or c not in meta.columns]
     return meta.merge(stats[extra], on="seq_id", how="left").reset_index(drop=True)
 

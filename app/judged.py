@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import streamlit as st
 
+from rcdiag.analysis.bootstrap import COLUMNS
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.report.build import RunReport, headline_values, judge
 from rcdiag.report.cache import is_cached
 from rcdiag.report.options import ReportOptions
@@ -53,3 +57,24 @@ def recommendation(path: str, stamp: str) -> dict[str, Any]:
     """The report's recommendation (rcdiag.report.recommend): kind, mode, threshold, text and the chosen row's
     numbers; mode and threshold are None when it recommends no setting (a failed check, no data)."""
     return json.loads(json.dumps(recommend(report(path, stamp)), default=str))
+
+
+def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:
+    """rcdiag.analysis.metrics.sequence_stats's columns from the report's per-sequence sums (no pass of its own:
+    the Sequences page of a 10 M-token run reads the cached pass), or None when the report refused or withheld
+    the metrics — the caller then asks the library, which says why."""
+    rep = report(path, stamp)
+    if rep.metrics_error:
+        return None
+    ids, sums = rep.scan.sums.table(rep.scan.info.seq_id)
+    c = dict(zip(COLUMNS, sums.T, strict=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(c["T"] > 0, c["T"], np.nan)
+        mean_ell = c["sum_l"] / t
+        return pd.DataFrame({
+            "seq_id": ids.astype(np.int64), "n_valid": c["T"].astype(np.int64),
+            "sum_log_ratio": np.where(np.isnan(t), np.nan, c["sum_l"]), "mean_log_ratio": mean_ell,
+            "mean_abs_log_ratio": c["sum_abs"] / t,
+            "max_abs_log_ratio": np.where(np.isnan(t), np.nan, c["max_abs"]),
+            "training_log_ppl": -c["sum_a"] / t, "rollout_log_ppl": -c["sum_b"] / t, "log_ppl_diff": -mean_ell,
+            "seq_ratio": np.exp(np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))})

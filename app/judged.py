@@ -18,18 +18,12 @@ import streamlit as st
 from rcdiag.analysis.bootstrap import COLUMNS
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.report.build import RunReport, headline_values, judge
-from rcdiag.report.cache import is_cached
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.recommend import recommend
 from rcdiag.store.run import open_run
 
 OPTIONS = ReportOptions()
 """The report's defaults: the same pass options as a plain `rcdiag report RUN`, so its cache entry is ours."""
-
-
-def cached_on_disk(path: str) -> bool:
-    """Whether the report's passes of this run are already in rcdiag's pass cache (the first look is then a read)."""
-    return is_cached(open_run(path), OPTIONS)
 
 
 @st.cache_resource(show_spinner="Judging the run: one pass over its tokens (a cache read once `rcdiag report` "

@@ -154,6 +154,14 @@ def sweep_grid(path: str, stamp: str, modes: tuple[str, ...], lower: float | Non
                   convention=convention)
 
 
+@st.cache_data(show_spinner="Measuring every step…", max_entries=16)
+def trend_frame(path: str, stamp: str, convention: str, threshold: float) -> pd.DataFrame:
+    """rcdiag.trend of the run (token_truncate at `threshold`, 200 bootstrap replicates per step)."""
+    from rcdiag.analysis.trend import trend
+
+    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 

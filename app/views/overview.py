@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import bands, data, judged, ui
+from app import bands, data, judged, ui, warm
 from app.text import md
 from rcdiag.analysis import health
 from rcdiag.report.context import context_line, verdict_html
@@ -45,6 +45,7 @@ def render(ref: data.RunRef) -> None:
         st.dataframe(facts, hide_index=True, key="overview_settings", height=min(35 * (len(facts) + 1) + 3, 600))
     with st.expander("Manifest"):
         st.json(ref.manifest, expanded=1)
+    warm.after_overview(*ref.key)
 
 
 def manifest_facts(manifest: dict, sections: tuple[str, ...] = FACT_SECTIONS) -> pd.DataFrame:

@@ -3,7 +3,6 @@ verdict changes (points coloured by the library's bands, rcdiag.analysis.health)
 that step's verdict and cards, its ℓ distribution against the first step and its worst sequences."""
 from __future__ import annotations
 
-import altair as alt
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
@@ -13,7 +12,6 @@ import streamlit as st
 from app import bands, charts, data, state, ui
 from rcdiag.analysis import health
 from rcdiag.analysis.drift import ADVICE, drifts
-from rcdiag.analysis.trend import trend
 from rcdiag.report.context import verdict_html
 from rcdiag.report.options import CONVENTIONS, ReportOptions
 from rcdiag.report.render import md_escape
@@ -23,12 +21,6 @@ from rcdiag.store.run import open_run
 DEFAULTS = ReportOptions()
 SHOWN_SEQUENCES = 25
 HIST_BINS = 81
-
-
-@st.cache_data(show_spinner="Measuring every step…", max_entries=16)
-def trend_frame(path: str, mtime: float, convention: str, threshold: float) -> pd.DataFrame:
-    """rcdiag.trend of the run (token_truncate at `threshold`), cached on (run, manifest mtime, settings)."""
-    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
 
 
 @st.cache_data(max_entries=64)
@@ -59,7 +51,7 @@ def render(ref: data.RunRef) -> None:
     threshold = float(right.number_input("IS threshold C", min_value=1.01, step=0.5, key="trend_threshold"))
     state.publish("convention", convention)
     state.publish("threshold", f"{threshold:g}")
-    frame = trend_frame(*ref.key, convention, threshold)
+    frame = data.trend_frame(*ref.key, convention, threshold)
     if len(frame) < 2:
         st.info(f"This run has one step ({int(frame['step'].iloc[0])}): nothing to trend. Runs imported from "
                 "per-step dumps (verl rollout_data_dir, slime rollout ids, TRL / ms-swift logs with a step) "
@@ -109,24 +101,30 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
-    """One panel's validated Vega-Lite spec (built once: Altair costs ~0.1 s a chart): rows (step, value, band[,
-    low, high]); `start` the drift's first step (dashed red rule) or None. The panel title names the metric, so
-    the y axis has none (a long vertical axis title pushed the panel's title out of view)."""
-    click = alt.selection_point(fields=["step"], on="click", name="pick")
-    colour = alt.Color("band:N", scale=alt.Scale(domain=list(bands.COLOURS), range=list(bands.COLOURS.values())),
-                       legend=None)
-    base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
-    y = alt.Y("value:Q", title=None, scale=alt.Scale(zero=False))
-    layers = [base.mark_line(color="#2563eb").encode(y=y),
-              base.mark_point(filled=True, size=60).encode(
-                  y=y, color=colour, tooltip=["step", "value", "band"] + (["low", "high"] if "low" in rows else [])
-              ).add_params(click)]
+    """One panel's Vega-Lite spec, written as JSON (Altair took ~0.1 s a panel): rows (step, value, band[, low,
+    high]); `start` the drift's first step (dashed red rule) or None; clicking a point selects `pick`. The panel
+    title names the metric, so the y axis has none (a long vertical axis title pushed the panel's title out of
+    view)."""
+    x = {"field": "step", "type": "quantitative", "title": "step"}
+    y = {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}}
+    colour = {"field": "band", "type": "nominal", "legend": None,
+              "scale": {"domain": list(bands.COLOURS), "range": list(bands.COLOURS.values())}}
+    tooltip = [{"field": f, "type": "nominal" if f == "band" else "quantitative"}
+               for f in ("step", "value", "band", "low", "high") if f in rows]
+    layers: list[dict] = [
+        {"mark": {"type": "line", "color": "#2563eb"}, "encoding": {"x": x, "y": y}},
+        {"mark": {"type": "point", "filled": True, "size": 60}, "name": "points",
+         "params": [{"name": "pick", "select": {"type": "point", "fields": ["step"], "on": "click"}}],
+         "encoding": {"x": x, "y": y, "color": colour, "tooltip": tooltip}}]
     if "low" in rows:
-        layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
+        layers.append({"mark": {"type": "rule", "color": "#2563eb"}, "encoding": {
+            "x": x, "y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"}}})
     if start is not None:
-        layers.append(alt.Chart(pd.DataFrame({"step": [start]})).mark_rule(color="#dc2626", strokeDash=[4, 3])
-                      .encode(x="step:Q"))
-    return alt.layer(*layers).properties(title=title, height=200).to_dict()
+        layers.append({"data": {"values": [{"step": start}]}, "mark": {"type": "rule", "color": "#dc2626",
+                                                                       "strokeDash": [4, 3]},
+                       "encoding": {"x": {"field": "step", "type": "quantitative"}}})
+    return {"$schema": "https://vega.github.io/schema/vega-lite/v6.json", "config": charts.VIEW,
+            "data": charts.records(rows), "title": title, "height": 200, "layer": layers}
 
 
 def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:

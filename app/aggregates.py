@@ -1,23 +1,21 @@
 """Distribution aggregates for the dashboard: rcdiag's one-pass scan (tails + strata) over the chosen sequences.
 
-Cached on (run path, manifest mtime, kept seq_ids); the results are small (fixed-size histograms, per-bucket rows),
-never the token table. Only valid tokens (mask true, both log-probs finite) count, as in `rcdiag report`.
+The whole run's come from the report's own pass (app.judged: shared with the Overview and rcdiag's pass cache);
+a filter scans the kept sequences once. Cached on (run path, file stamp, filters); the results are small
+(fixed-size histograms, per-bucket rows), never the token table. Only valid tokens (mask true, both log-probs
+finite) count, as in `rcdiag report`.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import bands, data
-from rcdiag.analysis.correction import DEFAULT_THRESHOLD
+from app import data, judged
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
-from rcdiag.checks.evidence import sequence_lengths
-from rcdiag.checks.verdicts import findings as verdicts
 from rcdiag.report.scan import scan_run
 from rcdiag.store.batches import keep_seq_ids
 from rcdiag.store.run import open_run
@@ -30,22 +28,20 @@ DENSITY_CELLS = 60
 """The b-vs-a density is drawn as at most DENSITY_CELLS² cells (rebinned from the accumulator's fine grid)."""
 
 
-@st.cache_data(show_spinner="Scanning the run…", max_entries=64)
-def distributions(path: str, mtime: float, filters: Filters | None) -> dict[str, Any]:
-    """One scan over the sequences passing `filters` (data.seq_ids_where's (finish reasons, reward range, length
-    range); None: all): {"tails": TailAccumulator, "tail_stats": dict
-    (rcdiag.analysis.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.analysis.strata rows}}, plus "findings" (the checks of
-    `rcdiag report`, worst first, as dicts) for the whole run. Zero tokens → empty frames. Pass `filters` explicitly:
-    the cache key is made from the arguments as given (small, whatever the run's size)."""
-    run = open_run(path)
-    keep_ids = None if filters is None else data.seq_ids_where(data.sequence_index(path, mtime), *filters)
-    scan = scan_run(run, keep=None if keep_ids is None else keep_seq_ids(keep_ids))
+@st.cache_data(show_spinner="Scanning the chosen sequences…", max_entries=64)
+def distributions(path: str, stamp: str, filters: Filters | None) -> dict[str, Any]:
+    """The scan of the sequences passing `filters` (data.seq_ids_where's (finish reasons, reward range, length
+    range); None: all, i.e. the report's own pass): {"tails": TailAccumulator, "tail_stats": dict
+    (rcdiag.analysis.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.analysis.strata rows}}. Zero tokens
+    → empty frames. Pass `filters` explicitly: the cache key is made from the arguments as given (small, whatever
+    the run's size)."""
+    if filters is None:
+        scan = judged.report(path, stamp).scan
+    else:
+        keep_ids = data.seq_ids_where(data.sequence_index(path, stamp), *filters)
+        scan = scan_run(open_run(path), keep=keep_seq_ids(keep_ids))
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
-    out = {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
-    if filters is None:  # the whole run: the same pass gathered the checks' evidence
-        findings = verdicts(scan.checks, sequence_lengths(run), run.manifest, (DEFAULT_THRESHOLD,))
-        out["findings"] = [json.loads(json.dumps(f.to_dict(), default=str)) for f in findings]
-    return out
+    return {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
 
 
 def strata_title(name: str) -> str:
@@ -82,17 +78,3 @@ def density(tails: TailAccumulator) -> pd.DataFrame:
     step = factor * width
     return pd.DataFrame({"a_lo": start + ia * step, "a_hi": start + (ia + 1) * step,
                          "b_lo": start + ib * step, "b_hi": start + (ib + 1) * step, "count": coarse[ia, ib]})
-
-
-def findings(path: str, mtime: float) -> list[dict[str, Any]]:
-    """The checks of `rcdiag report` (rcdiag.checks.evidence), worst first, as dicts (name, severity, message, evidence, fix);
-    gathered by the same cached scan as the distributions."""
-    return distributions(path, mtime, None)["findings"]
-
-
-def headline(path: str, mtime: float) -> dict[str, float]:
-    """Canonical metrics, tail statistics of ℓ (rcdiag.analysis.tails) and the Overview's IS point (bands.OVERVIEW_*)."""
-    values = dict(data.metrics(path, mtime))
-    values.update(distributions(path, mtime, None)["tail_stats"])
-    values.update(data.simulate(path, mtime, bands.OVERVIEW_MODE, bands.OVERVIEW_THRESHOLD, None))
-    return values

@@ -1,13 +1,16 @@
-"""Cached loaders of the dashboard: every number comes from the rcdiag library, cached on (run path, manifest mtime).
+"""Cached loaders of the dashboard: every number comes from the rcdiag library, cached on (run path, file stamp).
 
-Each loader takes `(path, mtime)` first: `path` is the resolved run directory, `mtime` its manifest's modification
-time, so re-writing a run (which rewrites the manifest last) invalidates every cached value of that run.
+Each loader takes `(path, stamp)` first: `path` is the resolved run directory, `stamp` a hash of the size, inode
+and mtime of every file of the run (manifest, token and sequence shards; `file_stamp`), so re-writing or replacing
+any shard invalidates every cached value of that run — one stat per file per page, never a read.
 Loaders return plain dicts and DataFrames (picklable, as `st.cache_data` requires) and raise rcdiag errors, which
 the pages show as messages.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,9 @@ import streamlit as st
 
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.errors import RunDirError
-from rcdiag.store.files import MANIFEST_NAME
+from rcdiag.store.files import MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.run import open_run
+from rcdiag.tokenizers import fast_tokenizer, manifest_tokenizer_dir
 
 REQUIRED_TOKEN_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
 INDEX_COLUMNS = ("seq_id", "prompt_id", "sample_index", "response_len", "finish_reason", "reward", "step")
@@ -30,15 +34,15 @@ INDEX_COLUMNS = ("seq_id", "prompt_id", "sample_index", "response_len", "finish_
 
 @dataclass(frozen=True)
 class RunRef:
-    """A validated run: resolved path, manifest mtime (the cache key) and the manifest."""
+    """A validated run: resolved path, file stamp (the cache key, `file_stamp`) and the manifest."""
 
     path: str
-    mtime: float
+    stamp: str
     manifest: dict[str, Any]
 
     @property
-    def key(self) -> tuple[str, float]:
-        return self.path, self.mtime
+    def key(self) -> tuple[str, str]:
+        return self.path, self.stamp
 
     @property
     def name(self) -> str:
@@ -54,12 +58,30 @@ def open_ref(path: str | Path) -> RunRef:
     if not manifest_file.is_file():
         raise RunDirError(f"{path}: not a run directory (no {MANIFEST_NAME}); choose a directory written by "
                           "`rcdiag score` or `rcdiag import` (an interrupted score resumes when re-run)")
-    mtime = manifest_file.stat().st_mtime
-    return RunRef(str(resolved), mtime, validate(str(resolved), mtime))
+    stamp = file_stamp(resolved)
+    return RunRef(str(resolved), stamp, validate(str(resolved), stamp))
+
+
+def file_stamp(path: Path) -> str:
+    """Hash of (name, size, inode, mtime_ns) of the manifest and every token and sequence shard: changes whenever
+    a file of the run is rewritten, added or removed (stat calls only; rcdiag.report.cache's key also hashes the
+    files' footers, once per pass)."""
+    entries = []
+    for folder in (path, path / TOKENS_DIR, path / SEQUENCES_DIR):
+        try:
+            with os.scandir(folder) as items:
+                for item in items:
+                    if item.is_file() and (item.name == MANIFEST_NAME or item.name.endswith(".parquet")):
+                        info = item.stat()
+                        entries.append((str(Path(item.path).relative_to(path)), info.st_size, info.st_ino,
+                                        info.st_mtime_ns))
+        except OSError:
+            continue
+    return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()[:32]
 
 
 @st.cache_data(show_spinner="Checking the run…", max_entries=32)
-def validate(path: str, mtime: float) -> dict[str, Any]:
+def validate(path: str, stamp: str) -> dict[str, Any]:
     """The manifest, after checking every token file opens and holds training log-probs (O(#files) footers)."""
     run = open_run(path)
     files = run.token_files
@@ -107,25 +129,7 @@ def _null_count(parquet: pq.ParquetFile, file: Path) -> int:
     return total
 
 
-# --------------------------------------------------------------------------------------------------- metrics
-@st.cache_data(show_spinner="Computing metrics…", max_entries=64)
-def metrics(path: str, mtime: float, convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
-    """`rcdiag.compute_metrics` of the run (METRICS.md names plus tokens/sequences/empty_sequences)."""
-    from rcdiag.analysis.metrics import compute_metrics
-
-    return {k: float(v) for k, v in compute_metrics(open_run(path), convention=convention).items()}
-
-
-@st.cache_data(show_spinner="Simulating the correction…", max_entries=256)
-def simulate(path: str, mtime: float, mode: str, threshold: float, lower: float | None,
-             convention: str = DEFAULT_CONVENTION) -> dict[str, float]:
-    """`rcdiag.simulate` for one (mode, threshold, lower bound, convention)."""
-    from rcdiag.analysis.correction import simulate as simulate_
-
-    result = simulate_(open_run(path), mode, threshold=threshold, lower=lower, convention=convention)
-    return {k: float(v) for k, v in result.items() if is_number(v)}
-
-
+# --------------------------------------------------------------------------------------------------- simulator
 UNCORRECTED = 1e300
 """A threshold no ratio reaches: the "no correction" row of `sweep_grid` (weights as the raw ratios)."""
 
@@ -140,7 +144,7 @@ def threshold_grid() -> tuple[float, ...]:
 
 
 @st.cache_data(show_spinner="Sweeping thresholds…", max_entries=64)
-def sweep_grid(path: str, mtime: float, modes: tuple[str, ...], lower: float | None,
+def sweep_grid(path: str, stamp: str, modes: tuple[str, ...], lower: float | None,
                convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
     """`rcdiag.sweep` of `modes` over `threshold_grid()` plus the uncorrected row (threshold UNCORRECTED), in one
     pass: one row per mode × threshold, columns mode, threshold, IS metrics."""
@@ -150,35 +154,47 @@ def sweep_grid(path: str, mtime: float, modes: tuple[str, ...], lower: float | N
                   convention=convention)
 
 
+@st.cache_data(show_spinner="Measuring every step…", max_entries=16)
+def trend_frame(path: str, stamp: str, convention: str, threshold: float) -> pd.DataFrame:
+    """rcdiag.trend of the run (token_truncate at `threshold`, 200 bootstrap replicates per step)."""
+    from rcdiag.analysis.trend import trend
+
+    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------------------------- sequences
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
-def sequence_index(path: str, mtime: float) -> pd.DataFrame:
-    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats` joined with the
+def sequence_index(path: str, stamp: str) -> pd.DataFrame:
+    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats`'s columns —
+    from the report's cached per-sequence sums (app.judged), else from the library's own pass — joined with the
     sequence metadata (INDEX_COLUMNS, no texts). Sequences without valid tokens have n_valid 0 and NaN stats."""
+    from app import judged
     from rcdiag.analysis.metrics import sequence_stats
 
     run = open_run(path)
     meta = run.sequences(list(INDEX_COLUMNS))
-    stats = sequence_stats(run)
+    stats = judged.sequence_stats(path, stamp)
+    if stats is None:
+        stats = sequence_stats(run)
     extra = [c for c in stats.columns if c == "seq_id" or c not in meta.columns]
     return meta.merge(stats[extra], on="seq_id", how="left").reset_index(drop=True)
 
 
 @st.cache_data(max_entries=32)
-def sequence_order(path: str, mtime: float, column: str, descending: bool) -> np.ndarray:
+def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.ndarray:
     """Row positions of `sequence_index` sorted by `column` (NaN last, ties by seq_id): int64 [#sequences]."""
-    index = sequence_index(path, mtime)
+    index = sequence_index(path, stamp)
     order = index.sort_values([column, "seq_id"], ascending=[not descending, True], na_position="last",
                               kind="stable")
     return order.index.to_numpy(dtype=np.int64)
 
 
 @st.cache_data(max_entries=256)
-def sequence_detail(path: str, mtime: float, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
+def sequence_detail(path: str, stamp: str, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
     """(sequence row with texts, its token rows sorted by pos) read with a seq_id filter (row-group pruning)."""
     run = open_run(path)
     meta = _filtered(run.sequence_files, seq_id, None)
@@ -210,47 +226,18 @@ def _empty(files: list[Path], columns: list[str]) -> pa.Table:
 
 
 def decode_tokens(manifest: dict[str, Any], token_ids: tuple[int, ...]) -> list[str] | None:
-    """Each token's text with the run's tokenizer (tokenizer.json of a local model path in the manifest), or None."""
-    tokenizer = _tokenizer(tokenizer_file(manifest))
+    """Each token's text with the run's tokenizer (rcdiag.tokenizers.fast_tokenizer: tokenizer.json of the local
+    tokenizer or engine model directory the manifest names), or None when there is none."""
+    tokenizer = _tokenizer(manifest_tokenizer_dir(manifest))
     if tokenizer is None:
         return None
     return [tokenizer.decode([int(t)], skip_special_tokens=False) for t in token_ids]
 
 
-def tokenizer_file(manifest: dict[str, Any]) -> str | None:
-    """The first `tokenizer.json` found under a local directory named by a path-like manifest value."""
-    for value in _strings(manifest):
-        candidate = Path(value).expanduser()
-        if len(value) < 4096 and ("/" in value or candidate.is_absolute()):
-            file = candidate / "tokenizer.json"
-            try:
-                if file.is_file():
-                    return str(file)
-            except OSError:
-                continue
-    return None
-
-
-def _strings(obj: Any) -> list[str]:
-    if isinstance(obj, str):
-        return [obj]
-    if isinstance(obj, dict):
-        return [s for v in obj.values() for s in _strings(v)]
-    if isinstance(obj, list):
-        return [s for v in obj for s in _strings(v)]
-    return []
-
-
 @st.cache_resource(max_entries=4)
-def _tokenizer(file: str | None) -> Any:
-    if file is None:
-        return None
-    try:
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(file)
-    except Exception:  # a broken or foreign tokenizer file: show ids instead
-        return None
+def _tokenizer(directory: str | None) -> Any:
+    """The loaded tokenizer of `directory`, once per server (None: no tokenizer)."""
+    return None if directory is None else fast_tokenizer({"tokenizer": {"path": directory}})
 
 
 def seq_ids_where(index: pd.DataFrame, finish: tuple[str, ...] | None, reward: tuple[float, float] | None,

@@ -2,8 +2,9 @@
 
 A widget bound with `bind(key, name, parse)` takes its first value from the URL's `name` parameter (when the
 parameter parses and the widget has no value yet), and `publish(name, value)` writes the current value back after
-the widget is drawn. Parameters: run, runs (Compare; joined by ','), seq, sort, page (Sequences), mode, convention,
-threshold, lower (IS simulator); the page itself is the URL path.
+the widget is drawn. Parameters: run, runs (Compare; joined by ','), seq, sort, desc, page (Sequences), mode,
+convention, threshold, lower (IS simulator), convention, threshold, step (Trends); the page itself is the URL
+path.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ CLAMP = 20.0
 WINDOW = 1500
 """Most tokens drawn at once (≈ 0.4 MB of HTML); longer responses are paged by position."""
 STYLE = ("<style>#rcdiag-token-strip{font-family:monospace;white-space:pre-wrap;line-height:1.9;font-size:0.95em}"
-         "#rcdiag-token-strip .rcdiag-tok{display:inline-block;border-right:1px solid #fff;color:#111}"
+         "#rcdiag-token-strip .rcdiag-tok{display:inline-block;border-right:1px solid #d4d4d8;color:#111}"
          "#rcdiag-token-strip .dark{color:#fff}"
          "#rcdiag-token-strip .off{opacity:0.45;text-decoration:line-through}</style>")
 LEGEND_WORDS = ("red: the trainer gives the token more probability than the engine (ℓ = a − b > 0, IS weight > 1); "
@@ -76,6 +76,7 @@ def strip_html(tokens: pd.DataFrame, texts: list[str] | None, scale: float) -> s
 def legend_html(scale: float) -> str:
     """The diverging scale with its stops, and what the colours mean in words."""
     stops = np.linspace(-scale, scale, 9)
-    cells = "".join(f'<span style="background:{colour(v, scale)};padding:0 6px">{v:+.2g}</span>' for v in stops)
+    cells = "".join(f'<span style="background:{colour(v, scale)};padding:0 6px;color:'
+                    f'{"#fff" if abs(v) > 0.6 * scale else "#111"}">{v:+.2g}</span>' for v in stops)
     return (f'<div id="rcdiag-legend" style="font-size:0.85em">ℓ = a − b (trainer − engine, nats): {cells}'
             f'<br>{html.escape(LEGEND_WORDS)}</div>')

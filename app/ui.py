@@ -14,6 +14,7 @@ from app import bands, data, state
 from app.text import md
 from rcdiag.errors import RcdiagError
 from rcdiag.numbers import fmt  # the one formatter; views call ui.fmt
+from rcdiag.store.names import unique_run_names
 
 GIVEN = "rcdiag_given_runs"
 CURRENT = "rcdiag_current_run"
@@ -38,13 +39,15 @@ def sidebar(given: list[str]) -> None:
     st.sidebar.title("rcdiag")
     options = [*given, OTHER]
     _run_from_url(given)
-    choice = st.sidebar.selectbox("Run", options, key="run_choice", format_func=_short) if given else OTHER
+    names = run_names(given)
+    choice = st.sidebar.selectbox("Run", options, key="run_choice", format_func=lambda p: names.get(p, p)) \
+        if given else OTHER
     if choice == OTHER:
         typed = st.sidebar.text_input("Run directory", key="run_input", placeholder="runs/sample",
                                       help="A run directory under the working directory or given on the command line.")
         choice = typed.strip()
     st.session_state[CURRENT] = choice or None
-    state.publish("run", (_short(choice) if choice in given else choice) or None)
+    state.publish("run", names.get(choice, choice) or None)
     if choice:
         st.sidebar.caption(md(choice))
 
@@ -57,7 +60,7 @@ def _run_from_url(given: list[str]) -> None:
     raw = st.query_params.get("run")
     if not raw:
         return
-    by_name = {_short(p): p for p in given}
+    by_name = {name: path for path, name in run_names(given).items()}
     if raw in by_name or raw in given:
         st.session_state["run_choice"] = by_name.get(raw, raw)
     else:
@@ -65,8 +68,10 @@ def _run_from_url(given: list[str]) -> None:
         st.session_state["run_input"] = raw
 
 
-def _short(path: str) -> str:
-    return path if path == OTHER else Path(path).name
+def run_names(paths: list[str]) -> dict[str, str]:
+    """Each run path's display and URL name: the same unique names as the report (store.names.unique_run_names),
+    so two runs both called `run` read `run-exp1` and `run-exp2`, in the sidebar, in Compare and in links."""
+    return dict(zip(paths, unique_run_names(paths), strict=True))
 
 
 def current_run() -> data.RunRef | None:

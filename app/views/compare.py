@@ -3,12 +3,14 @@ histograms and strata. Colour means run everywhere (one fixed colour per run, on
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, charts, data, state, ui
+from app import aggregates, bands, charts, data, judged, state, ui
 from app.text import md
+from rcdiag.analysis.health import BY_METRIC
 from rcdiag.store.names import unique_run_names
 
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
@@ -22,27 +24,47 @@ RANGE_QUANTILE = 0.999
 def render() -> None:
     st.header("Compare runs")
     known = list(dict.fromkeys([*st.session_state.get(ui.GIVEN, []), *st.session_state.get(ui.OPENED, [])]))
-    by_name = {Path(p).name: p for p in known}
+    labels = ui.run_names(known)
+    by_name = {name: path for path, name in labels.items()}
     state.bind("cmp_runs", "runs", lambda raw: [by_name.get(n, n) for n in raw.split(",") if n],
                lambda runs: all(r in known for r in runs))
     st.session_state.setdefault("cmp_runs", known[:4])
-    chosen = st.multiselect("Runs", known, format_func=lambda p: Path(p).name, key="cmp_runs",
+    chosen = st.multiselect("Runs", known, format_func=lambda p: labels.get(p, p), key="cmp_runs",
                             help="The runs given on the command line and those opened in the sidebar. The first "
                                  "is the baseline of the Δ columns.")
     extra = st.text_input("Add a run directory", key="cmp_add", placeholder="runs/other")
-    state.publish("runs", [Path(p).name for p in chosen] or None)
+    state.publish("runs", [labels[p] for p in chosen] or None)
     paths = list(dict.fromkeys([*chosen, *([extra.strip()] if extra.strip() else [])]))
     refs = [ref for ref in (_open(p) for p in paths) if ref is not None]
     if len(refs) < 2:
         st.info("Choose at least two runs to compare.")
         return
-    names = unique_run_names([r.path for r in refs])
-    table = metrics_table(refs, names)
-    st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort.")
-    st.dataframe(table, key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3,
+    names = unique_run_names([r.path for r in refs], [labels.get(r.path, Path(r.path).name) for r in refs])
+    shown = comparison(tuple(r.key for r in refs), tuple(names))
+    table = shown["table"]
+    st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort. A run's "
+               "cell is tinted by the library's health band of that metric (green healthy, amber warning, red "
+               "alarm; no tint: the metric has no band).")
+    st.dataframe(table.style.apply(lambda _: shown["tints"], axis=None), key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3,
                  column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in table.columns
                                 if c != "metric"}, hide_index=True)
-    _overlays(refs, names)
+    _overlays(shown, names)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def comparison(keys: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> dict[str, Any]:
+    """Everything Compare draws for runs `keys` (data.RunRef.key) named `names`, computed once per selection:
+    the metrics table and its band tints, the overlaid histogram on a shared axis (`limit`), each run's max |ℓ|
+    and the merged strata frames."""
+    table = metrics_table(keys, list(names))
+    results = [aggregates.distributions(*key, None) for key in keys]
+    limit = max((r["tails"].quantile(RANGE_QUANTILE) for r in results if r["tails"].n), default=0.0) or None
+    hist = pd.concat([aggregates.histogram(r["tails"], limit).assign(run=n) for r, n in zip(results, names, strict=True)],
+                     ignore_index=True)
+    strata = {name: pd.concat([r["strata"][name].assign(run=n) for r, n in zip(results, names, strict=True)],
+                              ignore_index=True) for name in aggregates.SHOWN_STRATA}
+    return {"table": table, "tints": tints(table, list(names)), "hist": hist, "limit": limit,
+            "max_abs": [r["tails"].max_abs for r in results], "strata": strata}
 
 
 def _open(path: str) -> data.RunRef | None:
@@ -53,11 +75,13 @@ def _open(path: str) -> data.RunRef | None:
         return None
 
 
-def metrics_table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
-    """Rows: metrics (TABLE_METRICS present in any run); columns: metric, each run's value (float, NaN when the run
+def metrics_table(keys: tuple[tuple[str, str], ...], names: list[str]) -> pd.DataFrame:
+    """Rows: metrics (TABLE_METRICS and the health bands' metrics present in any run) of the runs `keys`
+    (data.RunRef.key); columns: metric, each run's value (float, NaN when the run
     lacks it), then 'Δ run' = run − first run for the other runs. Numbers stay numbers, so columns sort."""
-    values = {name: aggregates.headline(*ref.key) for ref, name in zip(refs, names, strict=True)}
-    rows = [m for m in TABLE_METRICS if any(m in v for v in values.values())]
+    values = {name: judged.headline(*key) for key, name in zip(keys, names, strict=True)}
+    wanted = dict.fromkeys([*TABLE_METRICS, *(b.metric for b in bands.BANDS)])
+    rows = [m for m in wanted if any(m in v for v in values.values())]
     table = pd.DataFrame({"metric": rows})
     for name, v in values.items():
         table[name] = [float(v.get(m, float("nan"))) for m in rows]
@@ -66,26 +90,32 @@ def metrics_table(refs: list[data.RunRef], names: list[str]) -> pd.DataFrame:
     return table
 
 
-def _overlays(refs: list[data.RunRef], names: list[str]) -> None:
-    results = [aggregates.distributions(*ref.key, None) for ref in refs]
-    limit = max((r["tails"].quantile(RANGE_QUANTILE) for r in results if r["tails"].n), default=0.0) or None
-    hist = pd.concat([aggregates.histogram(r["tails"], limit).assign(run=n) for r, n in zip(results, names, strict=True)],
-                     ignore_index=True)
-    colours = charts.run_colours(names)
+def tints(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """CSS per cell of `table`: each run's value in a light tint of its band colour (rcdiag.analysis.health); a
+    Styler applies it, so the values stay numbers and the columns still sort."""
+    out = pd.DataFrame("", index=table.index, columns=table.columns)
+    for row, metric in table["metric"].items():
+        band = BY_METRIC.get(metric)
+        for name in names if band else ():
+            status = band.classify(table.at[row, name])
+            if status != bands.UNKNOWN:
+                out.at[row, name] = f"background-color: {bands.COLOURS[status]}2e"
+    return out
+
+
+def _overlays(shown: dict[str, Any], names: list[str]) -> None:
     st.markdown("**ℓ histograms** (log counts, overlaid)")
-    st.altair_chart(charts.histogram(hist, colour="run", scale=colours), width="stretch", key="cmp_hist")
-    if limit:
-        st.caption(f"Axis ±{ui.fmt(limit)} nats (the largest per-run 99.9th percentile of |ℓ|); tokens beyond "
-                   "count in the outer bins. Largest |ℓ|: " + ", ".join(
-                       f"{md(n)} {ui.fmt(r['tails'].max_abs)}" for r, n in zip(results, names, strict=True)))
+    charts.draw(st, "histogram", shown["hist"], key="cmp_hist", colour="run", runs=tuple(names))
+    if shown["limit"]:
+        st.caption(f"Axis ±{ui.fmt(shown['limit'])} nats (the largest per-run 99.9th percentile of |ℓ|); tokens "
+                   "beyond count in the outer bins. Largest |ℓ|: " + ", ".join(
+                       f"{md(n)} {ui.fmt(m)}" for m, n in zip(shown["max_abs"], names, strict=True)))
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
-        merged = pd.concat([r["strata"][name].assign(run=n) for r, n in zip(results, names, strict=True)],
-                           ignore_index=True)
         title = aggregates.strata_title(name)
-        col.markdown(f"**ℓ by {title}**")
-        col.altair_chart(charts.strata(merged, title, colour="run", scale=colours), width="stretch",
-                         key=f"cmp_by_{name}")
+        col.markdown(f"**ℓ by {title}** ({charts.STRATA_DASHES})")
+        charts.draw(col, "strata", shown["strata"][name], key=f"cmp_by_{name}", title=title, colour="run",
+                    runs=tuple(names))
 
 
 ui.guarded(render)

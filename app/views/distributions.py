@@ -7,7 +7,6 @@ import pandas as pd
 import streamlit as st
 
 from app import aggregates, charts, data, ui
-from app.text import md
 
 
 def render(ref: data.RunRef) -> None:
@@ -37,19 +36,18 @@ def _view(ref: data.RunRef) -> None:
                f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
     left, right = st.columns(2)
     left.markdown("**ℓ histogram** (log counts)")
-    left.altair_chart(charts.histogram(aggregates.histogram(tails)), width="stretch", key="dist_hist")
+    charts.draw(left, "histogram", aggregates.histogram(tails), key="dist_hist")
     right.markdown("**Rollout b vs training a** (token density, log colour; dashed: a = b)")
-    right.altair_chart(charts.density(aggregates.density(tails)), width="stretch", key="dist_density")
+    charts.draw(right, "density", aggregates.density(tails), key="dist_density")
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}**")
-        col.altair_chart(charts.strata(result["strata"][name], title), width="stretch",
-                         key=f"dist_by_{name}")
-    with st.expander("Strata tables"):
-        for name, frame in result["strata"].items():
-            st.markdown(f"*{md(aggregates.strata_title(name))}*")
-            st.dataframe(frame, hide_index=True, key=f"dist_table_{name}")
+        charts.draw(col, "strata", result["strata"][name], key=f"dist_by_{name}", title=title)
+    with st.expander("Strata tables"):  # one table at a time: each drawn table costs ~30 ms per rerun
+        name = st.selectbox("Stratification", list(result["strata"]), format_func=aggregates.strata_title,
+                            key="dist_table_choice")
+        st.dataframe(result["strata"][name], hide_index=True, key="dist_table")
 
 
 def _filters(index: pd.DataFrame) -> aggregates.Filters | None:

@@ -5,30 +5,31 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, bands, data, ui
+from app import bands, data, judged, ui, warm
 from app.text import md
 from rcdiag.analysis import health
-from rcdiag.errors import RcdiagError
 from rcdiag.report.context import context_line, verdict_html
 
-# Emoji, not ":material/…:" icons (those load an icon font; the app requests nothing off-origin).
-SEVERITY_ICONS = {"error": "🛑", "warning": "⚠️", "info": "ℹ️", "ok": "✅"}
+# A coloured severity word, no icon: ":material/…:" icons load an icon font, and emoji show as empty boxes where
+# the machine has no emoji font (headless servers, many Linux desktops).
+SEVERITY_COLOURS = {"error": "red", "warning": "orange", "info": "blue", "ok": "green"}
 COUNTS = ("tokens", "sequences", "empty_sequences")
 FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 
 
 def render(ref: data.RunRef) -> None:
-    try:
-        values = aggregates.headline(*ref.key)
-    except RcdiagError as exc:  # bad values on valid positions: the checks below say where they come from
-        st.error(f"No metrics for this run: {md(exc)}")
-        values = None
     st.caption(md(context_line(ref.manifest)))
-    if values is not None:
-        st.html(verdict_html(health.verdict(values, aggregates.findings(*ref.key))))
+    report = judged.report(*ref.key)
+    st.html(verdict_html(report.verdict))
+    values = None
+    if report.metrics_error:  # bad values on valid positions: the checks below say where they come from
+        st.error(f"No metrics for this run: {md(report.metrics_error)}")
+    else:
+        values = judged.headline(*ref.key)
         st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS
                               if name in values) + " · canonical convention")
         _cards(values)
+        _recommendation(ref)
         with st.expander("How the cards are coloured"):
             st.markdown(health.__doc__.split("\n\n", 1)[1])
     _checks(ref)
@@ -44,6 +45,7 @@ def render(ref: data.RunRef) -> None:
         st.dataframe(facts, hide_index=True, key="overview_settings", height=min(35 * (len(facts) + 1) + 3, 600))
     with st.expander("Manifest"):
         st.json(ref.manifest, expanded=1)
+    warm.after_overview(*ref.key)
 
 
 def manifest_facts(manifest: dict, sections: tuple[str, ...] = FACT_SECTIONS) -> pd.DataFrame:
@@ -72,12 +74,19 @@ def _cards(values: dict[str, float]) -> None:
             st.html(ui.card(f"{band.label} · {band.metric}", value, status, bands.describe(band)))
 
 
+def _recommendation(ref: data.RunRef) -> None:
+    """The report's next step (rcdiag.report.recommend); the IS simulator marks its setting on the sweep."""
+    advice = judged.recommendation(*ref.key)
+    where = " The IS simulator marks this setting on its sweep." if advice.get("mode") else ""
+    st.info(f"**Recommendation** ({md(advice['kind'].replace('_', ' '))}). {md(advice['text'])}{where}")
+
+
 def _checks(ref: data.RunRef) -> None:
     st.subheader("Checks")
-    for finding in aggregates.findings(*ref.key):
-        with st.expander(f"{finding['severity']} · {md(finding['name'])}: {md(finding['message'])}",
-                         expanded=finding["severity"] in ("error", "warning"),
-                         icon=SEVERITY_ICONS.get(finding["severity"])):
+    for finding in judged.findings(*ref.key):
+        severity = finding["severity"]
+        with st.expander(f":{SEVERITY_COLOURS.get(severity, 'gray')}[**{md(severity)}**] · {md(finding['name'])}: "
+                         f"{md(finding['message'])}", expanded=severity in ("error", "warning")):
             if finding.get("fix"):
                 st.markdown(f"**Fix:** {md(finding['fix'])}")
             if finding.get("evidence"):

@@ -25,8 +25,6 @@ STATS_SHOWN = ("n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio"
 # The strip's full colour sits at the run's 99th percentile of |ℓ| (rcdiag.analysis.tails), the same for every
 # sequence: one outlier token does not wash out the rest, and colours compare across sequences.
 SCALE_QUANTILE = "abs_log_ratio_p99"
-# Emoji avatars: Streamlit's default chat avatars are icon-font glyphs (the app requests nothing off-origin).
-AVATARS = {"user": "🧑", "assistant": "🤖", "system": "⚙️"}
 
 
 def render(ref: data.RunRef) -> None:
@@ -110,11 +108,10 @@ def _prompt(prompt: str | None) -> None:
     if not turns:
         st.text(prompt or "(no prompt text in the run)")
         return
-    with st.container(border=True):
+    with st.container(border=True):  # plain turns: chat avatars are icon-font glyphs or emoji (no font offline)
         for role, content in turns:
-            with st.chat_message(role, avatar=AVATARS.get(role, "💬")):
-                st.caption(md(role))
-                st.text(content or "(the response starts here)")
+            st.markdown(f"**{md(role)}**")
+            st.text(content or "(the response starts here)")
 
 
 def _strip(ref: data.RunRef, row: dict, tokens: pd.DataFrame, seq_id: int) -> None:

@@ -7,12 +7,12 @@ row, so the threshold slider and the hover panel only look rows up. Combinations
 """
 from __future__ import annotations
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from app import data, state, ui
+from app import data, judged, simchart, state, ui
 from app.simvalues import CURVES, FRACTIONS, MEANING, SHOWN, lower_refusal, shown
+from app.text import md
 from rcdiag.analysis.conventions import CONVENTIONS
 from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
 
@@ -52,13 +52,14 @@ def _controls(ref: data.RunRef) -> None:
     for name, value in (("mode", mode), ("convention", convention), ("threshold", f"{threshold:g}"),
                         ("lower", lower_value)):
         state.publish(name, value)
-    rows = data.sweep_grid(*ref.key, (mode,), lower_value, convention)
+    others = data.sweep_grid(*ref.key, tuple(MODES), None, convention)  # one pass: every mode, no lower bound
+    rows = (others[others["mode"] == mode].reset_index(drop=True) if lower_value is None
+            else data.sweep_grid(*ref.key, (mode,), lower_value, convention))
     at = rows[rows["threshold"] == float(threshold)].iloc[0]
     base = rows[rows["threshold"] == data.UNCORRECTED].iloc[0]
     _cards(at, base)
     st.subheader("Threshold sweep")
-    others = data.sweep_grid(*ref.key, tuple(MODES), None, convention)
-    _sweep_chart(rows, others, mode, float(threshold), base)
+    _sweep_chart(ref, rows, others, mode, float(threshold), at)
 
 
 def _cards(at: pd.Series, base: pd.Series) -> None:
@@ -72,46 +73,30 @@ def _cards(at: pd.Series, base: pd.Series) -> None:
                               delta_arrow="auto" if delta else "off", help=MEANING.get(name))
 
 
-def _sweep_chart(rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold: float, base: pd.Series) -> None:
-    """Curves of one metric for every mode (no lower bound), the current setting marked, and a panel with every
-    value of the chosen mode at the hovered threshold: scrubbing is Vega's, in the browser."""
+def _sweep_chart(ref: data.RunRef, rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold: float,
+                 at: pd.Series) -> None:
+    """The cached sweep chart (app.simchart) with the slider's setting placed in it, and the report's
+    recommended setting marked (a button moves the controls there)."""
     metric = st.radio("Curve", [c for c in CURVES if c in others.columns], horizontal=True, key="sim_curve")
-    grid = others[others["threshold"] < data.UNCORRECTED]
-    mine = rows[rows["threshold"] < data.UNCORRECTED].reset_index(drop=True)
-    hover = alt.selection_point(name="scrub", fields=["threshold"], on="pointerover", nearest=True, clear=False,
-                                value=[{"threshold": threshold}])
-    x = alt.X("threshold:Q", scale=alt.Scale(type="log", domain=[min(mine["threshold"]), max(mine["threshold"])],
-                                           nice=False), title="threshold C (log scale)")
-    lines = alt.Chart(grid).mark_line().encode(
-        x=x, y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)), color=alt.Color("mode:N", title="mode", legend=alt.Legend(orient="bottom")),
-        strokeDash=alt.condition(alt.datum.mode == mode, alt.value([1, 0]), alt.value([4, 3])))
-    catcher = alt.Chart(mine).mark_point(opacity=0).encode(x=x, y=f"{metric}:Q").add_params(hover)
-    rule = alt.Chart(mine).mark_rule(color="#555").encode(x=x).transform_filter(hover)
-    current = alt.Chart(pd.DataFrame({"threshold": [threshold], metric: [float(mine.loc[
-        mine["threshold"] == threshold, metric].iloc[0])]})).mark_point(
-        size=200, shape="diamond", filled=True, color="black").encode(x=x, y=f"{metric}:Q")
-    panel = _panel(mine, base, hover, mode)
-    chart = alt.hconcat((lines + catcher + rule + current).properties(width=500, height=320), panel)
-    st.altair_chart(chart, key="sim_sweep_chart", width="content")
-    st.caption(f"Hover the curves to read every value of {mode} at that threshold (right); the diamond is the "
+    advice = judged.recommendation(*ref.key)
+    recommended = (advice["mode"], float(advice["threshold"])) if advice.get("mode") else None
+    spec = simchart.sweep_spec(rows, others, mode, metric, recommended)
+    st.vega_lite_chart(simchart.place(spec, threshold, float(at[metric])), key="sim_sweep_chart", width="content")
+    st.caption(f"Hover the curves to read every value of {mode} at that threshold (right); the black diamond is the "
                "slider's setting. Dashed: the other modes (no lower bound).")
+    if recommended is None:
+        st.caption(f"The report recommends no setting here ({md(advice['kind'].replace('_', ' '))}): see the "
+                   "Overview.")
+        return
+    st.caption(f"Red ring: the report's recommendation, {recommended[0]} at C = {recommended[1]:g} (canonical "
+               f"convention, no lower bound). {md(advice['text'])}")
+    st.button("Use the recommended setting", key="sim_use_recommended", on_click=_use, args=recommended)
 
 
-def _panel(mine: pd.DataFrame, base: pd.Series, hover: alt.Parameter, mode: str) -> alt.Chart:
-    names = [n for n in SHOWN if n in mine.columns]
-    long = mine.melt(id_vars=["threshold"], value_vars=names, var_name="metric", value_name="value")
-    long["base"] = long["metric"].map({n: float(base[n]) for n in names})
-    long["share"] = long["metric"].isin(FRACTIONS)
-    text = ("datum.metric + ': ' + (datum.share ? format(100 * datum.value, '.2f') + ' %' : format(datum.value, "
-            "'.4f')) + '  (Δ ' + (datum.share ? format(100 * (datum.value - datum.base), '+.2f') + ' pp' : "
-            "format(datum.value - datum.base, '+.4~g')) + ')'")
-    head = alt.Chart(mine).mark_text(align="left", fontWeight="bold", fontSize=13).encode(
-        text="label:N").transform_filter(hover).transform_calculate(
-        label=f"'{mode} at C = ' + format(datum.threshold, '.3~g')").properties(height=20, width=300)
-    body = alt.Chart(long).mark_text(align="left", fontSize=12).encode(
-        y=alt.Y("metric:N", sort=names, axis=None), text="line:N").transform_filter(hover).transform_calculate(
-        line=text).properties(height=280, width=300)
-    return alt.vconcat(head, body).properties(title="At the hovered threshold (Δ vs no correction)")
+def _use(mode: str, threshold: float) -> None:
+    """Move the controls to (mode, C) with no lower bound (a button callback: runs before the widgets exist)."""
+    st.session_state.update(sim_mode=mode, sim_threshold=threshold, sim_use_lower=False,
+                            sim_convention="canonical")
 
 
 ui.run_page("IS simulator", render)

@@ -3,17 +3,15 @@ verdict changes (points coloured by the library's bands, rcdiag.analysis.health)
 that step's verdict and cards, its ℓ distribution against the first step and its worst sequences."""
 from __future__ import annotations
 
-import altair as alt
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import streamlit as st
 
-from app import bands, charts, data, ui
+from app import bands, charts, data, state, ui
 from rcdiag.analysis import health
 from rcdiag.analysis.drift import ADVICE, drifts
-from rcdiag.analysis.trend import trend
 from rcdiag.report.context import verdict_html
 from rcdiag.report.options import CONVENTIONS, ReportOptions
 from rcdiag.report.render import md_escape
@@ -23,12 +21,6 @@ from rcdiag.store.run import open_run
 DEFAULTS = ReportOptions()
 SHOWN_SEQUENCES = 25
 HIST_BINS = 81
-
-
-@st.cache_data(show_spinner="Measuring every step…", max_entries=16)
-def trend_frame(path: str, mtime: float, convention: str, threshold: float) -> pd.DataFrame:
-    """rcdiag.trend of the run (token_truncate at `threshold`), cached on (run, manifest mtime, settings)."""
-    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
 
 
 @st.cache_data(max_entries=64)
@@ -51,11 +43,15 @@ def step_log_ratios(path: str, mtime: float, seq_ids: tuple[int, int], ids: tupl
 
 
 def render(ref: data.RunRef) -> None:
+    state.bind("trend_convention", "convention", str, CONVENTIONS.__contains__)
+    state.bind("trend_threshold", "threshold", float, lambda c: c >= 1.01)
+    st.session_state.setdefault("trend_threshold", float(DEFAULTS.threshold))
     left, right = st.columns(2)
     convention = left.selectbox("Convention", CONVENTIONS, key="trend_convention")
-    threshold = float(right.number_input("IS threshold C", min_value=1.01, value=DEFAULTS.threshold, step=0.5,
-                                         key="trend_threshold"))
-    frame = trend_frame(*ref.key, convention, threshold)
+    threshold = float(right.number_input("IS threshold C", min_value=1.01, step=0.5, key="trend_threshold"))
+    state.publish("convention", convention)
+    state.publish("threshold", f"{threshold:g}")
+    frame = data.trend_frame(*ref.key, convention, threshold)
     if len(frame) < 2:
         st.info(f"This run has one step ({int(frame['step'].iloc[0])}): nothing to trend. Runs imported from "
                 "per-step dumps (verl rollout_data_dir, slime rollout ids, TRL / ms-swift logs with a step) "
@@ -74,20 +70,19 @@ def render(ref: data.RunRef) -> None:
     start = min((d.start_step for d in found), default=None)
     picked = _charts(frame, start)
     steps = frame["step"].astype(int).tolist()
+    state.bind("trend_step", "step", int, steps.__contains__)
     if picked is not None and picked != st.session_state.get("trend_picked"):
         st.session_state["trend_step"] = picked
     st.session_state["trend_picked"] = picked
-    step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step",
-                            index=steps.index(start) if start in steps else len(steps) - 1))
+    st.session_state.setdefault("trend_step", start if start in steps else steps[-1])
+    step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step"))
+    state.publish("step", step)
     _step_detail(ref, frame, judged[steps.index(step)], step)
 
 
 def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
     """The six per-step panels with interval bars, each point in its metric's health-band colour (a metric without
     a band, the clipped share: the step's verdict); returns the step of a clicked point, if any."""
-    click = alt.selection_point(fields=["step"], on="click", name="pick")
-    colour = alt.Color("band:N", scale=alt.Scale(domain=list(bands.COLOURS), range=list(bands.COLOURS.values())),
-                       legend=None)
     cols = st.columns(3)
     picked = None
     for i, (column, title) in enumerate(PANELS):
@@ -96,24 +91,40 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
         rows["band"] = [band.classify(v) for v in rows["value"]] if band else frame["status"]
         if f"{column}_low" in frame:
             rows = rows.assign(low=frame[f"{column}_low"], high=frame[f"{column}_high"])
-        base = alt.Chart(rows).encode(x=alt.X("step:Q", title="step"))
-        layers = [base.mark_line(color="#2563eb"),
-                  base.mark_point(filled=True, size=60).encode(
-                      y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)), color=colour,
-                      tooltip=["step", "value", "band"] + (["low", "high"] if "low" in rows else [])
-                  ).add_params(click)]
-        layers[0] = layers[0].encode(y="value:Q")
-        if "low" in rows:
-            layers.append(base.mark_rule(color="#2563eb").encode(y="low:Q", y2="high:Q"))
-        if start is not None:
-            layers.append(alt.Chart(pd.DataFrame({"step": [start]})).mark_rule(color="#dc2626", strokeDash=[4, 3])
-                          .encode(x="step:Q"))
-        event = cols[i % 3].altair_chart(alt.layer(*layers).properties(title=title, height=200), width="stretch",
-                                         key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
+        event = cols[i % 3].vega_lite_chart(panel_spec(rows, title, start), width="stretch",
+                                            key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
         chosen = (event.selection.get("pick") or [{}])[0] if event and event.selection else {}
         if "step" in chosen:
             picked = int(chosen["step"])
     return picked
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
+    """One panel's Vega-Lite spec, written as JSON (Altair took ~0.1 s a panel): rows (step, value, band[, low,
+    high]); `start` the drift's first step (dashed red rule) or None; clicking a point selects `pick`. The panel
+    title names the metric, so the y axis has none (a long vertical axis title pushed the panel's title out of
+    view)."""
+    x = {"field": "step", "type": "quantitative", "title": "step"}
+    y = {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}}
+    colour = {"field": "band", "type": "nominal", "legend": None,
+              "scale": {"domain": list(bands.COLOURS), "range": list(bands.COLOURS.values())}}
+    tooltip = [{"field": f, "type": "nominal" if f == "band" else "quantitative"}
+               for f in ("step", "value", "band", "low", "high") if f in rows]
+    layers: list[dict] = [
+        {"mark": {"type": "line", "color": "#2563eb"}, "encoding": {"x": x, "y": y}},
+        {"mark": {"type": "point", "filled": True, "size": 60}, "name": "points",
+         "params": [{"name": "pick", "select": {"type": "point", "fields": ["step"], "on": "click"}}],
+         "encoding": {"x": x, "y": y, "color": colour, "tooltip": tooltip}}]
+    if "low" in rows:
+        layers.append({"mark": {"type": "rule", "color": "#2563eb"}, "encoding": {
+            "x": x, "y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"}}})
+    if start is not None:
+        layers.append({"data": {"values": [{"step": start}]}, "mark": {"type": "rule", "color": "#dc2626",
+                                                                       "strokeDash": [4, 3]},
+                       "encoding": {"x": {"field": "step", "type": "quantitative"}}})
+    return {"$schema": "https://vega.github.io/schema/vega-lite/v6.json", "config": charts.VIEW,
+            "data": charts.records(rows), "title": title, "height": 200, "layer": layers}
 
 
 def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:
@@ -136,7 +147,7 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, 
     first_ids = index[index["step"].fillna(0).astype(int) == first] if "step" in index else index
     st.markdown(f"**Distribution of ℓ at step {step}** (against step {first}; log counts)")
     values = {f"step {step}": _log_ratios(ref, in_step), f"step {first}": _log_ratios(ref, first_ids)}
-    st.altair_chart(charts.histogram(_histograms(values), colour="run"), width="stretch", key="trend_hist")
+    charts.draw(st, "histogram", _histograms(values), key="trend_hist", colour="run", runs=tuple(values))
     st.markdown(f"**Sequences of step {step}** (largest max |ℓ| first; the Sequences page shows each one's tokens)")
     shown = in_step.sort_values("max_abs_log_ratio", ascending=False, na_position="last").head(SHOWN_SEQUENCES)
     columns = [c for c in ("seq_id", "n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio",

@@ -39,7 +39,7 @@ def noisy_run(dash_root: Path) -> Run:
     manifest whose model path holds a tokenizer."""
     model = write_tokenizer(dash_root / "model")
     return build_run(dash_root / "noisy", "clean", noise=0.5, seed=3,
-                     manifest={"models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}})
+                     manifest={"models": {"engine": {"path": str(model)}, "trainer": {"path": str(model)}}})
 
 
 @pytest.fixture(scope="session")
@@ -73,10 +73,14 @@ PAYLOADS = {"prompt_id": f"![x](http://{PAYLOAD_HOST}/pixel)",
             "finish_reason": f"[click](javascript:alert(1)) <img src=http://{PAYLOAD_HOST}/y> :material/home:"}
 
 
+HEAVY_STEPS = 8
+
+
 @pytest.fixture(scope="session")
 def heavy_run(dash_root: Path) -> Run:
     """A heavy-tailed run (ℓ ~ Student t with 1.5 degrees of freedom: a few tokens at |ℓ| ≈ 5–7 among thousands
-    near 0), ChatML prompts, and Markdown/HTML payloads in sequence 0's prompt_id and finish_reason (PAYLOADS)."""
+    near 0) over HEAVY_STEPS training steps whose tail grows with the step (Trends has a drift to show), ChatML
+    prompts, and Markdown/HTML payloads in sequence 0's prompt_id and finish_reason (PAYLOADS)."""
     import numpy as np
 
     import rcdiag
@@ -84,7 +88,9 @@ def heavy_run(dash_root: Path) -> Run:
 
     model = write_tokenizer(dash_root / "model")
     tokens, sequences = defect_frames("clean", seed=5, n_seq=200)
-    noise = np.random.default_rng(0).standard_t(1.5, len(tokens)) * 0.05
+    sequences["step"] = sequences["seq_id"] * HEAVY_STEPS // len(sequences)
+    step = tokens["seq_id"].map(sequences.set_index("seq_id")["step"]).to_numpy()
+    noise = np.random.default_rng(0).standard_t(1.5, len(tokens)) * 0.05 * (1 + 0.15 * step)
     shifted = tokens["rollout_logprob"] + noise
     tokens["train_logprob"] = np.where(shifted < 0, shifted, tokens["rollout_logprob"] - np.abs(noise))  # < 0
     sequences["prompt_text"] = [f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is {i}+{i}?"
@@ -92,6 +98,6 @@ def heavy_run(dash_root: Path) -> Run:
     for column, payload in PAYLOADS.items():
         sequences[column] = sequences[column].astype(object)
         sequences.loc[sequences["seq_id"] == 0, column] = payload
-    manifest = {**defect_manifest("clean"), "models": {"rollout": {"path": str(model)}, "train": {"path": str(model)}}}
+    manifest = {**defect_manifest("clean"), "models": {"engine": {"path": str(model)}, "trainer": {"path": str(model)}}}
     return rcdiag.write_run(dash_root / "heavy", tokens, sequences, manifest=manifest, shard_tokens=2000,
                             overwrite=True)

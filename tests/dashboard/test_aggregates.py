@@ -64,3 +64,15 @@ def test_filtered_scan_matches_a_filtered_reference(noisy_run):
     assert np.isclose(result["tail_stats"]["abs_log_ratio_mean"], (chosen["a"] - chosen["b"]).abs().mean(),
                       rtol=1e-12)
     assert "findings" not in result  # the checks are only gathered over the whole run
+
+
+def test_sequence_stats_from_the_report_pass_equal_the_library(noisy_run, heavy_run):
+    """The Sequences index reads the report's cached per-sequence sums (app.judged) instead of its own pass: the
+    same columns and values as rcdiag.analysis.metrics.sequence_stats."""
+    from app import judged
+    from rcdiag.analysis.metrics import sequence_stats
+
+    for run in (noisy_run, heavy_run):
+        expected = sequence_stats(run).sort_values("seq_id", ignore_index=True)
+        shown = judged.sequence_stats(str(run.path), "test").sort_values("seq_id", ignore_index=True)
+        pd.testing.assert_frame_equal(shown, expected, check_exact=False, rtol=1e-12, atol=1e-15)

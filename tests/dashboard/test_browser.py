@@ -1,12 +1,12 @@
-"""The dashboard in a real browser: `rcdiag dashboard` serves two runs, headless Debian Chromium (Playwright) opens
-every page, clicks into a sequence, checks the shown values and saves screenshots.
+"""The dashboard in a real browser: `rcdiag dashboard` serves three runs, headless Debian Chromium (Playwright)
+opens every page on the heavy-tailed one (the last; chosen through the URL), clicks into a sequence, checks the
+shown values and saves screenshots (dashboard-<page>.png).
 
 Screenshots go to $RCDIAG_SCREENSHOTS when set, else to the test's tmp dir. $RCDIAG_SCREENSHOT_RUNS (paths joined
-by ':') serves other runs instead of the synthetic pair; every expected value is computed from the first one.
-docs/screenshots was made with:
+by ':') serves other runs instead of the synthetic ones; every expected value is computed from the last one.
+docs/screenshots/dashboard-*.png were made with:
 
-    RCDIAG_SCREENSHOTS=docs/screenshots RCDIAG_SCREENSHOT_RUNS=runs/sample:runs/other \
-        .venv/bin/python -m pytest tests/dashboard/test_browser.py
+    RCDIAG_SCREENSHOTS=docs/screenshots .venv/bin/python -m pytest tests/dashboard/test_browser.py -m browser
 """
 from __future__ import annotations
 
@@ -134,11 +134,12 @@ def assert_no_exception(page) -> None:
 
 
 def test_every_page_in_chromium(server, page, shots, served):
-    run = rcdiag.open_run(served[0])
+    run = rcdiag.open_run(served[-1])
     metrics = rcdiag.compute_metrics(run)
     tis = rcdiag.simulate(run, "token_truncate", threshold=2.0)
+    q = f"?run={run.name}"
 
-    page.goto(server)
+    page.goto(f"{server}/{q}")
     settle(page, f"Overview · {run.name}")
     cards = len(bands.BANDS)  # one card per health band of the library (rcdiag.analysis.health)
     page.locator(".rcdiag-card").nth(cards - 1).wait_for(timeout=30_000)  # st.html renders after the script ends
@@ -146,20 +147,20 @@ def test_every_page_in_chromium(server, page, shots, served):
     kl_card = page.locator(".rcdiag-card").filter(has_text="· kl").first.inner_text()
     assert ui.fmt(metrics["kl"]) in kl_card, kl_card
     assert_no_exception(page)
-    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-overview.png"), full_page=True)
 
-    page.goto(f"{server}/distributions")
+    page.goto(f"{server}/distributions{q}")
     settle(page, "valid tokens in")
     assert f"{int(metrics['tokens']):,} valid tokens" in page.inner_text("body")
     page.locator('[data-testid="stVegaLiteChart"]').nth(4).wait_for(timeout=30_000)
     assert_no_exception(page)
-    page.screenshot(path=str(shots / "distributions.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-distributions.png"), full_page=True)
 
-    page.goto(f"{server}/simulator")
+    page.goto(f"{server}/simulator{q}")
     settle(page, "clipped_frac")
     assert _metric(page, "clipped_frac") == shown("clipped_frac", tis["clipped_frac"])
     assert _metric(page, "ess") == shown("ess", tis["ess"])
-    page.screenshot(path=str(shots / "simulator.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-simulator.png"), full_page=True)
     page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
     page.keyboard.press("Home")
     low = rcdiag.simulate(run, "token_truncate", threshold=1.01)
@@ -169,7 +170,7 @@ def test_every_page_in_chromium(server, page, shots, served):
     assert "threshold=1.01" in page.url  # the setting is in the address bar
     assert_no_exception(page)
 
-    page.goto(f"{server}/sequences")
+    page.goto(f"{server}/sequences{q}")
     settle(page, "Sequence ")
     page.locator('[data-testid="stSelectbox"]').filter(has_text="Sequence").last.click()
     option = page.get_by_role("option").nth(1)
@@ -188,20 +189,30 @@ def test_every_page_in_chromium(server, page, shots, served):
     settle(page, f"Sequence {third}")
     assert page.get_by_role("heading", name=f"Sequence {third}").count() == 1
     page.locator("#rcdiag-token-strip").scroll_into_view_if_needed()
-    page.screenshot(path=str(shots / "sequences.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-sequences.png"), full_page=True)
 
-    page.goto(f"{server}/compare")
+    page.goto(f"{server}/compare{q}")
     settle(page, "Compare runs")
     page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
     page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
     page.wait_for_timeout(1500)
     assert_no_exception(page)
-    page.screenshot(path=str(shots / "compare.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-compare.png"), full_page=True)
 
-    page.goto(f"{server}/probes")
+    page.goto(f"{server}/probes{q}")
     settle(page, "Probes")
     assert_no_exception(page)
-    page.screenshot(path=str(shots / "probes.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-probes.png"), full_page=True)
+
+    page.goto(f"{server}/trends{q}")
+    settle(page, f"Trends · {run.name}")
+    steps = run.sequences(["step"])["step"].nunique()
+    if steps > 1:  # the heavy-tailed fixture: 8 steps, a tail growing with the step
+        settle(page, "Step (or click a point above)")
+        page.locator('[data-testid="stVegaLiteChart"]').nth(6).wait_for(timeout=30_000)  # 6 panels + the step's
+        assert "drift" in page.inner_text("body").lower()
+    assert_no_exception(page)
+    page.screenshot(path=str(shots / "dashboard-trends.png"), full_page=True)
 
 
 def test_link_reopens_the_view(server, page, served):
@@ -255,6 +266,27 @@ def test_simulator_scrubs_in_the_browser(server, page):
     assert page.evaluate("() => window.__runs") == 0, runs
 
 
+def test_simulator_marks_the_recommended_setting(server, page, served):
+    """The report's recommendation (rcdiag.report.recommend of the same one pass) is named under the sweep, and
+    its button moves the controls there (the URL follows)."""
+    from rcdiag.report.build import judge
+    from rcdiag.report.recommend import recommend
+
+    heavy = rcdiag.open_run(served[-1])
+    advice = recommend(judge(heavy))
+    assert advice["mode"], advice  # the heavy-tailed run needs a correction
+    page.goto(f"{server}/simulator?run={heavy.name}&mode=sequence_mask&threshold=5")
+    settle(page, "Red ring: the report's recommendation")
+    assert f"{advice['mode']} at C = {advice['threshold']:g}" in page.inner_text("body")
+    page.get_by_role("button", name="Use the recommended setting").click()
+    page.wait_for_function(f"() => location.search.includes('mode={advice['mode']}')", timeout=60_000)
+    settle(page, "clipped_frac")
+    assert f"threshold={advice['threshold']:g}" in page.url
+    expected = rcdiag.simulate(heavy, advice["mode"], threshold=advice["threshold"])
+    assert _metric(page, "clipped_frac") == shown("clipped_frac", expected["clipped_frac"])
+    assert_no_exception(page)
+
+
 def test_compare_legend_has_one_colour_per_run(server, page, served):
     """Colour encodes the run: the histogram legend lists each run once, each with its own colour."""
     page.goto(f"{server}/compare")
@@ -290,7 +322,7 @@ def test_markdown_in_run_data_is_text(server, page, served, traffic):
 def test_offline_and_quiet(server, page, traffic):
     """Every page, after the tests above: no request left 127.0.0.1 and no console error (Streamlit probes
     <page>/_stcore/... once on a deep link and falls back to the root: those 404s are the only ones allowed)."""
-    for path in ("", "distributions", "simulator", "sequences", "compare", "probes"):
+    for path in ("", "distributions", "simulator", "sequences", "trends", "compare", "probes"):
         page.goto(f"{server}/{path}")
         page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(timeout=120_000)
         page.wait_for_timeout(1000)

@@ -95,11 +95,12 @@ def test_hover_text_values():
 
 
 def test_tokenizer_found_through_manifest(tmp_path):
+    """The library's lookup (rcdiag.tokenizers: tokenizer.path, else the engine model's path) decodes the strip."""
     model = write_tokenizer(tmp_path / "m")
-    manifest = {"models": {"rollout": {"path": str(model), "revision": "abc"}}, "engine": {"dtype": "bf16"}}
-    assert data.tokenizer_file(manifest) == str(model / "tokenizer.json")
+    manifest = {"models": {"engine": {"path": str(model), "revision": "abc"}}, "engine": {"dtype": "bf16"}}
     assert data.decode_tokens(manifest, (3, 47)) == ["w3", "w47"]
-    assert data.tokenizer_file({"models": {"path": str(tmp_path / "nowhere")}}) is None
+    assert data.decode_tokens({"tokenizer": {"path": str(model)}}, (5,)) == ["w5"]
+    assert data.decode_tokens({"models": {"engine": {"path": str(tmp_path / "nowhere")}}}, (1,)) is None
     assert data.decode_tokens({}, (1,)) is None
 
 

@@ -1,0 +1,74 @@
+"""The run as `rcdiag report` judges it: rcdiag.report.build.judge over the shared pass cache (rcdiag.report.cache).
+
+The Overview's verdict, cards and checks, the whole-run distributions, Compare's table and the simulator's
+recommended point all come from this ONE pass — the report's own, with its defaults — so the dashboard and the
+report cannot disagree, and a run that `rcdiag report` (or the notebook card) already judged opens with a pickle
+read instead of a pass over its tokens. Kept in memory once per server (st.cache_resource: the scan holds
+fixed-size histograms, never the token table); callers only read it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from rcdiag.analysis.bootstrap import COLUMNS
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.report.build import RunReport, headline_values, judge
+from rcdiag.report.options import ReportOptions
+from rcdiag.report.recommend import recommend
+from rcdiag.store.run import open_run
+
+OPTIONS = ReportOptions()
+"""The report's defaults: the same pass options as a plain `rcdiag report RUN`, so its cache entry is ours."""
+
+
+@st.cache_resource(show_spinner="Judging the run: one pass over its tokens (a cache read once `rcdiag report` "
+                                "has run on it)…", max_entries=16)
+def report(path: str, stamp: str) -> RunReport:
+    """rcdiag.report.build.judge of the run with the report's defaults (checks, tails, metrics, IS modes, sweep,
+    verdict); `stamp` (data.file_stamp) keys the memory copy, the pass cache keys its own by the files' bytes."""
+    return judge(open_run(path), OPTIONS)
+
+
+def headline(path: str, stamp: str) -> dict[str, float]:
+    """What the verdict judges: metrics, tail statistics of ℓ and the verdict's IS point (ess, is_weight_mean of
+    token_truncate at C = 2); empty metrics when the report withheld or refused them (`metrics_error`)."""
+    return headline_values(report(path, stamp))
+
+
+@st.cache_data(max_entries=64)
+def findings(path: str, stamp: str) -> list[dict[str, Any]]:
+    """The report's checks, worst first, as dicts (name, severity, message, evidence, fix)."""
+    return [json.loads(json.dumps(f.to_dict(), default=str)) for f in report(path, stamp).checks]
+
+
+@st.cache_data(max_entries=64)
+def recommendation(path: str, stamp: str) -> dict[str, Any]:
+    """The report's recommendation (rcdiag.report.recommend): kind, mode, threshold, text and the chosen row's
+    numbers; mode and threshold are None when it recommends no setting (a failed check, no data)."""
+    return json.loads(json.dumps(recommend(report(path, stamp)), default=str))
+
+
+def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:
+    """rcdiag.analysis.metrics.sequence_stats's columns from the report's per-sequence sums (no pass of its own:
+    the Sequences page of a 10 M-token run reads the cached pass), or None when the report refused or withheld
+    the metrics — the caller then asks the library, which says why."""
+    rep = report(path, stamp)
+    if rep.metrics_error:
+        return None
+    ids, sums = rep.scan.sums.table(rep.scan.info.seq_id)
+    c = dict(zip(COLUMNS, sums.T, strict=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(c["T"] > 0, c["T"], np.nan)
+        mean_ell = c["sum_l"] / t
+        return pd.DataFrame({
+            "seq_id": ids.astype(np.int64), "n_valid": c["T"].astype(np.int64),
+            "sum_log_ratio": np.where(np.isnan(t), np.nan, c["sum_l"]), "mean_log_ratio": mean_ell,
+            "mean_abs_log_ratio": c["sum_abs"] / t,
+            "max_abs_log_ratio": np.where(np.isnan(t), np.nan, c["max_abs"]),
+            "training_log_ppl": -c["sum_a"] / t, "rollout_log_ppl": -c["sum_b"] / t, "log_ppl_diff": -mean_ell,
+            "seq_ratio": np.exp(np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))})

@@ -1,0 +1,43 @@
+"""Warm the other pages' caches while the reader looks at the Overview.
+
+The simulator's dense sweep, the Trends page's per-step measurement and the sequence index each need a pass of
+their own (the report's pass cannot serve them): computed on the first visit they made that page take 0.5–1.5 s
+on a small run, minutes on a large one. After the Overview is drawn, one background thread per run computes them
+into the same st.cache_data entries the pages read (Streamlit locks each entry while it is computed: a page
+opened meanwhile waits for that result instead of computing it again).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from app import data
+from rcdiag.analysis.conventions import DEFAULT_CONVENTION
+from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
+
+log = logging.getLogger("rcdiag.dashboard")
+logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)
+"""The warming thread has no script context on purpose (no spinner on the page being read): Streamlit's warning
+about it, once per cached call, would fill the server log."""
+_STARTED: set[tuple[str, str]] = set()
+_LOCK = threading.Lock()
+
+
+def after_overview(path: str, stamp: str) -> None:
+    """Start warming the run's pages once per server (a no-op when already started for this file stamp)."""
+    with _LOCK:
+        if (path, stamp) in _STARTED:
+            return
+        _STARTED.add((path, stamp))
+    threading.Thread(target=_warm, args=(path, stamp), name="rcdiag-warm", daemon=True).start()
+
+
+def _warm(path: str, stamp: str) -> None:
+    """The pages' default views, in the order a reader usually opens them; a failure is left to the page (it
+    computes again and shows the message)."""
+    try:
+        data.sequence_index(path, stamp)
+        data.sweep_grid(path, stamp, tuple(MODES), None, DEFAULT_CONVENTION)
+        data.trend_frame(path, stamp, DEFAULT_CONVENTION, float(DEFAULT_THRESHOLD))
+    except Exception:  # noqa: BLE001 - the page reports it when opened
+        log.debug("warming %s stopped", path, exc_info=True)

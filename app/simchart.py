@@ -66,8 +66,10 @@ def sweep_spec(rows: pd.DataFrame, others: pd.DataFrame, mode: str, metric: str,
                 "x": x, "y": y, "tooltip": [{"field": "label", "type": "nominal"}, y]}, "mark": {
                 "type": "point", "shape": "circle", "size": 420, "filled": False, "color": "#dc2626",
                 "strokeWidth": 3}})
-    line = ("datum.metric + ': ' + (datum.share ? format(100 * datum.value, '.2f') + ' %' : format(datum.value, "
-            "'.4f')) + '  (Δ ' + (datum.share ? format(100 * (datum.value - datum.base), '+.2f') + ' pp' : "
+    num = ("(datum.value != 0 && (abs(datum.value) < 1e-3 || abs(datum.value) >= 1e5) ? format(datum.value, '.3e')"
+           " : format(datum.value, '.4~g'))")  # rcdiag.numbers.fmt's rule (the cards'): 2.164e-7, never 0.0000
+    line = ("datum.metric + ': ' + (datum.share ? format(100 * datum.value, '.2f') + ' %' : " + num + ") + '  (Δ ' + "
+            "(datum.share ? format(100 * (datum.value - datum.base), '+.2f') + ' pp' : "
             "format(datum.value - datum.base, '+.4~g')) + ')'")
     panel = {"title": "At the hovered threshold (Δ vs no correction)", "vconcat": [
         {"data": {"name": "mine"}, "mark": {"type": "text", "align": "left", "fontSize": 13, "fontWeight": "bold"},

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, ChunkFeed, check_columns, sequence_universe
 from rcdiag.analysis.correction import ISAccumulator, get_mode
@@ -103,24 +102,11 @@ class Partial:
     file: str
 
 
-def _edge_keys(file: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    parquet = pq.ParquetFile(file)
-    groups = [g for g in range(parquet.num_row_groups) if parquet.metadata.row_group(g).num_rows]
-    if not groups:
-        return None, None
-    head = parquet.read_row_group(groups[0], columns=["seq_id", "pos"])
-    tail = parquet.read_row_group(groups[-1], columns=["seq_id", "pos"])
-
-    def key(table: Any, row: int) -> tuple[int, int]:
-        return int(table.column("seq_id")[row].as_py()), int(table.column("pos")[row].as_py())
-
-    return key(head, 0), key(tail, tail.num_rows - 1)
-
-
-def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -> tuple[Scan, Any]:
+def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, file: str = "") -> Partial:
     """Both passes over `run` (a Run or FileView) from ONE read of each token file: every record batch feeds the
-    scan and, cut into DEFAULT_BATCH_ROWS slices, the library accumulators. Returns (scan, library accumulators
-    with `.rows` — or the InputError the metrics refused the data with; the scan still sees every row).
+    scan and, cut into DEFAULT_BATCH_ROWS slices, the library accumulators. Returns the Partial: scan, library
+    accumulators with `.rows` — or the InputError the metrics refused the data with; the scan still sees every
+    row — and the first and last (seq_id, pos) key read (taken from the batches, not a second read of the file).
     `finish_labels`: the whole run's finish-reason labels when `run` holds one shard's sequences, so partial
     strata line up when merged (rcdiag.report.scan.relabel)."""
     table = run.sequence_table(list(SEQUENCE_COLUMNS))
@@ -135,15 +121,19 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -
     except InputError as exc:
         library = exc
     offsets: dict[str, int] = {}
-    for file, batch in prefetch(run.iter_batches(SCAN_COLUMNS)):
-        update(scan, batch, file, offsets.get(file, 0))
-        offsets[file] = offsets.get(file, 0) + batch.num_rows
+    first = last = None
+    for source, batch in prefetch(run.iter_batches(SCAN_COLUMNS)):
+        update(scan, batch, source, offsets.get(source, 0))
+        offsets[source] = offsets.get(source, 0) + batch.num_rows
+        if batch.num_rows:
+            first = first or _key(batch, 0)
+            last = _key(batch, batch.num_rows - 1)
         if feed is not None:
             try:
-                if not offsets[file] - batch.num_rows:
-                    check_columns(batch.schema, file)
+                if not offsets[source] - batch.num_rows:
+                    check_columns(batch.schema, source)
                 for start in range(0, batch.num_rows, DEFAULT_BATCH_ROWS):
-                    feed.push(file, batch.slice(start, DEFAULT_BATCH_ROWS))
+                    feed.push(source, batch.slice(start, DEFAULT_BATCH_ROWS))
             except InputError as exc:
                 library, feed = exc, None
     if feed is not None:
@@ -151,7 +141,12 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None) -
             library.rows = feed.finish()
         except InputError as exc:
             library = exc
-    return scan, library
+    return Partial(scan, library, first, last, file)
+
+
+def _key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
+    """(seq_id, pos) of one row of a batch."""
+    return int(batch.column("seq_id")[row].as_py()), int(batch.column("pos")[row].as_py())
 
 
 def file_partial(run_path: str, options: Any, index: int, *, finish_labels: Sequence[str] | None = None) -> Partial:
@@ -159,8 +154,7 @@ def file_partial(run_path: str, options: Any, index: int, *, finish_labels: Sequ
     sequences; `finish_labels` are the whole run's (the driver reads them once)."""
     run = Run(run_path, validate=False)  # the driver opened (and validated) the run; tasks only re-open it
     file = run.token_files[index]
-    scan, library = passes(FileView(run, file), options, finish_labels)
-    return Partial(scan, library, *_edge_keys(file), file=f"tokens/{file.name}")
+    return passes(FileView(run, file), options, finish_labels, file=f"tokens/{file.name}")
 
 
 def merge_partials(parts: list[Partial]) -> tuple[Scan, Any]:
@@ -187,7 +181,8 @@ def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tup
     order. A run without token files is scanned as a whole (empty accumulators)."""
     count = len(run.token_files)
     if count == 0:
-        return passes(run, options)
+        part = passes(run, options)
+        return part.scan, part.library
     mapper = map_files or ordered_map
     info = sequence_info(run)  # the whole run's, once: each file's task reads only its own shard
     task = partial(file_partial, str(run.path), options, finish_labels=tuple(info.finish_labels))

@@ -17,7 +17,7 @@ from rcdiag.analysis.health import BY_METRIC, COLOURS, StatusChange, status_chan
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
 from rcdiag.report.plots import COLORS, png_bytes
 from rcdiag.report.render import Block, fmt
-from rcdiag.store.run import open_run
+from rcdiag.store.run import Run
 
 FIGURE = "trend.png"
 PANELS = (("kl", "kl (k1)"), ("k3_kl", "k3_kl"), ("chi2_token", "χ² (token)"), ("ess", "ESS (token_truncate)"),
@@ -63,7 +63,8 @@ def _rows(report: Any) -> list[dict[str, Any]]:
 
 
 def _only_step(report: Any) -> int:
-    steps = step_index(open_run(report.path))[1]
+    # the report already opened (and validated) the run: re-opening it with validation read every file again
+    steps = step_index(Run(report.path, validate=False))[1]
     return int(steps[0]) if steps.size else 0
 
 

@@ -39,3 +39,31 @@ def test_bootstrap_is_seeded_and_centred():
     assert one != bootstrap(sums, replicates=300, seed=5)
     for ci in one.values():
         assert ci["low"] < ci["high"] and ci["se"] > 0
+
+
+def test_poisson_totals_ignore_an_infinite_row_its_replicate_did_not_draw():
+    """A sequence whose sum is inf (k3 without the clamp) adds inf only to the replicates that draw it (k ≥ 1):
+    the branch-free form (acc += k · row) would make 0 · inf = NaN in every other replicate."""
+    rng = np.random.default_rng(9)
+    uniforms = rng.random((64, 300))
+    matrix = rng.normal(size=(300, 3))
+    matrix[17, 1] = np.inf
+    got = kernels.poisson_totals(uniforms, matrix, POISSON1_CDF)
+    drawn = np.searchsorted(POISSON1_CDF, uniforms[:, 17], side="right") > 0
+    assert drawn.any() and not drawn.all()
+    assert np.isinf(got[drawn, 1]).all() and np.isfinite(got[~drawn, 1]).all()
+    finite = matrix.copy()
+    finite[17] = 0.0
+    np.testing.assert_array_equal(got[~drawn], kernels.poisson_totals(uniforms, finite, POISSON1_CDF)[~drawn])
+
+
+def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
+    """Uniforms come from one seeded stream in chunk order whatever the pool: 1 thread and 3 give the same bits."""
+    rng = np.random.default_rng(3)
+    sums = np.abs(rng.normal(size=(20_000, 14)))
+    sums[:, 0] = rng.integers(1, 50, sums.shape[0])
+    monkeypatch.setattr("rcdiag.analysis.bootstrap.CHUNK_CELLS", 1 << 16)  # several chunks in flight
+    monkeypatch.setenv("RCDIAG_THREADS", "1")
+    one = bootstrap(sums, replicates=40, seed=1)
+    monkeypatch.setenv("RCDIAG_THREADS", "3")
+    assert bootstrap(sums, replicates=40, seed=1) == one

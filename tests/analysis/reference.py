@@ -76,7 +76,7 @@ def metrics(seqs: list[Seq], convention: str) -> dict[str, float]:
     if convention == "trl":  # TRL's sampling_logp_difference: |ℓ| over valid tokens, 0.0 without any
         trl = {"abs_log_ratio_mean": math.fsum(abs(e) for e in ells) / n if n else 0.0,
                "abs_log_ratio_max": max((abs(e) for e in ells), default=0.0)}
-    if n == 0:
+    if n == 0 and not (convention == "swift" and seqs):  # ms-swift divides by max(N, 1): numbers, not NaN
         return {**dict.fromkeys(names, NAN), **trl, **counts}
     k3 = []
     for e in ells:
@@ -103,6 +103,8 @@ def metrics(seqs: list[Seq], convention: str) -> dict[str, float]:
         per["ratio"].append(math.exp(-lbar))
         x = total if convention == "verl" else lbar
         per["chi2"].append(math.expm1(2 * clamp(x, -CLAMP, CLAMP)))
+    chi2_token = math.fsum(math.expm1(2 * clamp(e, -CLAMP, CLAMP)) for e in ells) / n if n else -1.0  # swift
+    n = max(n, 1)
     return {
         "kl": -math.fsum(ells) / n, "k3_kl": math.fsum(k3) / n,
         "training_log_ppl": mean(per["tlp"]), "training_ppl": mean(per["tp"]),
@@ -110,7 +112,7 @@ def metrics(seqs: list[Seq], convention: str) -> dict[str, float]:
         "log_ppl_diff": mean(per["diff"]), "log_ppl_abs_diff": mean(per["abs"]),
         "log_ppl_diff_max": max(per["diff"]), "log_ppl_diff_min": min(per["diff"]),
         "ppl_ratio": mean(per["ratio"]),
-        "chi2_token": math.fsum(math.expm1(2 * clamp(e, -CLAMP, CLAMP)) for e in ells) / n,
+        "chi2_token": chi2_token,
         "chi2_seq": mean(per["chi2"]), **trl, **counts,
     }
 
@@ -233,6 +235,8 @@ def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower:
     out["kept_token_frac"] = sum(1 for _, k in kept if k) / n_valid if n_valid else NAN
     kept_seqs = {i for i, k in kept if k}
     out["kept_seq_frac"] = len(kept_seqs) / n_valid_seqs if n_valid_seqs else NAN
+    if convention == "swift" and n_valid == 0 and seqs:  # ms-swift's max(N, 1) divisors: 0, ESS 1 / 1e-10
+        out.update(is_weight_mean=0.0, ess=1e10, clipped_frac=0.0)
     if batch_normalize and convention != "verl":  # divide by the token mean (verl logs pre-normalisation)
         scale = mean(weights)
         for key in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max"):

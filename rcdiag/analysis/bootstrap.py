@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.conventions import get_convention
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP, get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.threads import ordered_map
 
-CLAMP = 20.0
+CLAMP = LOG_RATIO_CLAMP
 SWIFT_K3_CLAMP = 10.0
 COLUMNS = ("T", "sum_a", "sum_b", "sum_l", "sum_abs", "max_abs", "sum_k3", "sum_k3_swift", "sum_k3_raw",
            "sum_rho2", "w_sum", "w_sq", "ws_sum", "ws_sq")

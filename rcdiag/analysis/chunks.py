@@ -21,7 +21,7 @@ from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.errors import InputError
 from rcdiag.store.files import DEFAULT_READ_ROWS
-from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float64, mask_as_bool
+from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float, mask_as_bool
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
 DEFAULT_BATCH_ROWS = DEFAULT_READ_ROWS
@@ -205,7 +205,7 @@ class _Validator:
         seq = np.asarray(batch.column("seq_id")).astype(np.int64, copy=False)
         pos = np.asarray(batch.column("pos"))
         mask = mask_as_bool(batch)
-        train, rollout = _float_column(batch, "train_logprob"), _float_column(batch, "rollout_logprob")
+        train, rollout = column_as_float(batch, "train_logprob"), column_as_float(batch, "rollout_logprob")
         has_prev = self.previous is not None
         prev = self.previous or (0, 0)
         if kernels.check_rows(seq, pos, train, rollout, mask, has_prev, prev[0], prev[1]) != kernels.OK:  # the numpy checks name the first offending row and column
@@ -220,14 +220,6 @@ class _Validator:
             check_finite(x.astype(np.float64), mask, column=name, seq_id=seq, pos=pos, source=source,
                          row_offset=offset, hint=_HINTS[name])
         raise AssertionError("kernels.check_rows refused a batch that the numpy checks accept")
-
-
-def _float_column(batch: pa.RecordBatch, name: str) -> np.ndarray:
-    """A log-prob column as float32/float64 numpy without a copy when possible (nulls and integers → float64)."""
-    column = batch.column(name)
-    if not column.null_count and (pa.types.is_float32(column.type) or pa.types.is_float64(column.type)):
-        return np.asarray(column)
-    return column_as_float64(batch, name)
 
 
 # --------------------------------------------------------------------------------------------------- chunks

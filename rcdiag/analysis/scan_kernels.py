@@ -1,11 +1,14 @@
 """The report scan's per-batch work (tails, strata, per-sequence sums) as ONE compiled pass over the rows.
 
 The numpy version made ~60 passes over each record batch (searchsorted per stratum and per histogram, bincounts,
-clips, temporaries); `scan_batch` visits each row once and adds to the accumulators' arrays in place. It computes
-the same quantities with the same bucket edges (rcdiag.analysis.tails / strata / bootstrap), so the numbers agree
-with the numpy forms to rounding (sums are added row by row instead of pairwise); the strata order is fixed here
-and checked against STRATA at import. Compiled on first use, cached on disk, and the GIL is released (`nogil`), so
-token files can be scanned on several threads at once.
+clips, temporaries); `scan_batch` visits each row once and adds to the accumulators' arrays in place. The per-row
+transcendental terms (exp of both log-probs, expm1 and exp of ℓ̂, log10|ℓ|) come precomputed for the batch by
+numpy's vectorised loops (rcdiag.analysis.rows), ~1 ns a value where libm called row by row took ~6. It computes
+the same quantities with the same bucket edges (rcdiag.analysis.tails / strata / bootstrap): counts, histograms,
+maxima and worst tokens exactly, sums to rounding (added per row, or per run of a sequence's rows for the strata of
+a sequence's own attributes, instead of pairwise); the strata order is fixed here and checked against STRATA at
+import. Compiled on first use, cached on disk, and the GIL is released (`nogil`), so token files can be scanned on
+several threads at once.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from rcdiag.analysis import tails as tails_mod
 from rcdiag.analysis.bootstrap import SWIFT_K3_CLAMP, SequenceSums
+from rcdiag.analysis.rows import BatchRows
 from rcdiag.analysis.strata import ENTROPY_EDGES, POW2_EDGES, PROB_EDGES, STRATA, StrataAccumulator
 from rcdiag.analysis.tails import TailAccumulator
 
@@ -41,12 +45,13 @@ def bucket_index(value, edges):
 
 
 @numba.njit(inline="always")
-def _fine_bin(x, edges):
-    """The tails histogram bin of |ℓ| = x ≥ edges[0]: searchsorted(EDGES, x, 'right') − 1 clipped, from a log10
-    guess corrected against the edges themselves (so it is exactly the searchsorted bin)."""
+def _fine_bin(x, log10_x, edges):
+    """The tails histogram bin of |ℓ| = x ≥ edges[0]: searchsorted(EDGES, x, 'right') − 1 clipped, from the guess
+    log10(x) gives (computed for the whole batch by numpy), corrected against the edges themselves (so it is
+    exactly the searchsorted bin whatever the rounding of the logarithm)."""
     top = edges.size - 2
-    guess = (math.log10(x) - tails_mod.LOG10_MIN) * tails_mod.BINS_PER_DECADE
-    g = int(min(max(guess, 0.0), float(top)))
+    guess = (log10_x - tails_mod.LOG10_MIN) * tails_mod.BINS_PER_DECADE
+    g = 0 if not guess > 0.0 else (top if guess >= top else int(guess))  # NaN → 0, inf → top; corrected below
     while g > 0 and edges[g] > x:
         g -= 1
     while g < top and edges[g + 1] <= x:
@@ -54,43 +59,78 @@ def _fine_bin(x, edges):
     return g
 
 
+@numba.njit(inline="always")
+def _add_stratum(strata, row, n, s_l, s_abs, s_sq, s_k3, top):
+    strata[row, 0] += n
+    strata[row, 1] += s_l
+    strata[row, 2] += s_abs
+    strata[row, 3] += s_sq
+    strata[row, 4] += s_k3
+    strata[row, 5] = max(strata[row, 5], top)
+
+
 @numba.njit(**_JIT)
-def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward, stop_code, threshold, lower,
-               edges, band_lo, band_hi, density_lo, density_scale, tail_sums, hist_pos, hist_neg, outside,
-               density, strata, strata_offsets):
+def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_rows, log10_rows, seq_row, p_len,
+               p_finish, p_reward, stop_code, threshold, lower, edges, band_lo, band_hi, density_lo, density_scale,
+               tail_sums, hist_pos, hist_neg, outside, density, strata, strata_offsets):
     """One record batch: adds to the tails arrays (tail_sums [7], hist_pos/neg, outside, density) and the stacked
-    strata table [Σ buckets, 6] in place. Rows with keep False are skipped. Returns (kept rows, max |ℓ|, underflow
-    count, |ℓ| per row (−1 where not kept, for the worst tokens), per-sequence seq_ids [k], sums [k, 14] in
-    bootstrap.COLUMNS order over runs of equal seq_id among kept rows)."""
+    strata table [Σ buckets, 6] in place. Rows are kept when `mask` holds and both log-probs a, b (float64) are
+    finite; exp(a), exp(b), expm1(ℓ̂), exp(ℓ̂) and log10|ℓ| per row come precomputed (rcdiag.analysis.rows).
+    Returns (kept rows, max |ℓ|, underflow count, |ℓ| per row (−1 where not kept, for the worst tokens),
+    per-sequence seq_ids [k], sums [k, 14] in bootstrap.COLUMNS order over runs of equal seq_id among kept rows).
+
+    The strata of a sequence's own attributes (response length, finish reason, reward) are added once per run of
+    a sequence's rows, from the run's sums; the position bucket is looked up only when pos leaves the current
+    power-of-two range."""
     n = seq.size
     absl_rows = np.full(n, -1.0)
     bins = density.shape[0]
-    # per-sequence segments over kept rows
     n_seg = 0
     have = False
     last_seq = 0
     for i in range(n):
-        if keep[i]:
+        if mask[i] and math.isfinite(a[i]) and math.isfinite(b[i]):
             if not have or seq[i] != last_seq:
                 n_seg += 1
             have, last_seq = True, seq[i]
     ids = np.empty(n_seg, np.int64)
     sums = np.zeros((n_seg, 14))
     k = -1
-    have = False
     s_abs = s_l2 = s_pa = s_pb = s_paa = s_pbb = s_pab = 0.0
     kept = underflow = 0
     top = 0.0
+    q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = q8 = q9 = q10 = q11 = q12 = q13 = q_sq = 0.0
+    length_row = finish_row = reward_row = finish = 0
+    stop_len = -1
+    pos_lo, pos_hi, pos_bucket = 1, 0, 0  # an empty range: the first row looks its bucket up
+    o_pos, o_prob, o_entropy, o_kind = strata_offsets[0], strata_offsets[2], strata_offsets[3], strata_offsets[4]
     for i in range(n):
-        if not keep[i]:
+        x, y = a[i], b[i]
+        if not (mask[i] and math.isfinite(x) and math.isfinite(y)):
             continue
-        x, y = np.float64(a[i]), np.float64(b[i])
+        # ---- a new run of one sequence's rows: close the previous one, look the sequence's attributes up
+        if k < 0 or seq[i] != ids[k]:
+            if k >= 0:
+                _store_sums(sums, k, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13)
+                for row in (length_row, finish_row, reward_row):
+                    _add_stratum(strata, row, q0, q3, q4, q_sq, q6, q5)
+            k += 1
+            ids[k] = seq[i]
+            q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = q8 = q9 = q10 = q11 = q12 = q13 = q_sq = 0.0
+            r = seq_row[i]
+            length = max(p_len[r], 1) if p_len.size else 1
+            finish = p_finish[r] if p_finish.size else 0
+            reward = p_reward[r] if p_reward.size else np.nan
+            length_row = strata_offsets[1] + bucket_index(length, POW2_EDGES) - 1
+            finish_row = strata_offsets[5] + finish
+            reward_row = strata_offsets[6] + (2 if math.isnan(reward) else (0 if reward > 0 else 1))
+            stop_len = p_len[r] if p_len.size > 0 and p_len[r] >= 0 else -1
         lr = x - y
         absl = abs(lr)
         absl_rows[i] = absl
         kept += 1
         # ---- tails
-        pa_, pb_ = math.exp(x), math.exp(y)
+        pa_, pb_ = pa_rows[i], pb_rows[i]
         s_abs += absl
         s_l2 += lr * lr
         s_pa += pa_
@@ -102,9 +142,9 @@ def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward
         if absl < edges[0]:
             underflow += 1
         elif lr > 0:
-            hist_pos[_fine_bin(absl, edges)] += 1
+            hist_pos[_fine_bin(absl, log10_rows[i], edges)] += 1
         else:
-            hist_neg[_fine_bin(absl, edges)] += 1
+            hist_neg[_fine_bin(absl, log10_rows[i], edges)] += 1
         lc = min(max(lr, -tails_mod.CLAMP), tails_mod.CLAMP)
         for j in range(band_lo.size):
             if lc < band_lo[j] or lc > band_hi[j]:
@@ -112,56 +152,44 @@ def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward
         ia = min(max((x - density_lo) * density_scale, 0.0), bins - 1.0)
         ib = min(max((y - density_lo) * density_scale, 0.0), bins - 1.0)
         density[int(ia), int(ib)] += 1
-        # ---- strata
-        r = seq_row[i]
-        em1 = math.expm1(lc)
+        # ---- strata of the row's own attributes
+        p = pos[i]
+        if not (pos_lo <= p < pos_hi):
+            pos_bucket = bucket_index(p, POW2_EDGES)
+            pos_lo, pos_hi = POW2_EDGES[pos_bucket], POW2_EDGES[pos_bucket + 1]  # (clipped values miss it)
+        em1 = em1_rows[i]
         k3 = em1 - lc
-        length = max(p_len[r], 1) if p_len.size else 1
-        finish = p_finish[r] if p_finish.size else 0
-        reward = p_reward[r] if p_reward.size else np.nan
         e = entropy[i]
-        last = (i + 1 < n and seq[i + 1] != seq[i]) or (p_len.size > 0 and p_len[r] >= 0 and pos[i] + 1 >= p_len[r])
-        buckets = (
-            bucket_index(pos[i], POW2_EDGES),
-            bucket_index(length, POW2_EDGES) - 1,
-            bucket_index(pb_, PROB_EDGES),
-            bucket_index(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1,
-            1 if last and finish == stop_code else 0,
-            finish,
-            2 if math.isnan(reward) else (0 if reward > 0 else 1),
-        )
-        for s in range(7):
-            row = strata_offsets[s] + buckets[s]
-            strata[row, 0] += 1.0
-            strata[row, 1] += lr
-            strata[row, 2] += absl
-            strata[row, 3] += lr * lr
-            strata[row, 4] += k3
-            strata[row, 5] = max(strata[row, 5], absl)
+        last = (i + 1 < n and seq[i + 1] != seq[i]) or (stop_len >= 0 and p + 1 >= stop_len)
+        sq = lr * lr
+        for row in (o_pos + pos_bucket, o_prob + bucket_index(pb_, PROB_EDGES),
+                    o_entropy + (bucket_index(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1),
+                    o_kind + (1 if last and finish == stop_code else 0)):
+            _add_stratum(strata, row, 1.0, lr, absl, sq, k3, absl)
         # ---- per-sequence sums (bootstrap.COLUMNS)
-        if not have or seq[i] != ids[k]:
-            k += 1
-            ids[k] = seq[i]
-            sums[k, 5] = absl
-            have = True
-        rho = math.exp(lc)
+        rho = rho_rows[i]
         k3_raw = k3 if lc == lr else math.expm1(lr) - lr
         w = min(max(rho, lower), threshold)
         ws = min(max(rho, 1.0 / threshold), threshold)
-        sums[k, 0] += 1.0
-        sums[k, 1] += x
-        sums[k, 2] += y
-        sums[k, 3] += lr
-        sums[k, 4] += absl
-        sums[k, 5] = max(sums[k, 5], absl)
-        sums[k, 6] += k3
-        sums[k, 7] += min(max(k3, -SWIFT_K3_CLAMP), SWIFT_K3_CLAMP)
-        sums[k, 8] += k3_raw
-        sums[k, 9] += rho * rho
-        sums[k, 10] += w
-        sums[k, 11] += w * w
-        sums[k, 12] += ws
-        sums[k, 13] += ws * ws
+        q0 += 1.0
+        q1 += x
+        q2 += y
+        q3 += lr
+        q4 += absl
+        q5 = max(q5, absl)
+        q6 += k3
+        q7 += min(max(k3, -SWIFT_K3_CLAMP), SWIFT_K3_CLAMP)
+        q8 += k3_raw
+        q9 += rho * rho
+        q10 += w
+        q11 += w * w
+        q12 += ws
+        q13 += ws * ws
+        q_sq += sq
+    if k >= 0:
+        _store_sums(sums, k, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13)
+        for row in (length_row, finish_row, reward_row):
+            _add_stratum(strata, row, q0, q3, q4, q_sq, q6, q5)
     tail_sums[0] += s_abs
     tail_sums[1] += s_l2
     tail_sums[2] += s_pa
@@ -170,6 +198,13 @@ def scan_batch(seq, pos, a, b, keep, entropy, seq_row, p_len, p_finish, p_reward
     tail_sums[5] += s_pbb
     tail_sums[6] += s_pab
     return kept, top, underflow, absl_rows, ids, sums
+
+
+@numba.njit(inline="always")
+def _store_sums(sums, k, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13):
+    sums[k, 0], sums[k, 1], sums[k, 2], sums[k, 3], sums[k, 4], sums[k, 5], sums[k, 6] = q0, q1, q2, q3, q4, q5, q6
+    sums[k, 7], sums[k, 8], sums[k, 9], sums[k, 10], sums[k, 11], sums[k, 12], sums[k, 13] = (q7, q8, q9, q10, q11,
+                                                                                           q12, q13)
 
 
 @numba.njit(**_JIT)
@@ -186,35 +221,30 @@ def lookup_rows(info_ids, seq):
 
 
 
-def scan_update(tails: TailAccumulator, strata: StrataAccumulator, sums: SequenceSums, rows: dict[str, np.ndarray],
-                keep: np.ndarray) -> None:
-    """Add one batch's kept rows to the three accumulators (one compiled pass; the worst tokens by argpartition).
-
-    rows: seq_id, pos, token_id (int64), train_logprob, rollout_logprob (float32/64), train_entropy (float64,
-    NaN unknown), all [n]; keep: bool [n], the valid rows with finite log-probs.
-    """
+def scan_update(tails: TailAccumulator, strata: StrataAccumulator, sums: SequenceSums, rows: BatchRows) -> None:
+    """Add one batch's kept rows (valid, finite log-probs) to the three accumulators (one compiled pass over the
+    rows and their numpy-computed terms; the worst tokens by argpartition)."""
     info = strata.info
-    seq, a, b = rows["seq_id"], rows["train_logprob"], rows["rollout_logprob"]
+    seq, pos, a, b, terms = rows.seq, rows.pos, rows.a, rows.b, rows.terms
     seq_row = lookup_rows(info.seq_id, seq)
     offsets = np.cumsum([0] + [strata.sums[name].shape[0] for name in STRATA_ORDER[:-1]])
     stacked = np.zeros((int(offsets[-1]) + strata.sums[STRATA_ORDER[-1]].shape[0], 6))
     lo, hi = tails_mod.DENSITY_RANGE
     tail_sums = np.zeros(7)
     kept, top, underflow, absl, ids, seq_sums = scan_batch(
-        seq, rows["pos"], a, b, keep, rows["train_entropy"], seq_row, info.response_len, info.finish, info.reward,
-        _stop_code(info.finish_labels), float(sums.threshold), float(sums.lower or 0.0), tails_mod.EDGES,
-        _BAND_LOG_LO, _BAND_LOG_HI, lo, tails_mod.DENSITY_BINS / (hi - lo), tail_sums, tails.hist_pos,
-        tails.hist_neg, tails.outside, tails.density, stacked, offsets)
+        seq, pos, a, b, rows.mask, rows.entropy, terms.pa, terms.pb, terms.em1, terms.rho, terms.log10_abs,
+        seq_row, info.response_len, info.finish, info.reward, _stop_code(info.finish_labels), float(sums.threshold),
+        float(sums.lower or 0.0), tails_mod.EDGES, _BAND_LOG_LO, _BAND_LOG_HI, lo, tails_mod.DENSITY_BINS / (hi - lo),
+        tail_sums, tails.hist_pos, tails.hist_neg, tails.outside, tails.density, stacked, offsets)
     if kept:
         tails.n += kept
         tails.sums += tail_sums
         tails.max_abs = max(tails.max_abs, top)
         tails.underflow += underflow
         pick = np.argpartition(-absl, min(tails_mod.WORST_K, kept) - 1)[:min(tails_mod.WORST_K, kept)]
-        x, y = np.asarray(a[pick], np.float64), np.asarray(b[pick], np.float64)
-        tails.keep_worst({"abs_log_ratio": absl[pick], "log_ratio": x - y, "train_logprob": x,
-                          "rollout_logprob": y, "seq_id": seq[pick], "pos": rows["pos"][pick],
-                          "token_id": rows["token_id"][pick]})
+        tails.keep_worst({"abs_log_ratio": absl[pick], "log_ratio": a[pick] - b[pick], "train_logprob": a[pick],
+                          "rollout_logprob": b[pick], "seq_id": np.asarray(seq[pick], np.int64),
+                          "pos": np.asarray(pos[pick], np.int64), "token_id": rows.token_ids(pick)})
         for name, start in zip(STRATA_ORDER, offsets, strict=True):
             table = strata.sums[name]
             part = stacked[start:start + table.shape[0]]

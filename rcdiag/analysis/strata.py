@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-CLAMP = 20.0
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+
+CLAMP = LOG_RATIO_CLAMP
 POW2_EDGES = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 2**62])
 PROB_EDGES = np.array([0.0, 1e-3, 1e-2, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0 + 1e-9])
 ENTROPY_EDGES = np.array([0.0, 0.01, 0.1, 0.3, 1.0, 2.0, 4.0, np.inf])

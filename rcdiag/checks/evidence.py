@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.analysis.rows import BatchRows
 from rcdiag.checks.evidence_kernel import KINDS, pair_evidence, side_evidence
 from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
-from rcdiag.store.schema import column_as_float64, mask_as_bool
 
 SEVERITIES = ("ok", "info", "warning", "error")
 SIDES = {"rollout_logprob": "rollout (engine) b", "train_logprob": "training a"}
@@ -136,12 +136,10 @@ class CheckAccumulator:
         self.seq_counts: list[np.ndarray] = []
         self.seq_maxpos: list[np.ndarray] = []
 
-    def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0) -> None:
-        seq = np.asarray(batch.column("seq_id"), dtype=np.int64)
-        pos = np.asarray(batch.column("pos"), dtype=np.int64)
-        a = column_as_float64(batch, "train_logprob")
-        b = column_as_float64(batch, "rollout_logprob")
-        valid = mask_as_bool(batch)
+    def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0, rows: BatchRows | None = None) -> None:
+        """Add one record batch (CHECK_COLUMNS); `rows`: its columns already decoded by another pass."""
+        rows = rows or BatchRows(batch)
+        seq, pos, a, b, valid = rows.seq, rows.pos, rows.a, rows.b, rows.mask
         where = {"seq_id": seq, "pos": pos}
         self.sides["train_logprob"].update(a, b, valid, where, file, row0)
         self.sides["rollout_logprob"].update(b, a, valid, where, file, row0)

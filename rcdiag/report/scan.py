@@ -16,13 +16,13 @@ import pyarrow as pa
 
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.rows import BatchRows
 from rcdiag.analysis.scan_kernels import scan_update
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator
 from rcdiag.analysis.tails import TailAccumulator
 from rcdiag.checks.evidence import CheckAccumulator
 from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
-from rcdiag.store.schema import column_as_float64, mask_as_bool
 
 SCAN_COLUMNS = ("seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask")
 SEQUENCE_COLUMNS = ("seq_id", "response_len", "finish_reason", "reward", "prompt_id")
@@ -53,16 +53,11 @@ def new_scan(info: SequenceInfo, threshold: float, lower: float | None) -> Scan:
 
 
 def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
-    """Feed one record batch (SCAN_COLUMNS) into every accumulator."""
-    scan.checks.update(batch, file, row0)
-    a = column_as_float64(batch, "train_logprob")
-    b = column_as_float64(batch, "rollout_logprob")
-    keep = mask_as_bool(batch) & np.isfinite(a) & np.isfinite(b)
-    rows = {"seq_id": np.asarray(batch.column("seq_id"), dtype=np.int64),
-            "pos": np.asarray(batch.column("pos"), dtype=np.int64),
-            "token_id": np.asarray(batch.column("token_id").fill_null(-1), dtype=np.int64),
-            "train_logprob": a, "rollout_logprob": b, "train_entropy": column_as_float64(batch, "train_entropy")}
-    scan_update(scan.tails, scan.strata, scan.sums, rows, keep)
+    """Feed one record batch (SCAN_COLUMNS) into every accumulator; the columns are decoded once for all of them
+    (rcdiag.analysis.rows.BatchRows)."""
+    rows = BatchRows(batch)
+    scan.checks.update(batch, file, row0, rows)
+    scan_update(scan.tails, scan.strata, scan.sums, rows)
 
 
 def scan_run(run: Any, *, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True,

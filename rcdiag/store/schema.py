@@ -178,6 +178,17 @@ def column_as_float64(batch: pa.RecordBatch | pa.Table, name: str) -> np.ndarray
     return np.asarray(column, dtype=np.float64)
 
 
+def column_as_float(batch: pa.RecordBatch | pa.Table, name: str) -> np.ndarray:
+    """A float column as numpy in its stored float32/float64 without a copy; float64 with NaN for nulls or an
+    integer column (the kernels widen each value to float64 themselves)."""
+    column = batch.column(name)
+    if not column.null_count and (pa.types.is_float32(column.type) or pa.types.is_float64(column.type)):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        return np.asarray(column)
+    return column_as_float64(batch, name)
+
+
 def mask_as_bool(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
     """The `mask` column as bool numpy; a missing column or null entry counts as valid (True)."""
     if "mask" not in batch.schema.names:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis.rows import BatchRows
-from rcdiag.checks.evidence_kernel import KINDS, pair_evidence, side_evidence
+from rcdiag.checks.evidence_kernel import KINDS, batch_evidence
 from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 
@@ -74,11 +74,10 @@ class _SideStats:
         self.on_grid = {g.name: 0 for g in GRIDS}
         self.exponents = np.zeros(256, dtype=np.int64)
 
-    def update(self, values: np.ndarray, other: np.ndarray, valid: np.ndarray, where: dict[str, np.ndarray],
-               file: str, row0: int) -> None:
-        """Add one batch's valid rows (one compiled pass: evidence_kernel.side_evidence)."""
-        counts, first, pos0, checked, on_grid, exponents = side_evidence(values, other, valid, where["pos"],
-                                                                         HUGE_NEGATIVE, _GRID_LOW_BITS)
+    def add(self, evidence: tuple[np.ndarray, ...], side: int, values: np.ndarray, where: dict[str, np.ndarray],
+            file: str, row0: int) -> None:
+        """Add one batch's evidence for this side (row `side` of each evidence_kernel.batch_evidence output)."""
+        counts, first, pos0, checked, on_grid, exponents = (part[side] for part in evidence)
         for kind, count, i in zip(self.KINDS, counts.tolist(), first.tolist(), strict=True):
             self.counts[kind] += count
             if count and kind not in self.first:
@@ -141,18 +140,18 @@ class CheckAccumulator:
         rows = rows or BatchRows(batch)
         seq, pos, a, b, valid = rows.seq, rows.pos, rows.a, rows.b, rows.mask
         where = {"seq_id": seq, "pos": pos}
-        self.sides["train_logprob"].update(a, b, valid, where, file, row0)
-        self.sides["rollout_logprob"].update(b, a, valid, where, file, row0)
+        sides, fit, offset, shift, ids, counts, maxpos = batch_evidence(seq, pos, a, b, valid, HUGE_NEGATIVE,
+                                                                        _GRID_LOW_BITS)
+        self.sides["train_logprob"].add(sides, 0, a, where, file, row0)
+        self.sides["rollout_logprob"].add(sides, 1, b, where, file, row0)
         self.tokens += seq.size
         self.valid += int(valid.sum())
-        fit, offset, shift = pair_evidence(seq, pos, a, b, valid, HUGE_NEGATIVE)
         self.fit += fit
         self.offset += offset
         self.shift += shift
-        ids, starts, counts = np.unique(seq, return_index=True, return_counts=True)
         self.seq_ids.append(ids)
         self.seq_counts.append(counts)
-        self.seq_maxpos.append(np.maximum.reduceat(pos, starts) if seq.size else pos)
+        self.seq_maxpos.append(maxpos)
 
     def merge(self, other: CheckAccumulator) -> CheckAccumulator:
         for name, side in self.sides.items():

@@ -241,8 +241,9 @@ def iter_chunks(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[
 
 class Chunker:
     """Validates raw batches and re-cuts them at sequence boundaries: the last (possibly open) sequence of a batch
-    is carried and completed with the head of the next batch. `push` returns the completed chunks (a small one for
-    a carried sequence, then a zero-copy slice of the batch); `flush` returns what is still carried."""
+    is carried and completed with the head of the next batch. `push` returns the completed chunk — the carried rows
+    and the batch up to its last sequence, ONE chunk per batch (each chunk costs every consumer its per-chunk
+    Python work, which two chunks per batch doubled); `flush` returns what is still carried."""
 
     def __init__(self) -> None:
         self.validate = _Validator()
@@ -255,26 +256,25 @@ class Chunker:
             return []
         arrays = self.validate(source, batch)
         seq = arrays[0]
-        chunks = []
-        start = 0
-        if self.carry:
-            start = int(np.searchsorted(seq, self.carry[0][0][0], side="right"))  # rows continuing the carry
-            if start == seq.size:
-                self.carry.append(arrays)
-                return []
-            pieces = [*self.carry, tuple(x[:start] for x in arrays)]
-            chunks.append(_make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5))))
-        last = int(np.searchsorted(seq, seq[-1], side="left"))
-        if last > start:
-            chunks.append(_make_chunk(*(x[start:last] for x in arrays)))
-        self.carry = [tuple(x[last:] for x in arrays)]
-        return chunks
+        last = int(np.searchsorted(seq, seq[-1], side="left"))  # first row of the batch's last sequence
+        if last == 0:  # one sequence throughout: it may go on in the next batch
+            self.carry.append(arrays)
+            return []
+        pieces, self.carry = [*self.carry, tuple(x[:last] for x in arrays)], [tuple(x[last:] for x in arrays)]
+        return [_joined(pieces)]
 
     def flush(self) -> TokenChunk | None:
         if not self.carry:
             return None
         pieces, self.carry = self.carry, []
-        return _make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5)))
+        return _joined(pieces)
+
+
+def _joined(pieces: list[tuple[np.ndarray, ...]]) -> TokenChunk:
+    """One chunk of the pieces' rows in order (the arrays themselves, without a copy, for a single piece)."""
+    if len(pieces) == 1:
+        return _make_chunk(*pieces[0])
+    return _make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5)))
 
 
 def _make_chunk(seq: np.ndarray, pos: np.ndarray, train: np.ndarray, rollout: np.ndarray,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, Convention, get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
@@ -134,6 +135,17 @@ class ISAccumulator:
         if self.keys is not None:
             self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos, keep))
 
+    @property
+    def single_token_mode(self) -> bool:
+        """One token-level mode and nothing but its IS metrics (no verl rejection statistics, extras or weights):
+        what ISGroup can update together with others."""
+        return (len(self.stats) == 1 and self.stats[0].level == "token" and self.stats[0].weights is None
+                and self.rs is None and not self.extras and not self.kept and self.keys is None)
+
+    def scored_view(self, chunk: TokenChunk) -> ChunkView:
+        """The chunk's rows this accumulator scores (its rejection options applied), for ISGroup."""
+        return ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk))
+
     def merge(self, other: ISAccumulator) -> ISAccumulator:
         if [m for m in other.modes] != self.modes or other.convention != self.convention:
             raise ValueError("cannot merge IS accumulators of different modes or conventions")
@@ -179,6 +191,37 @@ class ISAccumulator:
         seq = np.concatenate([k[0] for k in keys]) if keys else np.zeros(0, dtype=np.int64)
         pos = np.concatenate([k[1] for k in keys]) if keys else np.zeros(0, dtype=np.int64)
         return pd.DataFrame({"seq_id": seq, "pos": pos, "weight": weight, "kept": weight > 0})
+
+
+class ISGroup:
+    """ISAccumulators fed the same chunks whose one token-level mode differs only in the rows it scores — the
+    report's verl rejection options, each over token_truncate at C — updated by ONE kernel call per chunk
+    (kernels.token_mode_views) where each made its own pass: the same numbers, bit for bit. A group whose members
+    do anything else (verl's rejection statistics, extras, weights, several or different modes) is updated member
+    by member. Merge and finish the members themselves."""
+
+    def __init__(self, accumulators: Sequence[ISAccumulator]) -> None:
+        self.accumulators = list(accumulators)
+        first = self.accumulators[0].stats[0] if self.accumulators else None
+        self.fused = len(self.accumulators) > 1 and all(
+            a.single_token_mode and a.convention == self.accumulators[0].convention
+            and a.stats[0].kernel_params() == first.kernel_params() for a in self.accumulators)
+
+    def update_chunk(self, chunk: TokenChunk) -> None:
+        if not self.fused:
+            for accumulator in self.accumulators:
+                accumulator.update_chunk(chunk)
+            return
+        if chunk.n == 0:
+            return
+        views = [a.scored_view(chunk) for a in self.accumulators]
+        first = self.accumulators[0].stats[0]
+        per_w, per_e, out = kernels.token_mode_views(
+            views[0].lr_rows, views[0].rho_rows, chunk.mask, np.stack([v.stat_rows for v in views]), chunk.starts,
+            np.array(first.kernel_params(), dtype=np.float64), first.ess is not None)
+        no_rows = np.zeros(0)
+        for j, (accumulator, view) in enumerate(zip(self.accumulators, views, strict=True)):
+            accumulator.stats[0].update(view, (per_w[j], per_e[j], out[j], no_rows))
 
 
 def simulate(data: Any, mode: str | CorrectionMode, threshold: float | None = DEFAULT_THRESHOLD,

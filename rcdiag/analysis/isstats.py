@@ -51,25 +51,41 @@ SEQ_LOG_RATIO = {"geometric": _geometric, "swift": _swift, "product_clamped": _p
 class ChunkView:
     """What all modes of one chunk share. Scored rows = valid and not rejected by a rejection option: `stat` the row
     flags (None when every row is scored), `stat_counts` T'_i per sequence, `scored` T'_i > 0; `lr_rows`, `rho_rows`
-    ℓ̂ and ρ on every row; `lr`, `rho`, `starts` the same compressed to the scored rows (built on first use)."""
+    ℓ̂ and ρ on every row; `lr`, `rho`, `starts` the same compressed to the scored rows; `seq_lr` log ρ_i^seq and
+    `seq_sum` S_i per sequence. Everything past the rows is built on first use: token-level modes never need it."""
 
     chunk: TokenChunk
     lr_rows: np.ndarray
     rho_rows: np.ndarray
     stat: np.ndarray | None
-    stat_counts: np.ndarray
-    scored: np.ndarray
-    seq_lr: np.ndarray
-    seq_sum: np.ndarray
+    conv: Convention
+    rejected: bool
 
     @classmethod
     def build(cls, chunk: TokenChunk, conv: Convention, keep: np.ndarray | None) -> ChunkView:
         lr, rho = chunk.token_rows(conv.token_clamp)
         stat = None if keep is None and chunk.all_valid else (chunk.mask if keep is None else chunk.mask & keep)
-        counts = chunk.counts if keep is None else np.add.reduceat(stat.view(np.int8), chunk.starts, dtype=np.int64)
-        s = chunk.sum_ell
-        sh = chunk.seq_column("ell_hat") if conv.is_seq_ratio == "swift" else s
-        return cls(chunk, lr, rho, stat, counts, counts > 0, SEQ_LOG_RATIO[conv.is_seq_ratio](s, sh, chunk.counts), s)
+        return cls(chunk, lr, rho, stat, conv, keep is not None)
+
+    @cached_property
+    def stat_counts(self) -> np.ndarray:
+        if not self.rejected:
+            return self.chunk.counts
+        return np.add.reduceat(self.stat.view(np.int8), self.chunk.starts, dtype=np.int64)
+
+    @cached_property
+    def scored(self) -> np.ndarray:
+        return self.stat_counts > 0
+
+    @property
+    def seq_sum(self) -> np.ndarray:
+        return self.chunk.sum_ell
+
+    @cached_property
+    def seq_lr(self) -> np.ndarray:
+        conv, chunk = self.conv, self.chunk
+        sh = chunk.seq_column("ell_hat") if conv.is_seq_ratio == "swift" else chunk.sum_ell
+        return SEQ_LOG_RATIO[conv.is_seq_ratio](chunk.sum_ell, sh, chunk.counts)
 
     @property
     def stat_rows(self) -> np.ndarray:

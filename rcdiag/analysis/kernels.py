@@ -189,6 +189,97 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     return per_w, per_e, out, w_rows
 
 
+@numba.njit(**_JIT)
+def token_mode_views(lr, rho, base, stats, starts, params, swift_ess):
+    """ONE token mode (`params` [6], a row of token_modes' params) scored on K row sets: stats[j] ⊆ base (bool
+    [K, n]; verl's rejection options drop different rows from the valid ones, `base`; a set with a row outside
+    `base` is a caller's error). Returns per_w, per_e [K, S]
+    and out [K, 14], what token_modes gives for each row set alone.
+
+    A sequence whose rows a set scores exactly as `base` does takes the base rows' sums, counts and extrema,
+    reduced once per sequence for all such sets; only the sets that drop rows from a sequence sum it on their own.
+    Each set thus adds the same terms in the same order as _modes_dense (the same bits), and K options cost about
+    one where they cost K passes."""
+    n_views, n_seq, n = stats.shape[0], starts.size, lr.size
+    upper, lower, log_upper, log_lower, log_lo = params[0], params[1], params[2], params[3], params[4]
+    mask_action = params[5] > 0
+    per_w = np.zeros((n_views, n_seq))
+    per_e = np.zeros((n_views, n_seq))
+    out = np.zeros((n_views, len(TOKEN_MODE_FIELDS)))
+    lo_w, hi_w = np.full(n_views, np.inf), np.full(n_views, -np.inf)
+    lo_e, hi_e = np.full(n_views, np.inf), np.full(n_views, -np.inf)
+    counts = np.zeros((6, n_views), np.int64)  # high, low, out of [L, C], kept tokens, kept sequences, scored
+    full = np.empty(n_views, np.bool_)
+    w_rows = np.empty(n)  # each base row's weight (one mode: the same for every set), for the second pass
+    for k in range(n_seq):
+        first, end = starts[k], starts[k + 1] if k + 1 < n_seq else n
+        n_base = 0
+        for i in range(first, end):
+            n_base += base[i]
+        for j in range(n_views):  # stats[j] ⊆ base: the same rows iff as many
+            n_set = 0
+            for i in range(first, end):
+                n_set += stats[j, i]
+            full[j] = n_set == n_base
+        for j in range(-1, n_views):  # −1: the base rows, for every set that scores them all
+            if j >= 0 and full[j]:
+                continue
+            s_w = c_w = s_e = c_e = 0.0
+            lo_sw, hi_sw, lo_se, hi_se = np.inf, -np.inf, np.inf, -np.inf
+            n_high = n_low = n_out = kept = scored = 0
+            for i in range(first, end):
+                if not (base[i] if j < 0 else stats[j, i]):
+                    continue
+                x = lr[i]
+                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
+                w_rows[i] = w
+                scored += 1
+                n_high += x > log_upper
+                n_low += x < log_lo
+                n_out += out_flag
+                kept += not (mask_action and out_flag)
+                s_w, c_w = _two_sum(s_w, c_w, w)
+                lo_sw, hi_sw = min(lo_sw, w), max(hi_sw, w)
+                if swift_ess:
+                    e = min(max(w, 1.0 / upper), upper)
+                    s_e, c_e = _two_sum(s_e, c_e, e)
+                    lo_se, hi_se = min(lo_se, e), max(hi_se, e)
+            for v in range(n_views):
+                if (j < 0 and full[v]) or v == j:
+                    per_w[v, k], per_e[v, k] = _total(s_w, c_w), _total(s_e, c_e)
+                    lo_w[v], hi_w[v] = min(lo_w[v], lo_sw), max(hi_w[v], hi_sw)
+                    lo_e[v], hi_e[v] = min(lo_e[v], lo_se), max(hi_e[v], hi_se)
+                    counts[0, v] += n_high
+                    counts[1, v] += n_low
+                    counts[2, v] += n_out
+                    counts[3, v] += kept
+                    counts[4, v] += kept > 0
+                    counts[5, v] += scored
+    for j in range(n_views):
+        out[j, 0] = counts[5, j]
+        out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w[j], hi_w[j], lo_e[j], hi_e[j]
+        for f in range(5):
+            out[j, 9 + f] = counts[f, j]
+        if counts[5, j]:
+            out[j, 1], out[j, 5] = per_w[j].sum() / counts[5, j], per_e[j].sum() / counts[5, j]
+    m2 = np.zeros(n_views)
+    m2e = np.zeros(n_views)
+    for i in range(n):
+        if not base[i]:
+            continue
+        w = w_rows[i]
+        e = min(max(w, 1.0 / upper), upper)
+        for j in range(n_views):
+            if stats[j, i]:
+                m2[j] += (w - out[j, 1]) * (w - out[j, 1])
+                if swift_ess:
+                    m2e[j] += (e - out[j, 5]) * (e - out[j, 5])
+    for j in range(n_views):
+        if counts[5, j]:
+            out[j, 2], out[j, 6] = m2[j], m2e[j]
+    return per_w, per_e, out
+
+
 @numba.njit(inline="always")
 def _is_quiet(x, r, quiet):
     """Row (ℓ̂ = x, ρ = r) inside every mode's bounds: quiet = (min log, max log, min ρ, max ρ)."""

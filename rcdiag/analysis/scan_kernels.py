@@ -72,9 +72,9 @@ def _add_stratum(strata, row, n, s_l, s_abs, s_sq, s_k3, top):
 @numba.njit(**_JIT)
 def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_rows, log10_rows, seq_row, p_len,
                p_finish, p_reward, stop_code, threshold, lower, edges, band_lo, band_hi, density_lo, density_scale,
-               tail_sums, hist_pos, hist_neg, outside, density, strata, strata_offsets):
-    """One record batch: adds to the tails arrays (tail_sums [7], hist_pos/neg, outside, density) and the stacked
-    strata table [Σ buckets, 6] in place. Rows are kept when `mask` holds and both log-probs a, b (float64) are
+               tail_sums, hist, outside, density, strata, strata_offsets):
+    """One record batch: adds to the tails arrays (tail_sums [7], hist [2, bins] for ℓ > 0 and ℓ < 0, outside,
+    density) and the stacked strata table [Σ buckets, 6] in place. Rows are kept when `mask` holds and both log-probs a, b (float64) are
     finite; exp(a), exp(b), expm1(ℓ̂), exp(ℓ̂) and log10|ℓ| per row come precomputed (rcdiag.analysis.rows).
     Returns (kept rows, max |ℓ|, underflow count, |ℓ| per row (−1 where not kept, for the worst tokens),
     per-sequence seq_ids [k], sums [k, 14] in bootstrap.COLUMNS order over runs of equal seq_id among kept rows).
@@ -141,10 +141,8 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
         top = max(top, absl)
         if absl < edges[0]:
             underflow += 1
-        elif lr > 0:
-            hist_pos[_fine_bin(absl, log10_rows[i], edges)] += 1
-        else:
-            hist_neg[_fine_bin(absl, log10_rows[i], edges)] += 1
+        else:  # the sign picks the row by index, not by a branch (ℓ's sign is a coin flip: mispredicted half the time)
+            hist[int(lr < 0), _fine_bin(absl, log10_rows[i], edges)] += 1
         lc = min(max(lr, -tails_mod.CLAMP), tails_mod.CLAMP)
         for j in range(band_lo.size):
             if lc < band_lo[j] or lc > band_hi[j]:
@@ -231,16 +229,19 @@ def scan_update(tails: TailAccumulator, strata: StrataAccumulator, sums: Sequenc
     stacked = np.zeros((int(offsets[-1]) + strata.sums[STRATA_ORDER[-1]].shape[0], 6))
     lo, hi = tails_mod.DENSITY_RANGE
     tail_sums = np.zeros(7)
+    hist = np.zeros((2, tails.hist_pos.size), np.int64)
     kept, top, underflow, absl, ids, seq_sums = scan_batch(
         seq, pos, a, b, rows.mask, rows.entropy, terms.pa, terms.pb, terms.em1, terms.rho, terms.log10_abs,
         seq_row, info.response_len, info.finish, info.reward, _stop_code(info.finish_labels), float(sums.threshold),
         float(sums.lower or 0.0), tails_mod.EDGES, _BAND_LOG_LO, _BAND_LOG_HI, lo, tails_mod.DENSITY_BINS / (hi - lo),
-        tail_sums, tails.hist_pos, tails.hist_neg, tails.outside, tails.density, stacked, offsets)
+        tail_sums, hist, tails.outside, tails.density, stacked, offsets)
     if kept:
         tails.n += kept
         tails.sums += tail_sums
         tails.max_abs = max(tails.max_abs, top)
         tails.underflow += underflow
+        tails.hist_pos += hist[0]
+        tails.hist_neg += hist[1]
         pick = np.argpartition(-absl, min(tails_mod.WORST_K, kept) - 1)[:min(tails_mod.WORST_K, kept)]
         tails.keep_worst({"abs_log_ratio": absl[pick], "log_ratio": a[pick] - b[pick], "train_logprob": a[pick],
                           "rollout_logprob": b[pick], "seq_id": np.asarray(seq[pick], np.int64),

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, ChunkFeed, check_columns, sequence_universe
-from rcdiag.analysis.correction import ISAccumulator, get_mode
+from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.analysis.strata import SequenceInfo
@@ -67,7 +67,7 @@ class Library:
 
     @property
     def consumers(self) -> list[Any]:
-        return [self.metrics, self.sweep, *self.rejections.values()]
+        return [self.metrics, self.sweep, ISGroup(list(self.rejections.values()))]
 
     def merge(self, other: Library) -> Library:
         self.metrics.merge(other.metrics)

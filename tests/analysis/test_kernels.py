@@ -153,6 +153,33 @@ def test_token_modes_together_equal_each_mode_alone(swift, scale):
             assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64))
 
 
+@pytest.mark.parametrize("swift", [False, True])
+@pytest.mark.parametrize("action", [0.0, 1.0])
+def test_token_mode_views_equal_each_row_set_alone(swift, action):
+    """One mode on K row sets (each ⊆ the valid rows: single rows dropped, whole sequences dropped, nothing
+    dropped, everything dropped) is bit-identical, output by output, to token_modes on each set alone. Guards
+    the base rows' sums handed to the sets that score a sequence fully, and the second pass's per-set means."""
+    rng = np.random.default_rng(13 + int(swift) + 2 * int(action))
+    starts, lengths = _segments(rng, 90, 60)
+    n = int(lengths.sum())
+    lr = np.clip(0.05 * rng.standard_t(2, n), -20, 20)
+    lr[rng.integers(0, n, 20)] = np.log(rng.choice([1.5, 2.0, 0.5], 20))  # ties at the bounds
+    rho = np.exp(lr)
+    base = rng.random(n) > 0.1
+    stats = np.stack([base, base & (np.abs(lr) <= math.log(2.0)), base & (rng.random(n) > 0.01),
+                      np.zeros(n, bool), base.copy()])
+    for k in rng.choice(starts.size, 12, replace=False):
+        stats[4, starts[k]:starts[k] + lengths[k]] = False  # whole sequences rejected (seq_* options)
+    for c, low in ((2.0, None), (1.5, 0.5)):
+        params = np.array([c, low or 0.0, math.log(c), math.log(low) if low else -math.inf,
+                           math.log(low) if low else -math.log(c), action])
+        got = kernels.token_mode_views(lr, rho, base, stats, starts, params, swift)
+        for j in range(stats.shape[0]):
+            alone = kernels.token_modes(lr, rho, stats[j], starts, params[None, :], swift, False)[:3]
+            for joint, single in zip(got, alone, strict=True):
+                assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64)), (c, low, j)
+
+
 def test_exact_sum_is_independent_of_how_values_arrive():
     """Many small arrays (kept, then reduced every ~8k values), one big array, scalars and merges: one value, the
     correctly rounded sum."""

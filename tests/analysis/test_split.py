@@ -150,3 +150,29 @@ def test_random_splits_give_identical_numbers(seed, n_seq, max_len, scale, mask_
     for a, b in zip(many.to_dict("records"), one.to_dict("records"), strict=True):
         assert_close(a, {k: v for k, v in b.items() if k != "mode"}, rel=SPLIT_REL, abs_tol=SPLIT_ABS,
                      what=f"[{convention} {b['mode']} C={b['threshold']} batch_rows={pieces}]")
+
+
+@pytest.mark.parametrize("convention", ["canonical", "swift", "trl", "verl"])
+def test_rejection_group_equals_each_accumulator_alone(convention):
+    """ISGroup (the report's rejection options in one kernel call per chunk) finishes with exactly the numbers of
+    the same accumulators fed one by one; under verl (rejection statistics of its own) it feeds them one by one."""
+    from rcdiag.analysis.chunks import stream
+    from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
+    from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+
+    tokens = make_tokens(21, n_seq=300, max_len=80, scale=0.4, big_p=0.01)
+    mode = [get_mode("token_truncate").with_bounds(2.0)]
+
+    def fresh() -> list:
+        return [ISAccumulator(mode, convention, rejection=[rejection_bound(o, 2.0)]) for o in REJECTION_OPTIONS]
+
+    grouped, alone = fresh(), fresh()
+    group = ISGroup(grouped)
+    assert group.fused == (convention != "verl")
+    rows = stream(tokens, [group], batch_rows=997)
+    assert stream(tokens, alone, batch_rows=997) == rows
+    for mine, theirs in zip(grouped, alone, strict=True):
+        a, b = mine.finish(rows)[0], theirs.finish(rows)[0]
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (key, a[key], b[key])

@@ -143,4 +143,5 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
     offset = np.array([d_sum + d_comp, d_hi, d_lo, d_eq], np.float64)
     shift = np.array([n_shift, sh0 + ch0, sh1 + ch1, sh2 + ch2], np.float64)
     sides = (counts, first, pos0, checked, on_grid, exponents)
-    return sides, fit, offset, shift, run_ids[:r + 1], run_rows[:r + 1], run_max[:r + 1]
+    # copies: a slice would keep the batch-sized buffers alive in the accumulator, batch after batch
+    return sides, fit, offset, shift, run_ids[:r + 1].copy(), run_rows[:r + 1].copy(), run_max[:r + 1].copy()

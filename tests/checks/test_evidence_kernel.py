@@ -77,3 +77,4 @@ def test_evidence_matches_numpy_reference(dtype):
                     np.abs(ai - b[2:][mid]).sum()] if n >= 3 else [0, 0, 0, 0]
         np.testing.assert_allclose(acc.shift, expected, rtol=1e-12, atol=1e-12)
         assert acc.tokens == n and acc.valid == int(valid.sum())
+

@@ -8,6 +8,7 @@ and per-sequence reductions are identical however the input was batched. Log-pro
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,7 +20,9 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.threads import ordered_map, prefetch
 from rcdiag.errors import InputError
+from rcdiag.progress import progress
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float, mask_as_bool
 
@@ -158,12 +161,7 @@ def iter_sources(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator
 
 def _run_batches(run: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordBatch]]:
     for file in run.token_files:
-        name = f"tokens/{file.name}"
-        schema = pq.ParquetFile(file).schema_arrow
-        check_columns(schema, name)
-        columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in schema.names else [])
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=columns):
-            yield name, batch
+        yield from _file_batches(file, batch_rows)
 
 
 def check_columns(schema: pa.Schema, source: str) -> None:
@@ -355,17 +353,97 @@ class ChunkFeed:
 def stream(data: object, consumers: list, *, sequences: object | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
            silent: bool = True, desc: str = "tokens") -> int:
     """Feed every chunk of `data` to each consumer's `update_chunk` in one pass; return B, the number of rows
-    (the sequences table's when known, else the distinct seq_ids seen). The next batches are read and decoded on
-    a second thread while the consumers work (same chunks, same order: the numbers do not change)."""
-    from rcdiag.analysis.threads import prefetch
-    from rcdiag.progress import progress
+    (the sequences table's when known, else the distinct seq_ids seen).
 
-    feed = ChunkFeed(consumers, sequence_universe(data, sequences))
+    A Run of several token files whose consumers all `merge` is streamed file by file on a thread per core
+    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds fresh copies
+    of the consumers, merged into `consumers` in file order — whatever the number of threads, so the numbers do
+    not depend on it. Anything else is one stream, read and decoded on a second thread while the consumers work."""
+    from rcdiag.store.run import Run
+
+    universe = sequence_universe(data, sequences)
+    if isinstance(data, Run) and len(data.token_files) > 1 and all(hasattr(c, "merge") for c in consumers):
+        return _stream_files(data, consumers, universe, batch_rows, silent, desc)
+    feed = ChunkFeed(consumers, universe)
     with progress(total=_total_rows(data), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
         for source, batch in prefetch(iter_sources(data, batch_rows)):
             feed.push(source, batch)
             bar.update(batch.num_rows)
     return feed.finish()
+
+
+@dataclass
+class _FilePart:
+    """One token file's consumers after its rows, with what the merge checks: rows fed, sequences seen, the first
+    and last (seq_id, pos) key, and the InputError the file was refused with (raised in file order)."""
+
+    consumers: list
+    rows: int
+    seen: int
+    first: tuple[int, int] | None
+    last: tuple[int, int] | None
+    error: InputError | None
+
+
+def _stream_files(run: object, consumers: list, universe: np.ndarray | None, batch_rows: int, silent: bool,
+                  desc: str) -> int:
+    template = copy.deepcopy(consumers)  # empty: stream's consumers are fresh accumulators
+
+    def one_file(file: object) -> _FilePart:
+        part = _FilePart(copy.deepcopy(template), 0, 0, None, None, None)
+        feed = ChunkFeed(part.consumers, universe)
+        try:
+            for source, batch in prefetch(_file_batches(file, batch_rows)):
+                if batch.num_rows:
+                    part.first = part.first or _key(batch, 0)
+                    part.last = _key(batch, batch.num_rows - 1)
+                part.rows += batch.num_rows
+                feed.push(source, batch)
+            feed.finish()
+        except InputError as exc:
+            part.error = exc
+        part.seen = feed.seen
+        return part
+
+    previous: tuple[int, int] | None = None
+    seen = 0
+    with progress(total=_total_rows(run), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
+        for file, part in zip(run.token_files, ordered_map(one_file, run.token_files), strict=True):
+            if part.first is not None:
+                check_file_start(part.first, previous, f"tokens/{file.name}")
+            if part.error is not None:
+                raise part.error
+            for mine, theirs in zip(consumers, part.consumers, strict=True):
+                mine.merge(theirs)
+            seen += part.seen
+            previous = part.last or previous
+            bar.update(part.rows)
+    return seen if universe is None else int(universe.size)
+
+
+def check_file_start(first: tuple[int, int], previous: tuple[int, int] | None, source: str) -> None:
+    """InputError unless a token file's first (seq_id, pos) key follows the previous file's last one and starts a
+    new sequence: keys increase across files as within one, and each file holds whole sequences (the passes map
+    the files separately and merge what they found)."""
+    check_keys(np.array([first[0]]), np.array([first[1]]), source=source, previous=previous)
+    if previous is not None and first[0] == previous[0]:
+        raise InputError(f"seq_id {previous[0]} has token rows in two files: a run's token files hold whole "
+                         "sequences — re-create the run (re-run the import or `rcdiag score`)", file=source, row=1,
+                         field="seq_id")
+
+
+def _file_batches(file: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """One token file's batches, as iter_sources reads a Run's."""
+    name = f"tokens/{file.name}"
+    parquet = pq.ParquetFile(file)
+    check_columns(parquet.schema_arrow, name)
+    columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in parquet.schema_arrow.names else [])
+    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+        yield name, batch
+
+
+def _key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
+    return int(batch.column("seq_id")[row].as_py()), int(batch.column("pos")[row].as_py())
 
 
 def _total_rows(data: object) -> int | None:

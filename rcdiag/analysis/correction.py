@@ -155,6 +155,8 @@ class ISAccumulator:
             mine.merge(theirs)
         if self.rs is not None:
             self.rs.merge(other.rs)
+        if self.keys is not None:
+            self.keys += other.keys
         return self
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> list[dict[str, float]]:

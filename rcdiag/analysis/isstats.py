@@ -317,6 +317,8 @@ class ModeStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for key in self.counts:
             self.counts[key] += other.counts[key]
+        if self.weights is not None:
+            self.weights += other.weights
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> dict[str, float]:
         """IS metrics dict (IS_METRIC_NAMES); NaN where there is nothing to score."""

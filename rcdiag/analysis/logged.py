@@ -118,6 +118,15 @@ class GroupRouter:
             self.parts[label] = self.make()
         return self.parts[label]
 
+    def merge(self, other: GroupRouter) -> GroupRouter:
+        for label, parts in other.parts.items():
+            if label in self.parts:
+                for mine, theirs in zip(self.parts[label], parts, strict=True):
+                    mine.merge(theirs)
+            else:
+                self.parts[label] = parts
+        return self
+
     def update_chunk(self, chunk: TokenChunk) -> None:
         if chunk.n == 0:
             return

@@ -233,6 +233,10 @@ class _SequenceCollector:
             "sum_abs": chunk.seq_column("abs_ell"), "max_abs_log_ratio": chunk.sums[2],
             "sum_a": chunk.seq_column("a"), "sum_b": chunk.seq_column("b")})
 
+    def merge(self, other: _SequenceCollector) -> _SequenceCollector:
+        self.parts += other.parts
+        return self
+
     def frame(self) -> Any:
         import pandas as pd
 

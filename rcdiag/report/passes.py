@@ -13,10 +13,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, ChunkFeed, check_columns, sequence_universe
+from rcdiag.analysis.chunks import (
+    DEFAULT_BATCH_ROWS,
+    ChunkFeed,
+    check_columns,
+    check_file_start,
+    sequence_universe,
+)
 from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
@@ -28,7 +33,6 @@ from rcdiag.report.options import MODES, ReportOptions
 from rcdiag.report.scan import SCAN_COLUMNS, SEQUENCE_COLUMNS, Scan, new_scan, relabel, sequence_info, update
 from rcdiag.store.files import SEQUENCES_DIR
 from rcdiag.store.run import Run
-from rcdiag.store.schema import check_keys
 
 MapFiles = Callable[[Callable[[int], "Partial"], Iterable[int]], Iterable["Partial"]]
 """Like the builtin `map`: applies a per-file function to file indices, yielding results in index order (default:
@@ -166,8 +170,7 @@ def merge_partials(parts: list[Partial]) -> tuple[Scan, Any]:
         scan = scan.merge(part.scan)
         if not isinstance(library, InputError) and part.first is not None:
             try:
-                check_keys(np.array([part.first[0]]), np.array([part.first[1]]), source=part.file,
-                           previous=previous)
+                check_file_start(part.first, previous, part.file)
             except InputError as exc:
                 library = exc
         if not isinstance(library, InputError):

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -176,3 +177,24 @@ def test_rejection_group_equals_each_accumulator_alone(convention):
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (key, a[key], b[key])
+
+
+def test_a_sequence_split_across_token_files_is_refused_by_name(tmp_path):
+    """A run's token files hold whole sequences (they are streamed one per thread): a sequence that goes on in
+    the next file is an InputError naming that file, not a silently split sequence or a merge traceback."""
+    import pyarrow.parquet as pq
+
+    from rcdiag.errors import InputError
+
+    tokens = make_tokens(4, n_seq=40, max_len=30, min_len=5)
+    sequences = pd.DataFrame({"seq_id": np.unique(tokens["seq_id"])})
+    run = rcdiag.write_run(tmp_path / "run", tokens, sequences, shard_tokens=200)
+    first, second = run.token_files[:2]
+    head, tail = pq.read_table(first), pq.read_table(second)
+    last = head.slice(head.num_rows - 1)
+    moved = last.set_column(last.column_names.index("pos"), "pos",
+                            pa.array([last.column("pos")[0].as_py() + 1], last.schema.field("pos").type))
+    pq.write_table(pa.concat_tables([moved, tail]), second)
+    with pytest.raises(InputError, match="two files") as caught:
+        rcdiag.compute_metrics(rcdiag.open_run(run.path))
+    assert second.name in str(caught.value)

@@ -10,7 +10,8 @@ from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.threads import ordered_map
 from rcdiag.checks.verdicts import findings
 from rcdiag.report.options import ReportOptions
-from rcdiag.report.passes import run_passes
+from rcdiag.report.passes import FileView, run_passes
+from tests.analysis.helpers import assert_close
 from tests.fixtures.runs import SyntheticSpec, synthetic_frames
 
 
@@ -40,18 +41,41 @@ def test_report_passes_on_threads_equal_sequential_map(tmp_path):
     assert checks(par_scan) == checks(seq_scan)
 
 
-def test_analyze_with_read_ahead_equals_a_plain_sequential_loop(tmp_path):
-    """stream() reads ahead on a thread; the accumulators still see the same chunks in the same order."""
-    run = _run(tmp_path)
-    metrics, table = analyze(run, modes=tuple(MODES), thresholds=(2.0,))
-    acc = MetricsAccumulator()
+def _plain_loop(run, per_file: bool):
+    """metrics and IS modes at C = 2 by a plain loop over iter_chunks: one pair of accumulators for the whole run,
+    or (per_file) a fresh pair per token file merged in file order."""
     modes = [m.with_bounds(2.0, None) for m in MODES.values()]
-    is_acc = ISAccumulator(modes)
-    for chunk in iter_chunks(run):
-        acc.update_chunk(chunk)
-        is_acc.update_chunk(chunk)
-    rows = run.num_sequences
-    assert metrics == acc.finish(rows)
-    want = is_acc.finish(rows)
-    got = table.drop(columns=[c for c in ("mode", "threshold") if c in table.columns]).to_dict("records")
-    assert [{k: r[k] for k in got[0]} for r in want] == got
+    runs = [FileView(run, f) for f in run.token_files] if per_file else [run]
+    acc, is_acc = MetricsAccumulator(), ISAccumulator(modes)
+    for part in runs:
+        file_acc, file_is = MetricsAccumulator(), ISAccumulator(modes)
+        for chunk in iter_chunks(part):
+            file_acc.update_chunk(chunk)
+            file_is.update_chunk(chunk)
+        acc.merge(file_acc)
+        is_acc.merge(file_is)
+    return acc.finish(run.num_sequences), is_acc.finish(run.num_sequences)
+
+
+def _records(table):
+    return table.drop(columns=["mode", "threshold"]).to_dict("records")
+
+
+def test_analyze_on_threads_equals_a_plain_loop_over_files(tmp_path, monkeypatch):
+    """stream() maps a run's token files on a thread per core, each into fresh accumulators merged in file order:
+    bit-identical to that loop written plainly, whatever the number of threads; and equal to ONE pair of
+    accumulators fed every chunk up to the rounding of the merges (Chan's formula for the variances)."""
+    run = _run(tmp_path)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("RCDIAG_THREADS", threads)
+        results.append(analyze(run, modes=tuple(MODES), thresholds=(2.0,)))
+    (metrics, table), (metrics_3, table_3) = results
+    assert metrics == metrics_3 and _records(table) == _records(table_3)
+    want_metrics, want_modes = _plain_loop(run, per_file=True)
+    assert metrics == want_metrics
+    assert [{k: r[k] for k in _records(table)[0]} for r in want_modes] == _records(table)
+    one_metrics, one_modes = _plain_loop(run, per_file=False)
+    assert_close(metrics, one_metrics, rel=1e-12, abs_tol=1e-15, what="[one stream]")
+    for got, want in zip(_records(table), one_modes, strict=True):
+        assert_close(got, {k: want[k] for k in got}, rel=1e-12, abs_tol=1e-15, what="[one stream, IS]")

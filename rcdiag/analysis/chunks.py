@@ -116,7 +116,8 @@ class TokenChunk:
         """Broadcast a per-sequence array to rows."""
         return np.repeat(per_sequence, self.lengths)
 
-    def _cached(self, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+    def memo(self, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+        """`make()`'s array, computed once per chunk for every consumer that asks for `key` (overflow ignored)."""
         if key not in self.cache:
             with np.errstate(over="ignore"):
                 self.cache[key] = make()
@@ -142,7 +143,7 @@ class TokenChunk:
 
     def ratio_m1(self, clamp: float | None) -> np.ndarray:
         """ρ − 1 = expm1(ℓ̂) per row (0 on masked rows; accurate for tiny ℓ); cached per chunk."""
-        return self._cached(("ratio_m1", clamp), lambda: np.expm1(self.log_ratio(clamp)))
+        return self.memo(("ratio_m1", clamp), lambda: np.expm1(self.log_ratio(clamp)))
 
 
 # --------------------------------------------------------------------------------------------------- sources

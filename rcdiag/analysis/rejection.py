@@ -75,11 +75,12 @@ class Rejection:
     def statistic(self, chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray | None]:
         """(token statistic per row [n], per-sequence statistic [S] or None for token options). Masked rows hold
         the statistic of ℓ̂ = 0 (irrelevant); a sequence without valid rows has seq_sum = seq_mean = seq_max = 0."""
-        lh = chunk.log_ratio(LOG_RATIO_CLAMP)
-        values = _STAT[self.statistic_name](lh, chunk.ratio_m1(LOG_RATIO_CLAMP))
+        name = self.statistic_name  # the statistic's rows are computed once per chunk for all options using it
+        values = chunk.memo(("rejection", name), lambda: _STAT[name](chunk.log_ratio(LOG_RATIO_CLAMP),
+                                                                    chunk.ratio_m1(LOG_RATIO_CLAMP)))
         if self.scope == "token":
             return values, None
-        values = chunk.valid_or(values, 0.0)
+        values = chunk.memo(("rejection_valid", name), lambda: chunk.valid_or(values, 0.0))
         if self.scope == "seq_max":
             per_seq = chunk.seq_max(values, 0.0)
         else:

@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 WORKERS_ENV = "RCDIAG_THREADS"
@@ -80,3 +80,12 @@ def prefetch(items: Iterator, depth: int = 4) -> Iterator:
                 box.get_nowait()
             except queue.Empty:
                 worker.join(0.01)
+
+
+def in_background(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+    """`fn(*args, **kwargs)` started on a thread of its own; its Future (`.result()` waits, re-raises)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rcdiag-background")
+    try:
+        return pool.submit(fn, *args, **kwargs)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with the task

@@ -7,6 +7,7 @@ a verdict (rcdiag.analysis.health) and a recommendation acting on it
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.correction import IS_METRIC_NAMES
 from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, Verdict, verdict
+from rcdiag.analysis.threads import in_background
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
@@ -43,7 +45,8 @@ class RunReport:
     scan: Scan
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_error: str | None = None
-    intervals: dict[str, dict[str, float]] = field(default_factory=dict)
+    pending_intervals: Future | dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    """The bootstrap intervals, or the Future of the bootstrap still running (read them through `intervals`)."""
     tails: dict[str, float] = field(default_factory=dict)
     strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     worst_tokens: list[dict[str, Any]] = field(default_factory=list)
@@ -57,6 +60,18 @@ class RunReport:
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
     drift: dict[str, Any] = field(default_factory=dict)  # {metric: Drift} (rcdiag.analysis.drift)
     baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
+
+    @property
+    def intervals(self) -> dict[str, dict[str, float]]:
+        """{metric: {low, high, se}}: waits for the bootstrap when it still runs (build_report starts it on its own
+        thread so that the figures and the worst items are made meanwhile)."""
+        if isinstance(self.pending_intervals, Future):
+            self.pending_intervals = self.pending_intervals.result()
+        return self.pending_intervals
+
+    @intervals.setter
+    def intervals(self, value: dict[str, dict[str, float]]) -> None:
+        self.pending_intervals = value
 
     @property
     def counts(self) -> dict[str, int]:
@@ -82,8 +97,9 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     report.strata = scan.strata.finish()
     ids, sums = scan.sums.table(scan.info.seq_id)
     # no interval around numbers the metrics refused or withheld: it would look like a result
-    report.intervals = {} if report.metrics_error else bootstrap(
-        sums, options.convention, replicates=options.replicates, level=options.level, seed=options.seed)
+    # the bootstrap's kernel releases the GIL: it runs on its own thread while the rest of the report is made
+    report.intervals = {} if report.metrics_error else in_background(
+        bootstrap, sums, options.convention, replicates=options.replicates, level=options.level, seed=options.seed)
     report.worst_tokens = _decode_worst(run, scan.tails.worst_tokens())
     report.worst_sequences = _worst_sequences(run, ids, sums)
     report.prompts = worst_prompts(scan.info.prompt_id, sums)

@@ -255,12 +255,13 @@ def comparison_data(reports: Sequence[RunReport], links: dict[str, str]) -> dict
 def run_files(report: RunReport) -> dict[str, bytes]:
     """One run's report files; the latest `rcdiag probe` of the run (if any) goes before the manifest."""
 
+    images = figures(report)  # first: they need no interval, so the bootstrap finishes meanwhile (build_report)
     blocks = run_blocks(report)
     probe_blocks, probe_images, probe_data = probe_section(report.path)
     trend_blocks, trend_images, trend_data = trend_section(report)
     base_blocks, base_data = baseline_section(report)
     blocks[-1:-1] = base_blocks + trend_blocks + probe_blocks
-    return render_files(blocks, {**figures(report), **probe_images, **trend_images},
+    return render_files(blocks, {**images, **probe_images, **trend_images},
                         {**run_data(report), **probe_data, **trend_data, **base_data},
                         f"rcdiag report — {report.name}")
 
@@ -271,8 +272,9 @@ def comparison_files(reports: Sequence[RunReport]) -> dict[str, bytes]:
                             strict=True):
         report.name = name
     links = {r.name: f"runs/{r.name}" for r in reports}
-    files = render_files(comparison_blocks(reports, links), comparison_figures(reports),
-                         comparison_data(reports, links), "rcdiag comparison")
+    images = comparison_figures(reports)  # before anything reads an interval (the bootstraps run meanwhile)
+    files = render_files(comparison_blocks(reports, links), images, comparison_data(reports, links),
+                         "rcdiag comparison")
     for r in reports:
         files.update({f"{links[r.name]}/{k}": v for k, v in run_files(r).items()})
     return files

@@ -111,8 +111,9 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
                     box[0] = np.float32(v)
                     word = bits[0]
                     checked[side] += 1
-                    for g in range(masks.size):
-                        on_grid[side, g] += (word & masks[g]) == 0
+                    for g in range(masks.size):  # a branch, not an add of 0 or 1: a run's values are all on a
+                        if (word & masks[g]) == 0:  # grid or (nearly) all off it, and the add chains through memory
+                            on_grid[side, g] += 1
                     exponents[side, (word >> 23) & 0xFF] += 1
             clean = _plausible(x, huge_negative) and _plausible(y, huge_negative)
         if clean:

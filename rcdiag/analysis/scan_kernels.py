@@ -80,8 +80,9 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
     per-sequence seq_ids [k], sums [k, 14] in bootstrap.COLUMNS order over runs of equal seq_id among kept rows).
 
     The strata of a sequence's own attributes (response length, finish reason, reward) are added once per run of
-    a sequence's rows, from the run's sums; the position bucket is looked up only when pos leaves the current
-    power-of-two range."""
+    a sequence's rows, from the run's sums; the position bucket is looked up, and its row added to, only when pos
+    leaves the current power-of-two range, and ordinary tokens' row once per batch (adding to one table row row
+    after row waits on the previous add through memory)."""
     n = seq.size
     absl_rows = np.full(n, -1.0)
     bins = density.shape[0]
@@ -103,6 +104,9 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
     length_row = finish_row = reward_row = finish = 0
     stop_len = -1
     pos_lo, pos_hi, pos_bucket = 1, 0, 0  # an empty range: the first row looks its bucket up
+    # running sums of the strata rows that stay the same row after row, added to the table when the row changes:
+    # the position bucket (until pos leaves its power-of-two range) and ordinary tokens (not a stop's last token)
+    p0 = p1 = p2 = p3 = p4 = p5 = t0 = t1 = t2 = t3 = t4 = t5 = 0.0
     o_pos, o_prob, o_entropy, o_kind = strata_offsets[0], strata_offsets[2], strata_offsets[3], strata_offsets[4]
     for i in range(n):
         x, y = a[i], b[i]
@@ -153,16 +157,23 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
         # ---- strata of the row's own attributes
         p = pos[i]
         if not (pos_lo <= p < pos_hi):
-            pos_bucket = bucket_index(p, POW2_EDGES)
-            pos_lo, pos_hi = POW2_EDGES[pos_bucket], POW2_EDGES[pos_bucket + 1]  # (clipped values miss it)
+            bucket = bucket_index(p, POW2_EDGES)
+            pos_lo, pos_hi = POW2_EDGES[bucket], POW2_EDGES[bucket + 1]  # (clipped values miss it)
+            if bucket != pos_bucket:
+                _add_stratum(strata, o_pos + pos_bucket, p0, p1, p2, p3, p4, p5)
+                pos_bucket, p0, p1, p2, p3, p4, p5 = bucket, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         em1 = em1_rows[i]
         k3 = em1 - lc
         e = entropy[i]
         last = (i + 1 < n and seq[i + 1] != seq[i]) or (stop_len >= 0 and p + 1 >= stop_len)
         sq = lr * lr
-        for row in (o_pos + pos_bucket, o_prob + bucket_index(pb_, PROB_EDGES),
-                    o_entropy + (bucket_index(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1),
-                    o_kind + (1 if last and finish == stop_code else 0)):
+        p0, p1, p2, p3, p4, p5 = p0 + 1.0, p1 + lr, p2 + absl, p3 + sq, p4 + k3, max(p5, absl)
+        if last and finish == stop_code:
+            _add_stratum(strata, o_kind + 1, 1.0, lr, absl, sq, k3, absl)
+        else:
+            t0, t1, t2, t3, t4, t5 = t0 + 1.0, t1 + lr, t2 + absl, t3 + sq, t4 + k3, max(t5, absl)
+        for row in (o_prob + bucket_index(pb_, PROB_EDGES),
+                    o_entropy + (bucket_index(e, ENTROPY_EDGES) if math.isfinite(e) else ENTROPY_EDGES.size - 1)):
             _add_stratum(strata, row, 1.0, lr, absl, sq, k3, absl)
         # ---- per-sequence sums (bootstrap.COLUMNS)
         rho = rho_rows[i]
@@ -188,6 +199,8 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
         _store_sums(sums, k, q0, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13)
         for row in (length_row, finish_row, reward_row):
             _add_stratum(strata, row, q0, q3, q4, q_sq, q6, q5)
+    _add_stratum(strata, o_pos + pos_bucket, p0, p1, p2, p3, p4, p5)
+    _add_stratum(strata, o_kind, t0, t1, t2, t3, t4, t5)
     tail_sums[0] += s_abs
     tail_sums[1] += s_l2
     tail_sums[2] += s_pa

@@ -357,9 +357,10 @@ def stream(data: object, consumers: list, *, sequences: object | None = None, ba
     (the sequences table's when known, else the distinct seq_ids seen).
 
     A Run of several token files whose consumers all `merge` is streamed file by file on a thread per core
-    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds fresh copies
-    of the consumers, merged into `consumers` in file order — whatever the number of threads, so the numbers do
-    not depend on it. Anything else is one stream, read and decoded on a second thread while the consumers work."""
+    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds copies of the
+    consumers — which must therefore be fresh, nothing fed yet, as every caller makes them — merged into
+    `consumers` in file order whatever the number of threads, so the numbers do not depend on it. Anything else
+    is one stream, read and decoded on a second thread while the consumers work."""
     from rcdiag.store.run import Run
 
     universe = sequence_universe(data, sequences)

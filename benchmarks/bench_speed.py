@@ -5,10 +5,11 @@
 
 Each method runs in a fresh spawned interpreter (peak RSS its own; numba kernels loaded from the on-disk cache by
 a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
-  read        pyarrow: stream the 7 token columns the report reads, file by file (the floor)
+  read        pyarrow: stream the 7 token columns the report reads, file by file (the floor the ratios use)
+  read-cores  the same with the files on a thread per core, as the passes read them (the floor of a parallel pass)
   passes-1    the report's passes (scan + metrics/IS sweep/rejection accumulators) on ONE thread (no cache)
   passes      the same on a thread per core (rcdiag's default)
-  analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2
+  analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
   duckdb      one SQL query over the same Parquet files: the same metrics + the 4 IS modes (all cores)
   report      `rcdiag report` (make_report: passes, bootstrap 1,000 replicates, plots, files), cache off
   startup     `rcdiag report` as a command on a 2,000-token run (wall; the fixed cost), and `rcdiag --help`
@@ -65,6 +66,16 @@ def method_read(run_path: str) -> int:
     return sum(batch.num_rows for _, batch in rcdiag.open_run(run_path).iter_batches(REPORT_COLUMNS))
 
 
+def method_read_cores(run_path: str) -> int:
+    import rcdiag
+    from rcdiag.analysis.threads import ordered_map
+    from rcdiag.report.passes import FileView
+
+    run = rcdiag.open_run(run_path)
+    files = [FileView(run, file) for file in run.token_files]
+    return sum(ordered_map(lambda view: sum(b.num_rows for _, b in view.iter_batches(REPORT_COLUMNS)), files))
+
+
 def _passes(run_path: str, threads: int | None) -> int:
     import rcdiag
     from rcdiag.analysis.threads import ordered_map
@@ -113,7 +124,7 @@ def method_report(run_path: str) -> int:
     return result.reports[0].counts["token_rows"]
 
 
-METHODS = {"read": method_read, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
+METHODS = {"read": method_read, "read-cores": method_read_cores, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
            "duckdb": method_duckdb, "report": method_report}
 
 

@@ -34,20 +34,33 @@ def _view(ref: data.RunRef) -> None:
     st.caption(f"{tails.n:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
                f"mean |ℓ| {ui.fmt(stats['abs_log_ratio_mean'])} · p99 |ℓ| {ui.fmt(stats['abs_log_ratio_p99'])} · "
                f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
+    specs = chart_specs(*ref.key, filters)
     left, right = st.columns(2)
     left.markdown("**ℓ histogram** (log counts)")
-    charts.draw(left, "histogram", aggregates.histogram(tails), key="dist_hist")
+    charts.draw(left, specs["histogram"], key="dist_hist")
     right.markdown("**Rollout b vs training a** (token density, log colour; dashed: a = b)")
-    charts.draw(right, "density", aggregates.density(tails), key="dist_density")
+    charts.draw(right, specs["density"], key="dist_density")
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
-        title = aggregates.strata_title(name)
-        col.markdown(f"**ℓ by {title}**")
-        charts.draw(col, "strata", result["strata"][name], key=f"dist_by_{name}", title=title)
+        col.markdown(f"**ℓ by {aggregates.strata_title(name)}**")
+        charts.draw(col, specs[name], key=f"dist_by_{name}")
     with st.expander("Strata tables"):  # one table at a time: each drawn table costs ~30 ms per rerun
         name = st.selectbox("Stratification", list(result["strata"]), format_func=aggregates.strata_title,
                             key="dist_table_choice")
         st.dataframe(result["strata"][name], hide_index=True, key="dist_table")
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def chart_specs(path: str, stamp: str, filters: aggregates.Filters | None) -> dict[str, dict]:
+    """The page's Vega-Lite specs for run (path, stamp) under `filters` (as aggregates.distributions takes them):
+    histogram, density and one per shown stratification, built once per filter. Keyed on these small arguments:
+    hashing the aggregated frames as a cache key on every rerun cost more than building the specs."""
+    result = aggregates.distributions(path, stamp, filters)
+    specs = {"histogram": charts.spec("histogram", aggregates.histogram(result["tails"])),
+             "density": charts.spec("density", aggregates.density(result["tails"]))}
+    for name in aggregates.SHOWN_STRATA:
+        specs[name] = charts.spec("strata", result["strata"][name], title=aggregates.strata_title(name))
+    return specs
 
 
 def _filters(index: pd.DataFrame) -> aggregates.Filters | None:

@@ -61,7 +61,9 @@ for page in ("distributions", "simulator", "sequences", "compare", "probes", "tr
     app.switch_page(f"views/{{page}}.py").run()
     assert not app.exception, [e.value for e in app.exception]
 gc.collect()
-print(json.dumps({{"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}}))
+print(json.dumps({{"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects()),
+                   "altair": "altair" in sys.modules}}))
 """)
     assert got["frozen"] > 100_000, got
     assert got["tracked"] < got["frozen"] / 5, got
+    assert not got["altair"], "a page imported Altair (0.2 s and ~30k objects; the charts are Vega-Lite JSON)"

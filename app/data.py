@@ -167,6 +167,10 @@ def is_number(value: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------- sequences
+SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio", "sequence ratio": "seq_ratio",
+             "log-PPL diff": "log_ppl_diff", "seq_id": "seq_id"}
+"""The Sequences page's sort choices: label → sequence_stats column (absent columns are not offered); the first,
+descending, is the page's default order (app.warm reads the first sequence of it ahead of the page)."""
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, stamp: str) -> pd.DataFrame:
     """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats`'s columns —

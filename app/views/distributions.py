@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, charts, data, ui
+from app import aggregates, charts, data, distview, ui
 
 
 def render(ref: data.RunRef) -> None:
@@ -25,16 +25,15 @@ def _view(ref: data.RunRef) -> None:
     if keep is not None and keep.size == 0:
         st.warning("No sequence passes these filters.")
         return
-    result = aggregates.distributions(*ref.key, filters)
-    tails = result["tails"]
-    if tails.n == 0:
+    shown = distview.view(*ref.key, filters)
+    if shown["tokens"] == 0:
         st.warning("No valid token (mask true, both log-probs finite) in the selected sequences.")
         return
-    stats = result["tail_stats"]
-    st.caption(f"{tails.n:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
+    stats = shown["stats"]
+    st.caption(f"{shown['tokens']:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
                f"mean |ℓ| {ui.fmt(stats['abs_log_ratio_mean'])} · p99 |ℓ| {ui.fmt(stats['abs_log_ratio_p99'])} · "
                f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
-    specs = chart_specs(*ref.key, filters)
+    specs = shown["charts"]
     left, right = st.columns(2)
     left.markdown("**ℓ histogram** (log counts)")
     charts.draw(left, specs["histogram"], key="dist_hist")
@@ -44,23 +43,12 @@ def _view(ref: data.RunRef) -> None:
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         col.markdown(f"**ℓ by {aggregates.strata_title(name)}**")
         charts.draw(col, specs[name], key=f"dist_by_{name}")
-    with st.expander("Strata tables"):  # one table at a time: each drawn table costs ~30 ms per rerun
-        name = st.selectbox("Stratification", list(result["strata"]), format_func=aggregates.strata_title,
-                            key="dist_table_choice")
-        st.dataframe(result["strata"][name], hide_index=True, key="dist_table")
-
-
-@st.cache_data(max_entries=64, show_spinner=False)
-def chart_specs(path: str, stamp: str, filters: aggregates.Filters | None) -> dict[str, dict]:
-    """The page's Vega-Lite specs for run (path, stamp) under `filters` (as aggregates.distributions takes them):
-    histogram, density and one per shown stratification, built once per filter. Keyed on these small arguments:
-    hashing the aggregated frames as a cache key on every rerun cost more than building the specs."""
-    result = aggregates.distributions(path, stamp, filters)
-    specs = {"histogram": charts.spec("histogram", aggregates.histogram(result["tails"])),
-             "density": charts.spec("density", aggregates.density(result["tails"]))}
-    for name in aggregates.SHOWN_STRATA:
-        specs[name] = charts.spec("strata", result["strata"][name], title=aggregates.strata_title(name))
-    return specs
+    tables = st.expander("Strata tables", key="dist_tables", on_change="rerun")
+    if tables.open:  # drawn only while open (a table and its selector cost ~30-40 ms of every rerun), one at a time
+        with tables:
+            name = st.selectbox("Stratification", list(shown["strata"]), format_func=aggregates.strata_title,
+                                key="dist_table_choice")
+            st.dataframe(shown["strata"][name], hide_index=True, key="dist_table")
 
 
 def _filters(index: pd.DataFrame) -> aggregates.Filters | None:

@@ -79,7 +79,7 @@ def _sweep_chart(ref: data.RunRef, columns: list[str], mode: str, lower: float |
     report's recommended setting marked (a button moves the controls there)."""
     metric = st.radio("Curve", [c for c in CURVES if c in columns], horizontal=True, key="sim_curve")
     advice = judged.recommendation(*ref.key)
-    recommended = (advice["mode"], float(advice["threshold"])) if advice.get("mode") else None
+    recommended = judged.recommended_setting(*ref.key)
     spec = simchart.chart(*ref.key, tuple(MODES), mode, lower, convention, metric, recommended)
     st.vega_lite_chart(simchart.place(spec, threshold, float(at[metric])), key="sim_sweep_chart", width="content")
     st.caption(f"Hover the curves to read every value of {mode} at that threshold (right); the black diamond is the "

@@ -6,13 +6,19 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from app import data, warm
+from app import charts, data, distview, judged, simchart, warm
+from app.simvalues import CURVES
+from rcdiag.analysis.conventions import DEFAULT_CONVENTION
+from rcdiag.analysis.correction import MODES
+from tests.fixtures.runs import build_run
 
 
-def test_warming_fills_what_the_pages_open_with(noisy_run, monkeypatch):
-    """The Sequences page's first sequence (its default order: data.SORT_KEYS' first, descending) and the
-    simulator's sweep come from the caches afterwards: no Parquet read is left for the page to make."""
-    ref = data.open_ref(noisy_run.path)
+def test_warming_fills_what_the_pages_open_with(tmp_path, monkeypatch):
+    """The Distributions page's charts, the simulator's first chart (its widgets' defaults: the first mode and
+    curve) and the Sequences page's first sequence (its default order: data.SORT_KEYS' first, descending) come
+    from the caches afterwards: no spec left to build, no Parquet read left for the page to make."""
+    run = build_run(tmp_path / "run", "clean", noise=0.5, seed=11)  # its own: no other test filled its caches
+    ref = data.open_ref(run.path)
     warm.after_overview(*ref.key)
     for thread in [t for t in threading.enumerate() if t.name == "rcdiag-warm"]:
         thread.join(timeout=120)
@@ -23,6 +29,13 @@ def test_warming_fills_what_the_pages_open_with(noisy_run, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("read after warming")
     monkeypatch.setattr(pq, "read_table", refuse)
+    monkeypatch.setattr(charts, "spec", refuse)
+    monkeypatch.setattr(simchart, "datasets", refuse)
+    assert set(distview.view(*ref.key, None)["charts"]) == {"histogram", "density", "position", "rollout_prob",
+                                                             "entropy"}
+    first_chart = simchart.chart(*ref.key, tuple(MODES), next(iter(MODES)), None, DEFAULT_CONVENTION, CURVES[0],
+                                 judged.recommended_setting(*ref.key))
+    assert set(first_chart["datasets"]["mine"]["mode"]) == {next(iter(MODES))}
     row, tokens = data.sequence_detail(*ref.key, first)
     assert row["seq_id"] == first and len(tokens) == row["response_len"]
     with pytest.raises(AssertionError, match="read after warming"):  # the guard itself works

@@ -188,7 +188,7 @@ def sequence_index(path: str, stamp: str) -> pd.DataFrame:
     return meta.merge(stats[extra], on="seq_id", how="left").reset_index(drop=True)
 
 
-@st.cache_data(max_entries=32)
+@st.cache_data(max_entries=32, show_spinner=False)  # a sort of the cached index: no spinner timer thread
 def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.ndarray:
     """Row positions of `sequence_index` sorted by `column` (NaN last, ties by seq_id): int64 [#sequences]."""
     index = sequence_index(path, stamp)
@@ -197,7 +197,7 @@ def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.n
     return order.index.to_numpy(dtype=np.int64)
 
 
-@st.cache_data(max_entries=256)
+@st.cache_data(max_entries=256, show_spinner=False)  # a point read: no spinner timer thread per sequence
 def sequence_detail(path: str, stamp: str, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
     """(sequence row with texts, its token rows sorted by pos) read with a seq_id filter (row-group pruning)."""
     run = open_run(path)

@@ -4,8 +4,8 @@ Written as JSON directly, not with Altair: building and validating an Altair cha
 again for every new frame (a filter, a run added to Compare) — most of a page's time. A page caches the specs it
 draws on small keys (the run, its filters: Distributions, Compare), not here on the frames: st.cache_data hashes
 every frame argument on every rerun, which cost more than building the spec. The data stays a DataFrame in the
-spec (top-level `data` or `datasets`, the places Streamlit sends as Arrow): no JSON records built here and parsed
-back into a frame by Streamlit on every rerun.
+spec as named datasets (`table`; Streamlit sends them as Arrow): no JSON records built here and parsed back into
+a frame by Streamlit on every rerun.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run_colours(names: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
 
 
 def draw(where: Any, chart: dict[str, Any], key: str) -> Any:
-    """Draw the Vega-Lite spec `chart` (from `spec`, or any spec whose frames sit in top-level `data`/`datasets`) at
+    """Draw the Vega-Lite spec `chart` (from `spec`, or any spec whose frames sit in its top-level `datasets`) at
     `where` (st or a column), as wide as its column. Returns the element."""
     return where.vega_lite_chart(chart, width="stretch", key=key)
 
@@ -42,10 +42,16 @@ def spec(kind: str, frame: pd.DataFrame, **options: Any) -> dict[str, Any]:
             **KINDS[kind](frame, **options)}
 
 
-def records(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Top-level inline data of a spec: the frame itself, which Streamlit sends as Arrow (NaN → null, which Vega
-    skips); a fresh RangeIndex, so that no index column travels."""
-    return {"values": frame.reset_index(drop=True)}
+TABLE = "table"
+"""Name of a chart's dataset (`table`)."""
+
+
+def table(frame: pd.DataFrame) -> dict[str, Any]:
+    """A spec's data as the named dataset TABLE (spread it into the spec): the frame itself, which Streamlit sends
+    as Arrow (NaN → null, which Vega skips) with a fresh RangeIndex (no index column travels). Named, because the
+    browser compiles named datasets into the view it creates, while top-level inline data is inserted only after
+    the view has run once without it: Vega then computed every scale twice and warned of infinite extents."""
+    return {"data": {"name": TABLE}, "datasets": {TABLE: frame.reset_index(drop=True)}}
 
 
 def _q(field: str, title: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -60,10 +66,10 @@ def histogram(frame: pd.DataFrame, colour: str | None = None, runs: tuple[str, .
     tooltip = [_q("lo"), _q("hi"), _q("count")] + ([{"field": colour, "type": "nominal"}] if colour else [])
     if colour:
         scale = run_colours(runs) if runs is not None else None
-        return {"data": records(frame), "mark": {"type": "line", "interpolate": "step-after"},
+        return {**table(frame), "mark": {"type": "line", "interpolate": "step-after"},
                 "encoding": {"x": x, "y": y, "tooltip": tooltip, "color": {
                     "field": colour, "type": "nominal", "title": colour, **({"scale": scale} if scale else {})}}}
-    return {"data": records(frame.assign(base=LOG_FLOOR)), "mark": {"type": "rect", "color": "#2563eb"},
+    return {**table(frame.assign(base=LOG_FLOOR)), "mark": {"type": "rect", "color": "#2563eb"},
             "encoding": {"x": x, "x2": {"field": "hi"}, "y": y, "y2": {"field": "base"}, "tooltip": tooltip}}
 
 
@@ -104,7 +110,7 @@ def strata(frame: pd.DataFrame, title: str, colour: str | None = None, runs: tup
         enc = {"color": {"field": "statistic", "type": "nominal", "legend": legend}}
     tooltip = [{"field": "bucket", "type": "nominal"}, {"field": "statistic", "type": "nominal"}, _q("value"),
                _q("tokens")] + ([{"field": colour, "type": "nominal"}] if colour else [])
-    return {"data": records(long), "mark": {"type": "line", "point": True}, "encoding": {
+    return {**table(long), "mark": {"type": "line", "point": True}, "encoding": {
         "x": {"field": "bucket", "type": "nominal", "sort": {"field": "order", "op": "min"}, "title": title},
         "y": _q("value", "nats"), "tooltip": tooltip, **enc}}
 
@@ -116,7 +122,7 @@ def budget(frame: pd.DataFrame) -> dict:
     text = ("factor", "setting", "baseline", "side")
     tooltip = [{"field": c, "type": "nominal"} for c in text[:3]] + [_q(c) for c in ("mean_abs", "k3_kl", "share",
                                                                                       "share_k3")]
-    return {"data": records(frame.assign(label=frame["factor"].astype(str) + ": " + frame["setting"].astype(str))),
+    return {**table(frame.assign(label=frame["factor"].astype(str) + ": " + frame["setting"].astype(str))),
             "mark": {"type": "bar"}, "encoding": {
                 "x": _q("share", "share of the observed gap", scale={"type": "symlog", "constant": 1e-3}),
                 "y": {"field": "label", "type": "nominal", "sort": None, "title": None},

@@ -124,7 +124,7 @@ def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
                                                                        "strokeDash": [4, 3]},
                        "encoding": {"x": {"field": "step", "type": "quantitative"}}})
     return {"$schema": "https://vega.github.io/schema/vega-lite/v6.json", "config": charts.VIEW,
-            "data": charts.records(rows), "title": title, "height": 200, "layer": layers}
+            **charts.table(rows), "title": title, "height": 200, "layer": layers}
 
 
 def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:

@@ -334,6 +334,23 @@ def test_compare_legend_has_one_colour_per_run(server, page, served):
     assert set(lines) == set(colours), (lines, colours)
 
 
+def test_charts_are_created_with_their_data(server, page):
+    """Chart data travel as named datasets, which the browser compiles into the view it creates; as top-level
+    inline data they were inserted only after the view had run once empty, and Vega warned of an infinite extent
+    for every field of every chart (and computed each scale twice)."""
+    warnings: list[str] = []
+    listener = lambda m: warnings.append(m.text) if m.type == "warning" else None  # noqa: E731
+    page.on("console", listener)
+    try:
+        for path, text in (("distributions", "valid tokens in"), ("compare", "Compare runs")):
+            page.goto(f"{server}/{path}")
+            settle(page, text)
+            page.locator('[data-testid="stVegaLiteChart"]').nth(3).wait_for(timeout=30_000)
+    finally:
+        page.remove_listener("console", listener)
+    assert not [w for w in warnings if "Infinite extent" in w or "domain includes zero" in w], warnings
+
+
 def test_markdown_in_run_data_is_text(server, page, served, traffic):
     """prompt_id = ![x](http://host/pixel) and an <img>/link in finish_reason show as text and fetch nothing."""
     heavy = rcdiag.open_run(served[-1])

@@ -12,8 +12,8 @@ from rcdiag.probe.summary import budget_frame
 
 
 def _without_data(spec: dict) -> dict:
-    """The spec as Streamlit serialises it to JSON: top-level `data` values and `datasets` go as Arrow."""
-    return {k: v for k, v in spec.items() if k not in ("data", "datasets")}
+    """The spec as Streamlit serialises it to JSON: its `datasets` go as Arrow."""
+    return {k: v for k, v in spec.items() if k != "datasets"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_spec_json_is_the_same_for_other_data(two_scans, kind):
     specs = [charts.spec(kind, frames(r), **options) for r in two_scans]
     texts = [json.dumps(_without_data(s), sort_keys=True) for s in specs]
     assert texts[0] == texts[1]
-    tables = [s["data"]["values"] if "data" in s else s["datasets"]["cells"] for s in specs]
+    tables = [s["datasets"].get(charts.TABLE, s["datasets"].get("cells")) for s in specs]
     assert all(isinstance(t, pd.DataFrame) for t in tables)
     assert not tables[0].equals(tables[1])
 
@@ -58,7 +58,7 @@ def test_budget_bars_are_the_summary_rows_in_order():
         {"factor": "packing", "setting": "packed_4096", "baseline": "reference", "side": "trainer",
          "mean_abs": 0.0, "k3_kl": 0.0, "share": 0.0, "share_k3": 0.0}]}
     spec = charts.spec("budget", budget_frame(summary))
-    rows = spec["data"]["values"]
+    rows = spec["datasets"][charts.TABLE]
     assert rows["label"].tolist() == ["train_dtype: train_bf16", "packing: packed_4096"]
     assert rows["share"].tolist() == [0.8, 0.0]
     assert spec["encoding"]["x"]["scale"]["type"] == "symlog"

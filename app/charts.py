@@ -125,7 +125,8 @@ def budget(frame: pd.DataFrame) -> dict:
     return {**table(frame.assign(label=frame["factor"].astype(str) + ": " + frame["setting"].astype(str))),
             "mark": {"type": "bar"}, "encoding": {
                 "x": _q("share", "share of the observed gap", scale={"type": "symlog", "constant": 1e-3}),
-                "y": {"field": "label", "type": "nominal", "sort": None, "title": None},
+                "y": {"field": "label", "type": "nominal", "sort": None, "title": None,
+                      "axis": {"labelLimit": 360}},  # factor: setting in full (Vega cuts at 180 px)
                 "color": {"field": "side", "type": "nominal", "title": "side"}, "tooltip": tooltip}}
 
 

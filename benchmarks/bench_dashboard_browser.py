@@ -61,19 +61,20 @@ def serve(runs: list[Path], port: int, env: dict[str, str] | None = None) -> sub
     raise SystemExit("dashboard did not start")
 
 
-CHARTS_DRAWN = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).every(
-    chart => chart.querySelector('svg.marks > g, canvas.marks'))"""
-"""Every Vega chart on the page has drawn its view (Vega's renderer fills svg.marks or canvas.marks)."""
+CHARTS_DRAWN = """() => !document.querySelector('[data-testid="stSkeleton"]') && Array.from(
+    document.querySelectorAll('[data-testid="stVegaLiteChart"]')).every(c => c.querySelector('svg.marks > g, canvas.marks'))"""
+"""No element is still a placeholder (Streamlit shows a skeleton while an element's code loads, e.g. the first
+chart or slider in a tab) and every Vega chart has drawn its view (its renderer fills svg.marks or canvas.marks)."""
 BROWSER_IDLE = "() => new Promise(done => requestIdleCallback(() => done(), {timeout: 5000}))"
 """Resolves once the browser's main thread has nothing left to run (layout, chart views, paint)."""
 
 
 def timed(page, action, ready: str | None = None) -> tuple[float, float]:
     """(idle, drawn): seconds from `action()` until the script is idle (and `ready` text shows), and until the
-    browser has also drawn every chart and run out of work. The idle marker flips when the last message arrives,
-    before the browser has built the page's charts (a first visit's Vega views: 0.3-0.5 s of its main thread),
-    so the next step used to start while this one was still drawing and was charged for it; every step now
-    starts from a browser with nothing left to do."""
+    browser has also drawn every element and chart and run out of work. The idle marker flips when the last
+    message arrives, before the browser has built the page: on a first visit its charts and sliders were still
+    skeletons, their code loading, and then 0.3-0.5 s of main-thread work to draw them; the next step used to
+    start meanwhile and was charged for it. Every step now starts from a browser with nothing left to do."""
     start = time.perf_counter()
     action()
     page.wait_for_timeout(50)  # let the rerun start (the idle marker flips to running)

@@ -15,7 +15,7 @@ if str(_ROOT) not in sys.path:  # streamlit puts only app/ on the path; `app` is
 
 import streamlit as st  # noqa: E402
 
-from app import ui  # noqa: E402
+from app import heap, ui  # noqa: E402
 
 # (file under app/views/, title, url path), in navigation order. No page icons: Streamlit draws ":material/…:"
 # icons with an icon font and an emoji page icon with a remote favicon — the app must not request anything
@@ -39,6 +39,7 @@ def run(argv: list[str] | None = None) -> None:
     pages = [st.Page(Path(__file__).parent / "views" / file, title=title, url_path=url, default=(i == 0))
              for i, (file, title, url) in enumerate(PAGES)]
     st.navigation(pages).run()
+    heap.settle()  # after the page's imports: Streamlit's collection after this rerun skips what they made
 
 
 if __name__ == "__main__":

@@ -167,6 +167,10 @@ def is_number(value: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------- sequences
+SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio", "sequence ratio": "seq_ratio",
+             "log-PPL diff": "log_ppl_diff", "seq_id": "seq_id"}
+"""The Sequences page's sort choices: label → sequence_stats column (absent columns are not offered); the first,
+descending, is the page's default order (app.warm reads the first sequence of it ahead of the page)."""
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, stamp: str) -> pd.DataFrame:
     """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats`'s columns —
@@ -184,7 +188,7 @@ def sequence_index(path: str, stamp: str) -> pd.DataFrame:
     return meta.merge(stats[extra], on="seq_id", how="left").reset_index(drop=True)
 
 
-@st.cache_data(max_entries=32)
+@st.cache_data(max_entries=32, show_spinner=False)  # a sort of the cached index: no spinner timer thread
 def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.ndarray:
     """Row positions of `sequence_index` sorted by `column` (NaN last, ties by seq_id): int64 [#sequences]."""
     index = sequence_index(path, stamp)
@@ -193,7 +197,7 @@ def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.n
     return order.index.to_numpy(dtype=np.int64)
 
 
-@st.cache_data(max_entries=256)
+@st.cache_data(max_entries=256, show_spinner=False)  # a point read: no spinner timer thread per sequence
 def sequence_detail(path: str, stamp: str, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
     """(sequence row with texts, its token rows sorted by pos) read with a seq_id filter (row-group pruning)."""
     run = open_run(path)

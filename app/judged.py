@@ -53,6 +53,12 @@ def recommendation(path: str, stamp: str) -> dict[str, Any]:
     return json.loads(json.dumps(recommend(report(path, stamp)), default=str))
 
 
+def recommended_setting(path: str, stamp: str) -> tuple[str, float] | None:
+    """(mode, threshold) of the report's recommendation, None when it recommends no setting: the simulator's ring."""
+    advice = recommendation(path, stamp)
+    return (advice["mode"], float(advice["threshold"])) if advice.get("mode") else None
+
+
 def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:
     """rcdiag.analysis.metrics.sequence_stats's columns from the report's per-sequence sums (no pass of its own:
     the Sequences page of a 10 M-token run reads the cached pass), or None when the report refused or withheld

@@ -54,8 +54,9 @@ def render() -> None:
 @st.cache_data(max_entries=32, show_spinner=False)
 def comparison(keys: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> dict[str, Any]:
     """Everything Compare draws for runs `keys` (data.RunRef.key) named `names`, computed once per selection:
-    the metrics table and its band tints, the overlaid histogram on a shared axis (`limit`), each run's max |ℓ|
-    and the merged strata frames."""
+    the metrics table and its band tints, each run's max |ℓ|, and the chart specs ("charts": the overlaid histogram
+    on a shared axis ±`limit`, one strata chart per shown stratification) — cached here on the small keys, not on
+    their frames."""
     table = metrics_table(keys, list(names))
     results = [aggregates.distributions(*key, None) for key in keys]
     limit = max((r["tails"].quantile(RANGE_QUANTILE) for r in results if r["tails"].n), default=0.0) or None
@@ -63,8 +64,12 @@ def comparison(keys: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> dic
                      ignore_index=True)
     strata = {name: pd.concat([r["strata"][name].assign(run=n) for r, n in zip(results, names, strict=True)],
                               ignore_index=True) for name in aggregates.SHOWN_STRATA}
-    return {"table": table, "tints": tints(table, list(names)), "hist": hist, "limit": limit,
-            "max_abs": [r["tails"].max_abs for r in results], "strata": strata}
+    runs = {"colour": "run", "runs": tuple(names)}
+    specs = {"histogram": charts.spec("histogram", hist, **runs)}
+    for name, frame in strata.items():
+        specs[name] = charts.spec("strata", frame, title=aggregates.strata_title(name), **runs)
+    return {"table": table, "tints": tints(table, list(names)), "limit": limit,
+            "max_abs": [r["tails"].max_abs for r in results], "charts": specs}
 
 
 def _open(path: str) -> data.RunRef | None:
@@ -105,7 +110,7 @@ def tints(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 
 def _overlays(shown: dict[str, Any], names: list[str]) -> None:
     st.markdown("**ℓ histograms** (log counts, overlaid)")
-    charts.draw(st, "histogram", shown["hist"], key="cmp_hist", colour="run", runs=tuple(names))
+    charts.draw(st, shown["charts"]["histogram"], key="cmp_hist")
     if shown["limit"]:
         st.caption(f"Axis ±{ui.fmt(shown['limit'])} nats (the largest per-run 99.9th percentile of |ℓ|); tokens "
                    "beyond count in the outer bins. Largest |ℓ|: " + ", ".join(
@@ -114,8 +119,7 @@ def _overlays(shown: dict[str, Any], names: list[str]) -> None:
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
         title = aggregates.strata_title(name)
         col.markdown(f"**ℓ by {title}** ({charts.STRATA_DASHES})")
-        charts.draw(col, "strata", shown["strata"][name], key=f"cmp_by_{name}", title=title, colour="run",
-                    runs=tuple(names))
+        charts.draw(col, shown["charts"][name], key=f"cmp_by_{name}")
 
 
 ui.guarded(render)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import aggregates, charts, data, ui
+from app import aggregates, charts, data, distview, ui
 
 
 def render(ref: data.RunRef) -> None:
@@ -25,29 +25,30 @@ def _view(ref: data.RunRef) -> None:
     if keep is not None and keep.size == 0:
         st.warning("No sequence passes these filters.")
         return
-    result = aggregates.distributions(*ref.key, filters)
-    tails = result["tails"]
-    if tails.n == 0:
+    shown = distview.view(*ref.key, filters)
+    if shown["tokens"] == 0:
         st.warning("No valid token (mask true, both log-probs finite) in the selected sequences.")
         return
-    stats = result["tail_stats"]
-    st.caption(f"{tails.n:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
+    stats = shown["stats"]
+    st.caption(f"{shown['tokens']:,} valid tokens in {len(index) if keep is None else keep.size:,} sequences · "
                f"mean |ℓ| {ui.fmt(stats['abs_log_ratio_mean'])} · p99 |ℓ| {ui.fmt(stats['abs_log_ratio_p99'])} · "
                f"max |ℓ| {ui.fmt(stats['abs_log_ratio_max'])}")
+    specs = shown["charts"]
     left, right = st.columns(2)
     left.markdown("**ℓ histogram** (log counts)")
-    charts.draw(left, "histogram", aggregates.histogram(tails), key="dist_hist")
+    charts.draw(left, specs["histogram"], key="dist_hist")
     right.markdown("**Rollout b vs training a** (token density, log colour; dashed: a = b)")
-    charts.draw(right, "density", aggregates.density(tails), key="dist_density")
+    charts.draw(right, specs["density"], key="dist_density")
     cols = st.columns(len(aggregates.SHOWN_STRATA))
     for col, name in zip(cols, aggregates.SHOWN_STRATA, strict=True):
-        title = aggregates.strata_title(name)
-        col.markdown(f"**ℓ by {title}**")
-        charts.draw(col, "strata", result["strata"][name], key=f"dist_by_{name}", title=title)
-    with st.expander("Strata tables"):  # one table at a time: each drawn table costs ~30 ms per rerun
-        name = st.selectbox("Stratification", list(result["strata"]), format_func=aggregates.strata_title,
-                            key="dist_table_choice")
-        st.dataframe(result["strata"][name], hide_index=True, key="dist_table")
+        col.markdown(f"**ℓ by {aggregates.strata_title(name)}**")
+        charts.draw(col, specs[name], key=f"dist_by_{name}")
+    tables = st.expander("Strata tables", key="dist_tables", on_change="rerun")
+    if tables.open:  # drawn only while open (a table and its selector cost ~30-40 ms of every rerun), one at a time
+        with tables:
+            name = st.selectbox("Stratification", list(shown["strata"]), format_func=aggregates.strata_title,
+                                key="dist_table_choice")
+            st.dataframe(shown["strata"][name], hide_index=True, key="dist_table")
 
 
 def _filters(index: pd.DataFrame) -> aggregates.Filters | None:

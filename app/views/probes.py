@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import altair as alt
 import streamlit as st
 
-from app import ui
+from app import charts, ui
 from rcdiag.probe.files import list_probes
 from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
 
@@ -39,11 +38,7 @@ def render() -> None:
     st.subheader("Mismatch budget")
     st.markdown("Share = mean |setting − baseline| ÷ mean |rollout − reference|: how far this factor alone moves "
                 "the log-probs, relative to the observed gap (not additive; can exceed 1).")
-    bars = alt.Chart(budget.assign(label=budget["factor"] + ": " + budget["setting"])).mark_bar().encode(
-        x=alt.X("share:Q", scale=alt.Scale(type="symlog", constant=1e-3), title="share of the observed gap"),
-        y=alt.Y("label:N", sort=None, title=None), color=alt.Color("side:N", title="side"),
-        tooltip=["factor", "setting", "baseline", "mean_abs", "k3_kl", "share", "share_k3"])
-    st.altair_chart(bars, key="probe_budget_chart")
+    charts.draw(st, charts.spec("budget", budget), key="probe_budget_chart")  # JSON: no Altair import (0.2 s)
     st.dataframe(budget, hide_index=True, key="probe_budget_table")
     against = st.radio("Distances to", list(AGAINST), format_func=AGAINST.get, horizontal=True, key="probe_against")
     table = settings_frame(summary, against)

@@ -12,9 +12,6 @@ from app import aggregates, data, state, tokenstrip, ui
 from app.text import chat_turns, md
 
 PAGE_SIZE = 25
-# sort label → sequence_stats column (absent columns are not offered)
-SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio", "sequence ratio": "seq_ratio",
-             "log-PPL diff": "log_ppl_diff", "seq_id": "seq_id"}
 
 TABLE_COLUMNS = ("seq_id", "n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff",
                  "finish_reason", "reward", "response_len", "prompt_id", "sample_index")
@@ -48,7 +45,7 @@ def render(ref: data.RunRef) -> None:
 def _page(ref: data.RunRef, index: pd.DataFrame) -> pd.DataFrame:
     """Sort controls, one page of the index as a table (≤ PAGE_SIZE rows), and the pager below the table (the
     table's hover toolbar covers whatever sits just above its right edge)."""
-    options = {label: col for label, col in SORT_KEYS.items() if col in index.columns}
+    options = {label: col for label, col in data.SORT_KEYS.items() if col in index.columns}
     pages = max(1, math.ceil(len(index) / PAGE_SIZE))
     state.bind("seq_sort", "sort", str, options.__contains__)
     state.bind("seq_desc", "desc", state.as_bool)

@@ -59,7 +59,7 @@ def _controls(ref: data.RunRef) -> None:
     base = rows[rows["threshold"] == data.UNCORRECTED].iloc[0]
     _cards(at, base)
     st.subheader("Threshold sweep")
-    _sweep_chart(ref, rows, others, mode, float(threshold), at)
+    _sweep_chart(ref, list(others.columns), mode, lower_value, convention, float(threshold), at)
 
 
 def _cards(at: pd.Series, base: pd.Series) -> None:
@@ -73,17 +73,18 @@ def _cards(at: pd.Series, base: pd.Series) -> None:
                               delta_arrow="auto" if delta else "off", help=MEANING.get(name))
 
 
-def _sweep_chart(ref: data.RunRef, rows: pd.DataFrame, others: pd.DataFrame, mode: str, threshold: float,
-                 at: pd.Series) -> None:
-    """The cached sweep chart (app.simchart) with the slider's setting placed in it, and the report's
-    recommended setting marked (a button moves the controls there)."""
-    metric = st.radio("Curve", [c for c in CURVES if c in others.columns], horizontal=True, key="sim_curve")
+def _sweep_chart(ref: data.RunRef, columns: list[str], mode: str, lower: float | None, convention: str,
+                 threshold: float, at: pd.Series) -> None:
+    """The cached sweep chart of this setting (app.simchart) with the slider's setting placed in it, and the
+    report's recommended setting marked (a button moves the controls there)."""
+    metric = st.radio("Curve", [c for c in CURVES if c in columns], horizontal=True, key="sim_curve")
     advice = judged.recommendation(*ref.key)
-    recommended = (advice["mode"], float(advice["threshold"])) if advice.get("mode") else None
-    spec = simchart.sweep_spec(rows, others, mode, metric, recommended)
+    recommended = judged.recommended_setting(*ref.key)
+    spec = simchart.chart(*ref.key, tuple(MODES), mode, lower, convention, metric, recommended)
     st.vega_lite_chart(simchart.place(spec, threshold, float(at[metric])), key="sim_sweep_chart", width="content")
     st.caption(f"Hover the curves to read every value of {mode} at that threshold (right); the black diamond is the "
-               "slider's setting. Dashed: the other modes (no lower bound).")
+               "slider's setting, which the read-out shows while the mouse is elsewhere. Dashed: the other modes (no "
+               "lower bound).")
     if recommended is None:
         st.caption(f"The report recommends no setting here ({md(advice['kind'].replace('_', ' '))}): see the "
                    "Overview.")

@@ -124,7 +124,7 @@ def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
                                                                        "strokeDash": [4, 3]},
                        "encoding": {"x": {"field": "step", "type": "quantitative"}}})
     return {"$schema": "https://vega.github.io/schema/vega-lite/v6.json", "config": charts.VIEW,
-            "data": charts.records(rows), "title": title, "height": 200, "layer": layers}
+            **charts.table(rows), "title": title, "height": 200, "layer": layers}
 
 
 def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:
@@ -147,7 +147,7 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, 
     first_ids = index[index["step"].fillna(0).astype(int) == first] if "step" in index else index
     st.markdown(f"**Distribution of ℓ at step {step}** (against step {first}; log counts)")
     values = {f"step {step}": _log_ratios(ref, in_step), f"step {first}": _log_ratios(ref, first_ids)}
-    charts.draw(st, "histogram", _histograms(values), key="trend_hist", colour="run", runs=tuple(values))
+    charts.draw(st, charts.spec("histogram", _histograms(values), colour="run", runs=tuple(values)), key="trend_hist")
     st.markdown(f"**Sequences of step {step}** (largest max |ℓ| first; the Sequences page shows each one's tokens)")
     shown = in_step.sort_values("max_abs_log_ratio", ascending=False, na_position="last").head(SHOWN_SEQUENCES)
     columns = [c for c in ("seq_id", "n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio",

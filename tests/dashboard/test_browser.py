@@ -266,6 +266,38 @@ def test_simulator_scrubs_in_the_browser(server, page):
     assert page.evaluate("() => window.__runs") == 0, runs
 
 
+def test_simulator_controls_update_the_chart_in_place(server, page):
+    """A threshold step and a mode change swap the sweep chart's datasets into the Vega view the page has (the same
+    <svg> stays; re-creating the view cost 60-80 ms of the browser's main thread per control), the diamond and
+    the read-out follow the setting while the mouse is off the chart, and hovering still reads other thresholds."""
+    page.goto(f"{server}/simulator")
+    settle(page, "At the hovered threshold")
+    chart = page.locator('[data-testid="stVegaLiteChart"]').first
+    head = chart.locator("text").filter(has_text=" at C =").first
+    assert head.text_content() == "token_truncate at C = 2"
+    chart.locator("svg").first.evaluate("svg => { svg.__rcdiag_marked = true; }")
+    page.locator('[data-testid="stSlider"] input[type="range"]').first.focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => location.search.includes('threshold=1.98')", timeout=60_000)
+    settle(page, "At the hovered threshold")
+    assert head.text_content() == "token_truncate at C = 1.98"
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Mode").first.click()
+    page.get_by_role("option", name="token_mask", exact=True).click()
+    page.wait_for_function("() => location.search.includes('mode=token_mask')", timeout=60_000)
+    settle(page, "At the hovered threshold")
+    assert head.text_content() == "token_mask at C = 1.98"
+    assert chart.locator("svg").first.evaluate("svg => svg.__rcdiag_marked === true"), "the chart was re-created"
+    box = chart.locator("svg").first.bounding_box()
+    page.mouse.move(box["x"] + 80, box["y"] + 150)
+    page.mouse.move(box["x"] + 90, box["y"] + 150)
+    page.wait_for_timeout(300)
+    hovered = head.text_content()
+    assert hovered.startswith("token_mask at C = ") and hovered != "token_mask at C = 1.98", hovered
+    page.mouse.move(5, 5)  # off the chart: back to the slider's setting
+    page.wait_for_timeout(300)
+    assert head.text_content() == "token_mask at C = 1.98"
+
+
 def test_simulator_marks_the_recommended_setting(server, page, served):
     """The report's recommendation (rcdiag.report.recommend of the same one pass) is named under the sweep, and
     its button moves the controls there (the URL follows)."""
@@ -300,6 +332,23 @@ def test_compare_legend_has_one_colour_per_run(server, page, served):
     assert len(set(colours)) == len(names), colours
     lines = chart.locator(".role-mark path").evaluate_all("els => els.map(e => e.getAttribute('stroke'))")
     assert set(lines) == set(colours), (lines, colours)
+
+
+def test_charts_are_created_with_their_data(server, page):
+    """Chart data travel as named datasets, which the browser compiles into the view it creates; as top-level
+    inline data they were inserted only after the view had run once empty, and Vega warned of an infinite extent
+    for every field of every chart (and computed each scale twice)."""
+    warnings: list[str] = []
+    listener = lambda m: warnings.append(m.text) if m.type == "warning" else None  # noqa: E731
+    page.on("console", listener)
+    try:
+        for path, text in (("distributions", "valid tokens in"), ("compare", "Compare runs")):
+            page.goto(f"{server}/{path}")
+            settle(page, text)
+            page.locator('[data-testid="stVegaLiteChart"]').nth(3).wait_for(timeout=30_000)
+    finally:
+        page.remove_listener("console", listener)
+    assert not [w for w in warnings if "Infinite extent" in w or "domain includes zero" in w], warnings
 
 
 def test_markdown_in_run_data_is_text(server, page, served, traffic):

@@ -2,10 +2,12 @@
 rcdiag.report.context), headline metric cards coloured by band, the checks with their evidence, the manifest."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
-from app import bands, data, judged, ui, warm
+from app import bands, charts, data, distview, judged, ui, warm
 from app.text import md
 from rcdiag.analysis import health
 from rcdiag.report.context import context_line, verdict_html
@@ -32,6 +34,7 @@ def render(ref: data.RunRef) -> None:
         _recommendation(ref)
         with st.expander("How the cards are coloured"):
             st.markdown(health.__doc__.split("\n\n", 1)[1])
+    _distribution(ref)
     _checks(ref)
     if values is not None:
         table = st.expander("All metrics", key="overview_metrics_open", on_change="rerun")
@@ -81,6 +84,23 @@ def _recommendation(ref: data.RunRef) -> None:
     advice = judged.recommendation(*ref.key)
     where = " The IS simulator marks this setting on its sweep." if advice.get("mode") else ""
     st.info(f"**Recommendation** ({md(advice['kind'].replace('_', ' '))}). {md(advice['text'])}{where}")
+
+
+def _distribution(ref: data.RunRef) -> None:
+    """The ℓ histogram at a glance (the Distributions page's own chart, one cache entry with it): the width of
+    the peak is the mismatch, the tails are what an IS correction clips. Drawn here, it also loads the browser's
+    chart library while the Overview is read, so the first chart page opens without that wait (~0.4 s)."""
+    shown = distview.view(*ref.key, None)
+    if not shown["tokens"]:
+        return
+    c = judged.OPTIONS.threshold
+    st.markdown(f"**Where the mismatch lies**: ℓ = log π_train − log π_rollout of every valid token (log counts). "
+                f"A narrow peak at 0 is a healthy run; the tokens right of ℓ = {math.log(c):.2f} (the trainer gives "
+                f"them over {c:g}× the engine's probability) are what token_truncate at C = {c:g} clips. More on "
+                "the Distributions page.")
+    spec = shown["charts"]["histogram"]
+    y = {**spec["encoding"]["y"], "title": None, "axis": {"tickCount": 3}}  # the text above says "log counts"
+    charts.draw(st, {**spec, "height": 140, "encoding": {**spec["encoding"], "y": y}}, key="overview_hist")
 
 
 def _checks(ref: data.RunRef) -> None:

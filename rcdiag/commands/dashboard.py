@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -84,18 +85,32 @@ def command(
         raise ConfigError("the dashboard needs streamlit: pip install 'rcdiag[dashboard]'") from None
     port = port or free_port()
     check_port(port)
-    cmd = streamlit_command(app_path(), [r.resolve() for r in runs], port)
+    resolved = [r.resolve() for r in runs]
+    cmd = streamlit_command(app_path(), resolved, port)
     typer.echo(f"rcdiag dashboard: http://{HOST}:{port}  (Ctrl-C to stop)")
-    code = serve(cmd)
+    code = serve(cmd, lambda: warm_up(resolved))
     if code:
         raise typer.Exit(code)
 
 
-def serve(cmd: list[str]) -> int:
-    """Run the server until it exits; Ctrl-C or SIGTERM stops it (and never leaves it running). Exit code."""
+def warm_up(runs: list[Path]) -> subprocess.Popen:
+    """Start the report's pass over `runs` in a process of its own while the server starts
+    (`python -m rcdiag.report.cache RUN…`; nothing when the pass cache is off): the Overview then reads the pass
+    cache, or waits on the entry being computed, instead of making the pass after the page was asked for. The
+    heavy imports happen there, not here, so the server's start is not delayed; it runs in a session of its own,
+    so Ctrl-C in the terminal stops it through the dashboard (SIGTERM), never with a traceback of its own."""
+    return subprocess.Popen([sys.executable, "-m", "rcdiag.report.cache", *map(str, runs)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def serve(cmd: list[str], start_warm_up: Callable[[], subprocess.Popen] | None = None) -> int:
+    """Run the server until it exits, with the process `start_warm_up()` returns beside it (started once the
+    server is); Ctrl-C or SIGTERM stops both (never leaving either running). Exit code."""
     child = subprocess.Popen(cmd)
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    warm = None
     try:
+        warm = start_warm_up() if start_warm_up is not None else None
         return child.wait()
     except KeyboardInterrupt:
         child.terminate()
@@ -108,6 +123,9 @@ def serve(cmd: list[str]) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if warm is not None and warm.poll() is None:
+            warm.terminate()
+            warm.wait(timeout=10)
 
 
 def _interrupt(signum: int, frame: object) -> None:

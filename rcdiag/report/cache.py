@@ -22,10 +22,18 @@ import json
 import os
 import pickle
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no cross-process lock
+    fcntl = None
+
+from rcdiag.report.options import ReportOptions
 from rcdiag.report.passes import run_passes
 from rcdiag.store.files import MANIFEST_NAME
 from rcdiag.store.run import Run
@@ -151,15 +159,54 @@ def _prune(directory: Path) -> None:
 
 def cached_passes(run: Run, options: Any, map_files: Any = None) -> tuple[Any, Any]:
     """`rcdiag.report.passes.run_passes(run, options, map_files)`, served from the cache when the run's bytes,
-    the pass options and rcdiag's code are unchanged since it was stored."""
+    the pass options and rcdiag's code are unchanged since it was stored. Computing an entry holds a lock on its
+    key, so processes and threads that want the same entry at once (the dashboard's start-up pass and its first
+    page, a report and a notebook) compute it once: the others wait and read it."""
     hit = load(run, options)
     if hit is not None:
         return hit
     key = cache_key(run, options) if cache_dir() is not None else ""
-    result = run_passes(run, options, map_files)
-    if key:
-        store(run, options, key, result)
+    with _computing(key):
+        hit = load(run, options) if key else None
+        if hit is not None:
+            return hit
+        result = run_passes(run, options, map_files)
+        if key:
+            store(run, options, key, result)
     return result
+
+
+@contextmanager
+def _computing(key: str) -> Iterator[None]:
+    """An exclusive lock (flock) on `key`'s lock file while its entry is computed; no lock without a cache, a
+    writable cache directory or POSIX locks (then two callers may both compute, as before)."""
+    directory = cache_dir()
+    if not key or directory is None or fcntl is None:
+        yield
+        return
+    try:
+        (directory / "passes").mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle = open(directory / "passes" / f".{key}.lock", "a+b")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def prepare(paths: list[str], options: Any = None) -> None:
+    """Fill the cache for each run directory in `paths` (the dashboard's start-up: its pages then read the entry
+    instead of making the pass). Best effort: a run that cannot be read is left for its page to report."""
+    if cache_dir() is None:
+        return
+    for path in paths:
+        try:
+            cached_passes(Run(path), options or ReportOptions())
+        except Exception:  # noqa: BLE001  (the page shows the run's error; a warm-up never fails the dashboard)
+            continue
 
 
 def clear_cache() -> int:
@@ -171,3 +218,14 @@ def clear_cache() -> int:
     for entry in entries:
         entry.unlink(missing_ok=True)
     return len(entries)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m rcdiag.report.cache RUN…`: prepare(RUN…) (the dashboard's start-up warm-up process)."""
+    import sys
+
+    prepare(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -117,3 +117,43 @@ def test_an_entry_others_may_write_is_never_unpickled(tmp_path, cache_home):
     assert not cache.trusted(entry)
     assert cache.load(run, options) is None and not (tmp_path / "pwned").exists()
     entry.parent.chmod(0o700)
+
+
+def test_callers_wanting_the_same_entry_at_once_compute_it_once(tmp_path, cache_home, monkeypatch):
+    """The dashboard's start-up pass and its first page (or a report and a notebook) ask for one entry at the same
+    time: the lock on its key lets one compute while the others wait and read it — one pass, same numbers."""
+    import threading
+    import time
+
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    calls = []
+
+    def slow_passes(*args, **kwargs):
+        calls.append(threading.get_ident())
+        time.sleep(0.3)  # long enough for every other caller to be waiting on the lock
+        return run_passes(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "run_passes", slow_passes)
+    results = [None] * 3
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, cache.cached_passes(
+        rcdiag.open_run(run.path), options))) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert all(_numbers(r) == _numbers(results[0]) for r in results)
+
+
+def test_prepare_fills_the_cache_and_skips_what_it_cannot_read(tmp_path, cache_home):
+    """`python -m rcdiag.report.cache RUN…` (the dashboard's warm-up process): the entry is there afterwards; a
+    broken path is left for its page to report, never an error of the warm-up."""
+    import subprocess
+    import sys
+
+    run = _run(tmp_path / "run")
+    missing = tmp_path / "nope"
+    done = subprocess.run([sys.executable, "-m", "rcdiag.report.cache", str(missing), str(run.path)],
+                          capture_output=True, text=True, env={**os.environ, cache.CACHE_ENV: str(cache_home)})
+    assert done.returncode == 0 and not done.stderr
+    assert cache.is_cached(run, ReportOptions())

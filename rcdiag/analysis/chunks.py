@@ -8,7 +8,6 @@ and per-sequence reductions are identical however the input was batched. Log-pro
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -357,14 +356,15 @@ def stream(data: object, consumers: list, *, sequences: object | None = None, ba
     (the sequences table's when known, else the distinct seq_ids seen).
 
     A Run of several token files whose consumers all `merge` is streamed file by file on a thread per core
-    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds copies of the
-    consumers — which must therefore be fresh, nothing fed yet, as every caller makes them — merged into
-    `consumers` in file order whatever the number of threads, so the numbers do not depend on it. Anything else
-    is one stream, read and decoded on a second thread while the consumers work."""
+    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds its own empty
+    consumers (`fresh()`), merged into `consumers` in file order whatever the number of threads, so the numbers
+    do not depend on it. Anything else is one stream, read and decoded on a second thread while the consumers
+    work."""
     from rcdiag.store.run import Run
 
     universe = sequence_universe(data, sequences)
-    if isinstance(data, Run) and len(data.token_files) > 1 and all(hasattr(c, "merge") for c in consumers):
+    if isinstance(data, Run) and len(data.token_files) > 1 and all(
+            hasattr(c, "merge") and hasattr(c, "fresh") for c in consumers):
         return _stream_files(data, consumers, universe, batch_rows, silent, desc)
     feed = ChunkFeed(consumers, universe)
     with progress(total=_total_rows(data), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
@@ -389,10 +389,8 @@ class _FilePart:
 
 def _stream_files(run: object, consumers: list, universe: np.ndarray | None, batch_rows: int, silent: bool,
                   desc: str) -> int:
-    template = copy.deepcopy(consumers)  # empty: stream's consumers are fresh accumulators
-
     def one_file(file: object) -> _FilePart:
-        part = _FilePart(copy.deepcopy(template), 0, 0, None, None, None)
+        part = _FilePart([c.fresh() for c in consumers], 0, 0, None, None, None)
         feed = ChunkFeed(part.consumers, universe)
         try:
             for source, batch in prefetch(_file_batches(file, batch_rows)):

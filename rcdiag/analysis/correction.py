@@ -105,6 +105,7 @@ class ISAccumulator:
         the IS_METRIC_NAMES columns only, leaves them out."""
         self.convention = conv = get_convention(convention)
         self.modes = list(modes)
+        self._settings = {"rejection": rejection, "keep_weights": keep_weights, "extras": extras}
         for mode in self.modes:
             _check_convention(mode, conv)
         self.rejection = parse_rejections(rejection)
@@ -134,6 +135,10 @@ class ISAccumulator:
             extra.update(chunk, view.lr_rows, view.rho_rows)
         if self.keys is not None:
             self.keys.append((chunk.per_row(chunk.seq_ids), chunk.pos, keep))
+
+    def fresh(self) -> ISAccumulator:
+        """An empty accumulator of the same modes, convention and options (stream's per-file copies)."""
+        return ISAccumulator(self.modes, self.convention, **self._settings)
 
     @property
     def single_token_mode(self) -> bool:

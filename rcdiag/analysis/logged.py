@@ -118,6 +118,9 @@ class GroupRouter:
             self.parts[label] = self.make()
         return self.parts[label]
 
+    def fresh(self) -> GroupRouter:
+        return GroupRouter(self.ids, self.labels, self.make)
+
     def merge(self, other: GroupRouter) -> GroupRouter:
         for label, parts in other.parts.items():
             if label in self.parts:

@@ -61,6 +61,10 @@ class MetricsAccumulator:
         self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
 
+    def fresh(self) -> MetricsAccumulator:
+        """An empty accumulator of the same convention (stream's per-file copies)."""
+        return MetricsAccumulator(self.convention)
+
     # ------------------------------------------------------------------ updates
     def update(self, batch: Any, source: str = "tokens") -> None:
         """Add a batch of token rows (validated; InputError names `source`, row and column)."""
@@ -232,6 +236,9 @@ class _SequenceCollector:
             "seq_id": chunk.seq_ids, "n_valid": chunk.counts, "sum_log_ratio": chunk.sum_ell,
             "sum_abs": chunk.seq_column("abs_ell"), "max_abs_log_ratio": chunk.sums[2],
             "sum_a": chunk.seq_column("a"), "sum_b": chunk.seq_column("b")})
+
+    def fresh(self) -> _SequenceCollector:
+        return _SequenceCollector()
 
     def merge(self, other: _SequenceCollector) -> _SequenceCollector:
         self.parts += other.parts

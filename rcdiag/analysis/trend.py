@@ -11,7 +11,7 @@ the resulting frame is rcdiag.analysis.drift.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -145,6 +145,10 @@ class TrendAccumulator:
             return
         for s in np.unique(step):
             self._part(int(s)).update_chunk(subset(chunk, step == s))
+
+    def fresh(self) -> TrendAccumulator:
+        """An empty accumulator of the same steps and mode (stream's per-file copies)."""
+        return replace(self, parts={})
 
     def merge(self, other: TrendAccumulator) -> TrendAccumulator:
         for step, part in other.parts.items():

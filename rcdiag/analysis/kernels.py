@@ -165,6 +165,26 @@ def _weight(x, r, upper, lower, log_upper, log_lower, mask_action):
     return max(min(r, upper), lower), out_flag
 
 
+@numba.njit(inline="always")
+def _add_row(x, r, upper, lower, log_upper, log_lower, log_lo, mask_action, swift_ess, acc):
+    """One scored row (ℓ̂ = x, ρ = r) of one mode added to its running state `acc` = (#high, #low, #out of
+    [L, C], #kept, Σw and its compensation, min w, max w, Σw̃ and its compensation, min w̃, max w̃; w̃ the swift ESS
+    weight): (w, the new state). The one definition of a row's contribution, for every kernel that adds rows."""
+    n_high, n_low, n_out, kept, s_w, c_w, lo_w, hi_w, s_e, c_e, lo_e, hi_e = acc
+    w, out_flag = _weight(x, r, upper, lower, log_upper, log_lower, mask_action)
+    n_high += x > log_upper
+    n_low += x < log_lo
+    n_out += out_flag
+    kept += not (mask_action and out_flag)
+    s_w, c_w = _two_sum(s_w, c_w, w)
+    lo_w, hi_w = min(lo_w, w), max(hi_w, w)
+    if swift_ess:
+        e = min(max(w, 1.0 / upper), upper)
+        s_e, c_e = _two_sum(s_e, c_e, e)
+        lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+    return w, (n_high, n_low, n_out, kept, s_w, c_w, lo_w, hi_w, s_e, c_e, lo_e, hi_e)
+
+
 @numba.njit(**_JIT)
 def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     """Token-level IS modes over the scored rows (`stat` True) of a chunk, all modes in one pass over the rows.
@@ -240,26 +260,14 @@ def token_mode_views(lr, rho, base, stats, starts, params, swift_ess):
         for j in range(-1, n_views):  # −1: the base rows, for every set that scores them all
             if j >= 0 and full[j]:
                 continue
-            s_w = c_w = s_e = c_e = 0.0
-            lo_sw, hi_sw, lo_se, hi_se = np.inf, -np.inf, np.inf, -np.inf
-            n_high = n_low = n_out = kept = scored = 0
+            acc = (0, 0, 0, 0, 0.0, 0.0, np.inf, -np.inf, 0.0, 0.0, np.inf, -np.inf)
+            scored = 0
             for i in range(first, end):
-                if not (base[i] if j < 0 else stats[j, i]):
-                    continue
-                x = lr[i]
-                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
-                w_rows[i] = w
-                scored += 1
-                n_high += x > log_upper
-                n_low += x < log_lo
-                n_out += out_flag
-                kept += not (mask_action and out_flag)
-                s_w, c_w = _two_sum(s_w, c_w, w)
-                lo_sw, hi_sw = min(lo_sw, w), max(hi_sw, w)
-                if swift_ess:
-                    e = min(max(w, 1.0 / upper), upper)
-                    s_e, c_e = _two_sum(s_e, c_e, e)
-                    lo_se, hi_se = min(lo_se, e), max(hi_se, e)
+                if base[i] if j < 0 else stats[j, i]:
+                    w_rows[i], acc = _add_row(lr[i], rho[i], upper, lower, log_upper, log_lower, log_lo,
+                                              mask_action, swift_ess, acc)
+                    scored += 1
+            n_high, n_low, n_out, kept, s_w, c_w, lo_sw, hi_sw, s_e, c_e, lo_se, hi_se = acc
             for v in range(n_views):
                 if (j < 0 and full[v]) or v == j:
                     per_w[v, k], per_e[v, k] = _total(s_w, c_w), _total(s_e, c_e)
@@ -312,25 +320,14 @@ def _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, p
         lo_w, hi_w, lo_e, hi_e = np.inf, -np.inf, np.inf, -np.inf
         n_high = n_low = n_out = kept_tok = kept_seq = 0
         for k in range(n_seq):
-            s_w = c_w = s_e = c_e = 0.0
-            kept = 0
+            acc = (n_high, n_low, n_out, 0, 0.0, 0.0, lo_w, hi_w, 0.0, 0.0, lo_e, hi_e)
             for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
-                if not stat[i]:
-                    continue
-                x = lr[i]
-                w, out_flag = _weight(x, rho[i], upper, lower, log_upper, log_lower, mask_action)
-                n_high += x > log_upper
-                n_low += x < log_lo
-                n_out += out_flag
-                kept += not (mask_action and out_flag)
-                if rows:
-                    w_rows[j, i] = w
-                s_w, c_w = _two_sum(s_w, c_w, w)
-                lo_w, hi_w = min(lo_w, w), max(hi_w, w)
-                if swift_ess:
-                    e = min(max(w, 1.0 / upper), upper)
-                    s_e, c_e = _two_sum(s_e, c_e, e)
-                    lo_e, hi_e = min(lo_e, e), max(hi_e, e)
+                if stat[i]:
+                    w, acc = _add_row(lr[i], rho[i], upper, lower, log_upper, log_lower, log_lo, mask_action,
+                                      swift_ess, acc)
+                    if rows:
+                        w_rows[j, i] = w
+            n_high, n_low, n_out, kept, s_w, c_w, lo_w, hi_w, s_e, c_e, lo_e, hi_e = acc
             per_w[j, k] = _total(s_w, c_w)
             per_e[j, k] = _total(s_e, c_e)
             kept_tok += kept

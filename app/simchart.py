@@ -3,8 +3,9 @@ setting (black diamond), the report's recommended setting (red ring), and a read
 — Vega scrubs it in the browser, no rerun — and shows the slider's setting while the mouse is elsewhere.
 
 The Vega-Lite spec depends on the curve (its metric) and on whether the report recommends a setting, nothing else:
-mode, lower bound, convention, threshold and the recommended point are rows of its named datasets. The browser re-creates a Vega view only when the spec changes
-and otherwise swaps the changed datasets into the view it has (Streamlit's chart element compares the spec), so a
+mode, lower bound, convention, threshold and the recommended point are rows of its named datasets. The browser
+re-creates a Vega view only when the spec changes and otherwise swaps the changed datasets into the view it has
+(Streamlit's chart element compares the spec), so a
 threshold step, a mode or a convention redraws a few marks instead of compiling and laying out the whole chart
 again (60–80 ms of the browser's main thread per control, measured). Written as JSON, not Altair (building and
 validating it took 0.3–0.9 s per mode and curve); the datasets are cached per setting on small keys (hashing the

@@ -176,8 +176,10 @@ def bootstrap(sums: np.ndarray, convention: str = "canonical", *, replicates: in
     fns = headline_functions(convention)
     # the uniforms are drawn here, chunk after chunk of replicates, from the one seeded stream (so the draws do
     # not depend on the thread count); the kernel, which releases the GIL, runs on a thread per core meanwhile
-    uniforms = (rng.random((min(chunk, replicates - start), matrix.shape[0])) for start in range(0, replicates, chunk))
-    for block in ordered_map(lambda u: kernels.poisson_totals(u, matrix, POISSON1_CDF), uniforms):
+    uniforms = (rng.random((min(chunk, replicates - start), matrix.shape[0]))
+                for start in range(0, replicates, chunk))
+    finite = bool(np.isfinite(matrix).all())
+    for block in ordered_map(lambda u: kernels.poisson_totals(u, matrix, POISSON1_CDF, finite), uniforms):
         totals = dict(zip(keys, block.T, strict=True))
         with np.errstate(divide="ignore", invalid="ignore"):
             for name in names:

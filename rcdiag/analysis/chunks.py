@@ -395,8 +395,8 @@ def _stream_files(run: object, consumers: list, universe: np.ndarray | None, bat
         try:
             for source, batch in prefetch(_file_batches(file, batch_rows)):
                 if batch.num_rows:
-                    part.first = part.first or _key(batch, 0)
-                    part.last = _key(batch, batch.num_rows - 1)
+                    part.first = part.first or batch_key(batch, 0)
+                    part.last = batch_key(batch, batch.num_rows - 1)
                 part.rows += batch.num_rows
                 feed.push(source, batch)
             feed.finish()
@@ -442,7 +442,8 @@ def _file_batches(file: object, batch_rows: int) -> Iterator[tuple[str, pa.Recor
         yield name, batch
 
 
-def _key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
+def batch_key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
+    """(seq_id, pos) of one row of a batch: the keys check_file_start compares."""
     return int(batch.column("seq_id")[row].as_py()), int(batch.column("pos")[row].as_py())
 
 

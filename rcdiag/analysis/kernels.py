@@ -492,18 +492,15 @@ def _poisson_count(u, cdf):
 
 
 @numba.njit(**_JIT)
-def poisson_totals(uniforms, matrix, cdf):
+def poisson_totals(uniforms, matrix, cdf, finite):
     """Σ_i k_ri · matrix[i] per replicate r, k_ri ~ Poisson(1) drawn from uniforms[r, i] by the inverse CDF `cdf`
-    (float64 [K], P(k ≤ j), last entry 1): float64 [R, columns]. One pass, no weight matrix. A finite matrix
-    takes the branch-free form (acc += k · row for every row: adding 0.0 changes no total, 1.0 · x is x, so the
-    bits are those of skipping k = 0); a matrix with ±inf/NaN skips k = 0 rows (0 · inf would be NaN)."""
+    (float64 [K], P(k ≤ j), last entry 1): float64 [R, columns]. One pass, no weight matrix. `finite`: the matrix
+    has no ±inf/NaN (the caller checks it once for all its calls); then every row takes the branch-free form
+    (acc += k · row: adding 0.0 changes no total, 1.0 · x is x, so the bits are those of skipping k = 0), else
+    k = 0 rows are skipped (0 · inf would be NaN)."""
     n_rep, n = uniforms.shape
     cols = matrix.shape[1]
     out = np.zeros((n_rep, cols))
-    finite = True
-    for i in range(n):
-        for j in range(cols):
-            finite &= math.isfinite(matrix[i, j])
     for r in range(n_rep):
         acc = np.zeros(cols)
         for i in range(n):

@@ -22,11 +22,11 @@ from rcdiag.store.schema import column_as_float, mask_as_bool
 @dataclass(frozen=True)
 class RowTerms:
     """Per-row terms of valid-or-not rows (float64 [n]; any value on rows that are masked or non-finite, which
-    the consumers skip): pa = exp(a), pb = exp(b), ℓ = a − b, em1 = expm1(ℓ̂), rho = exp(ℓ̂), log10|ℓ|."""
+    the consumers skip): pa = exp(a), pb = exp(b), em1 = expm1(ℓ̂), rho = exp(ℓ̂), log10|ℓ| (ℓ = a − b itself
+    is one subtraction the kernels make)."""
 
     pa: np.ndarray
     pb: np.ndarray
-    lr: np.ndarray
     em1: np.ndarray
     rho: np.ndarray
     log10_abs: np.ndarray
@@ -86,4 +86,4 @@ class BatchRows:
         with np.errstate(all="ignore"):  # placeholders (±inf, NaN, −1e30) are skipped by the consumers
             lr = a - b
             clamped = np.clip(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-            return RowTerms(np.exp(a), np.exp(b), lr, np.expm1(clamped), np.exp(clamped), np.log10(np.abs(lr)))
+            return RowTerms(np.exp(a), np.exp(b), np.expm1(clamped), np.exp(clamped), np.log10(np.abs(lr)))

@@ -74,8 +74,9 @@ def scan_batch(seq, pos, a, b, mask, entropy, pa_rows, pb_rows, em1_rows, rho_ro
                p_finish, p_reward, stop_code, threshold, lower, edges, band_lo, band_hi, density_lo, density_scale,
                tail_sums, hist, outside, density, strata, strata_offsets):
     """One record batch: adds to the tails arrays (tail_sums [7], hist [2, bins] for ℓ > 0 and ℓ < 0, outside,
-    density) and the stacked strata table [Σ buckets, 6] in place. Rows are kept when `mask` holds and both log-probs a, b (float64) are
-    finite; exp(a), exp(b), expm1(ℓ̂), exp(ℓ̂) and log10|ℓ| per row come precomputed (rcdiag.analysis.rows).
+    density) and the stacked strata table [Σ buckets, 6] in place. Rows are kept when `mask` holds and both
+    log-probs a, b (float64) are finite; exp(a), exp(b), expm1(ℓ̂), exp(ℓ̂) and log10|ℓ| per row come precomputed
+    (rcdiag.analysis.rows).
     Returns (kept rows, max |ℓ|, underflow count, |ℓ| per row (−1 where not kept, for the worst tokens),
     per-sequence seq_ids [k], sums [k, 14] in bootstrap.COLUMNS order over runs of equal seq_id among kept rows).
 

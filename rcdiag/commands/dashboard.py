@@ -110,7 +110,10 @@ def serve(cmd: list[str], start_warm_up: Callable[[], subprocess.Popen] | None =
     previous = signal.signal(signal.SIGTERM, _interrupt)
     warm = None
     try:
-        warm = start_warm_up() if start_warm_up is not None else None
+        try:
+            warm = start_warm_up() if start_warm_up is not None else None
+        except OSError:  # no warm-up: the pages make the pass themselves, as without one
+            warm = None
         return child.wait()
     except KeyboardInterrupt:
         child.terminate()

@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -43,6 +44,8 @@ CACHE_ENV = "RCDIAG_CACHE_DIR"
 FORMAT = 1
 """Bumped when the cached objects change shape."""
 MAX_ENTRIES = 64
+STALE_SECONDS = 3600
+"""A lock or temporary file this old without its entry is left over (a killed writer, a run that changed)."""
 TAIL_BYTES = 1 << 16
 PASS_OPTIONS = ("convention", "threshold", "lower", "thresholds")
 """The ReportOptions fields the passes depend on (bootstrap settings are applied after the cache)."""
@@ -115,7 +118,10 @@ def trusted(path: Path) -> bool:
 
 def load(run: Run, options: Any) -> tuple[Any, Any] | None:
     """The cached (scan, library) of (run, options), or None (absent, disabled, unreadable or not trusted)."""
-    path = cache_path(run, options)
+    return _load(cache_path(run, options))
+
+
+def _load(path: Path | None) -> tuple[Any, Any] | None:
     if path is None or not path.is_file() or not trusted(path):
         return None
     try:
@@ -149,12 +155,34 @@ def store(run: Run, options: Any, key: str, result: tuple[Any, Any]) -> Path | N
 
 
 def _prune(directory: Path) -> None:
+    """Keep the MAX_ENTRIES newest entries; drop what a computation left behind: the lock file of a key whose
+    entry is gone and that nobody holds, a temporary file of a writer killed before its rename (both once
+    older than STALE_SECONDS)."""
     try:
         entries = sorted(directory.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)
         for old in entries[:-MAX_ENTRIES]:
             old.unlink(missing_ok=True)
+        horizon = time.time() - STALE_SECONDS
+        for tmp in directory.glob(".*.tmp"):
+            if tmp.stat().st_mtime < horizon:
+                tmp.unlink(missing_ok=True)
+        for lock in directory.glob(".*.lock"):
+            if lock.stat().st_mtime < horizon and not (directory / f"{lock.name[1:-5]}.pkl").exists():
+                _unlink_unheld(lock)
     except OSError:
         pass
+
+
+def _unlink_unheld(lock: Path) -> None:
+    """Remove a lock file unless a computation holds it (then it stays until a later prune)."""
+    if fcntl is None:
+        return
+    with lock.open("a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return
+        lock.unlink(missing_ok=True)
 
 
 def cached_passes(run: Run, options: Any, map_files: Any = None) -> tuple[Any, Any]:
@@ -162,17 +190,19 @@ def cached_passes(run: Run, options: Any, map_files: Any = None) -> tuple[Any, A
     the pass options and rcdiag's code are unchanged since it was stored. Computing an entry holds a lock on its
     key, so processes and threads that want the same entry at once (the dashboard's start-up pass and its first
     page, a report and a notebook) compute it once: the others wait and read it."""
-    hit = load(run, options)
+    directory = cache_dir()
+    key = cache_key(run, options) if directory is not None else ""  # hashes every file's tail: once per call
+    entry = directory / "passes" / f"{key}.pkl" if key else None
+    hit = _load(entry)
     if hit is not None:
         return hit
-    key = cache_key(run, options) if cache_dir() is not None else ""
     with _computing(key):
-        hit = load(run, options) if key else None
+        hit = _load(entry)  # computed by whoever held the lock meanwhile
         if hit is not None:
             return hit
         result = run_passes(run, options, map_files)
         if key:
-            store(run, options, key, result)
+            store(run, options, key, result)  # re-keys the run: nothing is stored if it changed meanwhile
     return result
 
 

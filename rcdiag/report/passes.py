@@ -18,6 +18,7 @@ import pyarrow as pa
 from rcdiag.analysis.chunks import (
     DEFAULT_BATCH_ROWS,
     ChunkFeed,
+    batch_key,
     check_columns,
     check_file_start,
     sequence_universe,
@@ -130,8 +131,8 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, f
         update(scan, batch, source, offsets.get(source, 0))
         offsets[source] = offsets.get(source, 0) + batch.num_rows
         if batch.num_rows:
-            first = first or _key(batch, 0)
-            last = _key(batch, batch.num_rows - 1)
+            first = first or batch_key(batch, 0)
+            last = batch_key(batch, batch.num_rows - 1)
         if feed is not None:
             try:
                 if not offsets[source] - batch.num_rows:
@@ -146,11 +147,6 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, f
         except InputError as exc:
             library = exc
     return Partial(scan, library, first, last, file)
-
-
-def _key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
-    """(seq_id, pos) of one row of a batch."""
-    return int(batch.column("seq_id")[row].as_py()), int(batch.column("pos")[row].as_py())
 
 
 def file_partial(run_path: str, options: Any, index: int, *, finish_labels: Sequence[str] | None = None) -> Partial:

@@ -14,14 +14,14 @@ def test_poisson_totals_equal_the_numpy_weight_matrix_product():
     uniforms = rng.random((37, 2_000))
     matrix = rng.normal(size=(2_000, 14)) * 10.0 ** rng.integers(-6, 6, size=(2_000, 1))
     weights = np.searchsorted(POISSON1_CDF, uniforms, side="right").astype(np.float64)  # k = #{cdf ≤ u}
-    np.testing.assert_allclose(kernels.poisson_totals(uniforms, matrix, POISSON1_CDF), weights @ matrix,
+    np.testing.assert_allclose(kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, True), weights @ matrix,
                                rtol=1e-9, atol=1e-9 * np.abs(matrix).sum())
 
 
 def test_poisson_counts_follow_poisson_one():
     """The inverse-CDF draws (the kernel's, per the test above) have Poisson(1)'s frequencies, mean and variance."""
     uniforms = np.random.default_rng(2).random((1, 400_000))
-    total = kernels.poisson_totals(uniforms, np.ones((uniforms.shape[1], 1)), POISSON1_CDF)[0, 0]
+    total = kernels.poisson_totals(uniforms, np.ones((uniforms.shape[1], 1)), POISSON1_CDF, True)[0, 0]
     draws = np.searchsorted(POISSON1_CDF, uniforms[0], side="right")
     assert total == draws.sum()
     freq = np.bincount(draws, minlength=8)[:8] / draws.size
@@ -48,13 +48,13 @@ def test_poisson_totals_ignore_an_infinite_row_its_replicate_did_not_draw():
     uniforms = rng.random((64, 300))
     matrix = rng.normal(size=(300, 3))
     matrix[17, 1] = np.inf
-    got = kernels.poisson_totals(uniforms, matrix, POISSON1_CDF)
+    got = kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, bool(np.isfinite(matrix).all()))
     drawn = np.searchsorted(POISSON1_CDF, uniforms[:, 17], side="right") > 0
     assert drawn.any() and not drawn.all()
     assert np.isinf(got[drawn, 1]).all() and np.isfinite(got[~drawn, 1]).all()
     finite = matrix.copy()
     finite[17] = 0.0
-    np.testing.assert_array_equal(got[~drawn], kernels.poisson_totals(uniforms, finite, POISSON1_CDF)[~drawn])
+    np.testing.assert_array_equal(got[~drawn], kernels.poisson_totals(uniforms, finite, POISSON1_CDF, True)[~drawn])
 
 
 def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
@@ -67,3 +67,14 @@ def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
     one = bootstrap(sums, replicates=40, seed=1)
     monkeypatch.setenv("RCDIAG_THREADS", "3")
     assert bootstrap(sums, replicates=40, seed=1) == one
+
+
+def test_bootstrap_keeps_the_replicates_that_miss_an_infinite_sequence():
+    """verl's unclamped k3 of one sequence is inf: the replicates that do not draw it (about e⁻¹ of them) still give
+    a finite k3_kl, so its interval is a number — bootstrap tells the kernel the matrix is not finite."""
+    rng = np.random.default_rng(1)
+    sums = np.abs(rng.normal(size=(300, 14)))
+    sums[:, 0] = rng.integers(1, 50, 300)
+    sums[7, 8] = np.inf  # sum_k3_raw, the column verl's k3_kl reads
+    ci = bootstrap(sums, "verl", replicates=200, seed=3)["k3_kl"]
+    assert math.isfinite(ci["low"]) and math.isfinite(ci["high"]) and ci["low"] < ci["high"]

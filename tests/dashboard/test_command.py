@@ -52,3 +52,15 @@ def test_free_port_is_bindable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
         assert sock.getsockname() == ("127.0.0.1", port)  # bound to exactly that port
+
+
+def test_a_warm_up_that_cannot_start_leaves_the_server_running_to_its_end(tmp_path):
+    """serve() starts the warm-up after the server: if that fails (no process could be made) the server is still
+    waited for, not left behind by an exception."""
+    import sys
+
+    def broken() -> None:
+        raise OSError("no process")
+
+    code = dashboard.serve([sys.executable, "-c", "import sys; sys.exit(3)"], broken)
+    assert code == 3

@@ -157,3 +157,26 @@ def test_prepare_fills_the_cache_and_skips_what_it_cannot_read(tmp_path, cache_h
                           capture_output=True, text=True, env={**os.environ, cache.CACHE_ENV: str(cache_home)})
     assert done.returncode == 0 and not done.stderr
     assert cache.is_cached(run, ReportOptions())
+
+
+def test_prune_drops_left_over_locks_and_temporary_files_but_not_a_held_lock(tmp_path, cache_home):
+    """Each key's lock file and a killed writer's temporary file would otherwise stay forever; a lock someone holds
+    (a computation still running) stays, and so does a fresh one."""
+    import fcntl
+    import time
+
+    run, options = _run(tmp_path / "run"), ReportOptions()
+    cache.cached_passes(run, options)
+    passes_dir = cache_home / "passes"
+    old = time.time() - 2 * cache.STALE_SECONDS
+    stale = [passes_dir / ".gone.lock", passes_dir / ".gone.123.456.tmp"]
+    held, fresh = passes_dir / ".busy.lock", passes_dir / ".new.lock"
+    for path in (*stale, held, fresh):
+        path.write_bytes(b"")
+    for path in (*stale, held):
+        os.utime(path, (old, old))
+    with held.open("a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        cache.store(run, options, cache.cache_key(run, options), cache.cached_passes(run, options))
+    assert not any(p.exists() for p in stale) and held.exists() and fresh.exists()
+    assert cache.is_cached(run, options)

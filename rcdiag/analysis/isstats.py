@@ -47,6 +47,33 @@ SEQ_LOG_RATIO = {"geometric": _geometric, "swift": _swift, "product_clamped": _p
 """log ρ_i^seq from (S_i = Σmℓ, Σmℓ̂, T_i) by Convention.is_seq_ratio (METRICS.md)."""
 
 
+@dataclass(frozen=True)
+class SequenceValues:
+    """Per-sequence inputs of the sequence-level modes over some chunks: log ρ_i^seq, T'_i and S_i of the scored
+    sequences, S_i of the sequences with T_i > 0 (verl's raw extrema), and the valid tokens and sequences."""
+
+    lam: np.ndarray
+    counts: np.ndarray
+    scored_sum: np.ndarray
+    valid_sum: np.ndarray
+    valid_tokens: int
+    valid_seqs: int
+
+    @classmethod
+    def concat(cls, parts: list[SequenceValues]) -> SequenceValues:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("lam", "counts", "scored_sum",
+                                                                                "valid_sum")),
+                   sum(p.valid_tokens for p in parts), sum(p.valid_seqs for p in parts))
+
+
+_SEQUENCES_AT = 1 << 15
+"""Sequences a sequence-level mode buffers before reducing them: its numpy work per chunk is a few dozen calls on
+arrays of ~100 values, GIL-held Python that cost ~20 ns a token over the 14 sequence modes of the report's sweep
+and kept a second core idle (issue #15); once per ~32k sequences it is noise."""
+
+
 @dataclass
 class ChunkView:
     """What all modes of one chunk share. Scored rows = valid and not rejected by a rejection option: `stat` the row
@@ -80,6 +107,14 @@ class ChunkView:
     @property
     def seq_sum(self) -> np.ndarray:
         return self.chunk.sum_ell
+
+    @cached_property
+    def sequences(self) -> SequenceValues:
+        """What a sequence-level mode reads of this chunk, shared by all of them."""
+        scored = self.scored
+        return SequenceValues(self.seq_lr[scored], self.stat_counts[scored], self.seq_sum[scored],
+                              self.seq_sum[self.chunk.counts > 0], int(self.chunk.counts.sum()),
+                              int(np.count_nonzero(self.chunk.counts)))
 
     @cached_property
     def seq_lr(self) -> np.ndarray:
@@ -214,16 +249,34 @@ class ModeStats:
         self.n_valid_tokens = self.n_valid_seqs = self.n_scored_seqs = 0
         self.counts = dict.fromkeys(_COUNTS, 0)
         self.weights: list[np.ndarray] | None = [] if keep_weights else None
+        # sequence modes without per-row output reduce their chunks in blocks (sums, extrema and counts are the
+        # same whatever the blocks; the variance's Chan merges move by ulps, as with any other batching)
+        self._defers = level == "sequence" and self.weights is None and not (
+            conv.seq_mask_weight == "token" and action == "mask")
+        self._pending: list[SequenceValues] = []
+        self._pending_n = 0
 
     # ------------------------------------------------------------------ update
     def update(self, view: ChunkView, token_result: tuple[np.ndarray, ...] | None = None) -> None:
         """Add a chunk (token modes: with their slice of kernels.token_modes' result, see update_modes)."""
-        self.n_valid_tokens += int(view.chunk.counts.sum())
-        self.n_valid_seqs += int(np.count_nonzero(view.chunk.counts))
         if self.level == "token":
+            self.n_valid_tokens += int(view.chunk.counts.sum())
+            self.n_valid_seqs += int(np.count_nonzero(view.chunk.counts))
             self._update_tokens(view, token_result)
+        elif self._defers:
+            values = view.sequences
+            self._pending.append(values)
+            self._pending_n += values.lam.size
+            if self._pending_n >= _SEQUENCES_AT:
+                self._flush()
         else:
-            self._update_sequences(view)
+            self._add_sequences(view.sequences, view)
+
+    def _flush(self) -> None:
+        """Reduce the buffered chunks of a sequence-level mode."""
+        if self._pending:
+            parts, self._pending, self._pending_n = self._pending, [], 0
+            self._add_sequences(SequenceValues.concat(parts), None)
 
     def _weigh(self, rho: np.ndarray, high: np.ndarray, below: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """(w, flags of weights changed): truncate clamps to [L, C]; mask zeroes outside [L, C]."""
@@ -267,13 +320,16 @@ class ModeStats:
                 w_rows[~view.chunk.mask] = np.nan
             self.weights.append(w_rows)
 
-    def _update_sequences(self, view: ChunkView) -> None:
-        conv, chunk, scored = self.conv, view.chunk, view.scored
-        lam, counts = view.seq_lr[scored], view.stat_counts[scored]
+    def _add_sequences(self, values: SequenceValues, view: ChunkView | None) -> None:
+        """Add sequences: of one chunk's `view` (needed for per-row output), or buffered chunks (view None)."""
+        conv = self.conv
+        self.n_valid_tokens += values.valid_tokens
+        self.n_valid_seqs += values.valid_seqs
+        lam, counts = values.lam, values.counts
         high, below, low = self._flags(lam)
         with np.errstate(over="ignore"):
             w, out = self._weigh(np.exp(lam), high, below)
-        if conv.seq_mask_weight == "token" and self.action == "mask":  # swift: untruncated token ratios
+        if view is not None and conv.seq_mask_weight == "token" and self.action == "mask":  # swift: token ratios
             rows = np.where(view.scored_rows(view.seq_lr > self.bounds.log_upper), 0.0, view.rho)
             self.tok.add_rows(rows, view.starts)
             self._ess_rows(rows, view.starts)
@@ -285,11 +341,11 @@ class ModeStats:
         if conv.seq_extrema == "per_sequence":
             self.per_seq.add_repeated(w, np.ones(w.size, dtype=np.int64))
         if conv.seq_extrema == "raw":
-            self.raw.add(view.seq_sum[chunk.counts > 0])
-        self._count_sequences(lam, counts, high, low, out, view.seq_sum[scored])
+            self.raw.add(values.valid_sum)
+        self._count_sequences(lam, counts, high, low, out, values.scored_sum)
         if self.weights is not None:
             full = np.zeros(view.stat_counts.size)
-            full[scored] = w
+            full[view.scored] = w
             self.weights.append(view.full_rows(view.scored_rows(full) if rows is None else rows, 0.0))
 
     def _count_sequences(self, lam: np.ndarray, counts: np.ndarray, high: np.ndarray, low: np.ndarray,
@@ -308,6 +364,8 @@ class ModeStats:
 
     # ------------------------------------------------------------------ merge / finish
     def merge(self, other: ModeStats) -> None:
+        self._flush()
+        other._flush()
         self.tok.merge(other.tok)
         if self.ess is not None:
             self.ess.merge(other.ess)
@@ -322,6 +380,7 @@ class ModeStats:
 
     def finish(self, num_sequences: int, batch_normalize: bool = False) -> dict[str, float]:
         """IS metrics dict (IS_METRIC_NAMES); NaN where there is nothing to score."""
+        self._flush()
         conv, sequence_level = self.conv, self.level == "sequence"
         population = self.tok
         if conv.seq_extrema == "per_sequence" and sequence_level and self.n_valid_tokens:
@@ -351,6 +410,7 @@ class ModeStats:
 
     def token_mean(self) -> float:
         """E_tok[w] over scored tokens (the batch-normalisation divisor); NaN when there are none."""
+        self._flush()
         return self.tok.summary()[0]
 
     def _ess(self) -> float:

@@ -36,12 +36,16 @@ class CommandEntry:
 
     module: str
     summary: str
+    warm: str = ""
+    """"module:function" started before the command's module is imported (not for --help): work that runs beside
+    that import, e.g. the report's figure process importing matplotlib (rcdiag.report.figproc)."""
 
 
 COMMANDS: dict[str, CommandEntry] = {
     "score": CommandEntry("score", "Generate rollouts with vLLM, then rescore them with transformers."),
     "import": CommandEntry("import_", "Turn a trainer's rollout dump (slime, verl, TRL, ms-swift, JSONL) into a run."),
-    "report": CommandEntry("report", "Checks, metrics, IS simulation and a recommendation → md/html/json."),
+    "report": CommandEntry("report", "Checks, metrics, IS simulation and a recommendation → md/html/json.",
+                           warm="rcdiag.report.figproc:prestart"),
     "probe": CommandEntry("probe", "Where the gap comes from: recompute tokens under a grid of settings."),
     "dashboard": CommandEntry("dashboard", "Open runs in the Streamlit dashboard (127.0.0.1)."),
     "export": CommandEntry("export", "Per-step metrics to TensorBoard, an offline W&B run, or CSV/JSONL."),
@@ -129,6 +133,10 @@ class LazyGroup(PlainHelp, TyperGroup):
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
         if name in COMMANDS and command is self.commands.get(name) and command.callback is None:
+            warm = COMMANDS[name].warm
+            if warm and "--help" not in rest:
+                module, _, function = warm.partition(":")
+                getattr(importlib.import_module(module), function)()
             command = load_command(name)
         return name, command, rest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.errors import ConfigError
-from rcdiag.report import gate
+from rcdiag.report import figproc, gate
 from rcdiag.report.build import RunReport, build_report
 from rcdiag.report.options import DEFAULT_COMPARISON_DIR, ReportOptions, validate
 from rcdiag.report.outdir import check_out_dir, write_files
@@ -37,6 +37,7 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     `fail_on_drift`: a drift found in a multi-step run (rcdiag.analysis.drift) is a failure too."""
     if not runs:
         raise ConfigError("give at least one run directory")
+    figproc.prestart()  # its matplotlib import runs beside the passes
     conditions = [gate.parse(text) for text in fail_if]
     gate.check_names(conditions)
     relative = [c.text for c in conditions if c.relative]

@@ -1,22 +1,26 @@
 """Matplotlib figures of the report, each a function of plain data that returns a Figure (report, notebook, app).
 
 Figures are built on the object API (no pyplot state), so they are safe in threads and never pop up windows.
-Every function accepts one run's data or a {run name: data} dict to overlay several runs.
+The per-run figures accept one run's data or a {run name: data} dict to overlay several runs; the report draws
+them all through rcdiag.report.figproc (by name, in a helper process).
 """
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from rcdiag.analysis.health import BY_METRIC, COLOURS
 from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
 
 SIZE = (6.4, 3.6)
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
+SIDE_COLORS = {"trainer": "#2563eb", "engine": "#dc2626"}
 
 
 class FixedFigure(Figure):
@@ -179,6 +183,59 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
     if handles:
         fig.legend(handles, labels, loc="upper right", ncol=len(labels), frameon=False, fontsize=8)
     fig.suptitle("Threshold sweep: effective sample size and share clipped", x=0.08, ha="left", fontsize=11)
+    return fig
+
+
+def trend_panels(frame: Any, drift: Mapping[str, Any] | None, panels: Sequence[tuple[str, str]]) -> Figure:
+    """Panels ((trend column, title) each; the report's six: trend_section.PANELS) of per-step values with their bootstrap intervals as bars; a dashed line at the step
+    where the earliest drift starts."""
+    fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
+    axes = fig.subplots(2, (len(panels) + 1) // 2, sharex=True, squeeze=False)
+    steps = frame["step"].to_numpy()
+    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})[:1]  # the earliest start
+    for ax, (column, title) in zip(axes.flat, panels, strict=True):
+        values = frame[column].to_numpy(dtype=float)
+        if f"{column}_low" in frame:
+            low = frame[f"{column}_low"].to_numpy(dtype=float)
+            high = frame[f"{column}_high"].to_numpy(dtype=float)
+            err = np.vstack([np.clip(values - low, 0, None), np.clip(high - values, 0, None)])
+            err = np.where(np.isfinite(err), err, 0.0)
+            ax.errorbar(steps, values, yerr=err, color=COLORS[0], marker="o", ms=3, lw=1.2, capsize=2)
+        else:
+            ax.plot(steps, values, color=COLORS[0], marker="o", ms=3, lw=1.2)
+        if column in BY_METRIC:  # each point in its health band's colour
+            ax.scatter(steps, values, c=[COLOURS[BY_METRIC[column].classify(v)] for v in values], s=18, zorder=3)
+        for start in starts:
+            ax.axvline(start, color=COLORS[1], ls="--", lw=1)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.suptitle("Mismatch per training step (bars: bootstrap interval; points: health band green / amber / red; "
+                 "dashed: drift starts)", fontsize=11)
+    return fig
+
+
+def budget_bars(summary: Mapping[str, Any]) -> Figure:
+    """A probe summary's horizontal bars: each setting's share of the observed gap (mean |Δ| vs its baseline /
+    mean |rollout − reference|), coloured by side, with the observed gap at 1. No budget rows → an empty axis with
+    a note."""
+    rows = [r for r in summary.get("budget") or [] if r["share"] is not None and math.isfinite(r["share"])]
+    fig = Figure(figsize=(6.4, 0.35 * max(len(rows), 3) + 1.2), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    if not rows:
+        ax.text(0.5, 0.5, "no finite shares (the observed gap is 0)", ha="center", va="center",
+                transform=ax.transAxes)
+        return fig
+    labels = [f"{r['factor']}: {r['setting']}" for r in rows]
+    shares = [max(r["share"], 1e-6) for r in rows]
+    ax.barh(range(len(rows)), shares, color=[SIDE_COLORS.get(r["side"], "#555") for r in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="#111", linewidth=1, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("share of the observed gap (mean |Δ| vs baseline ÷ mean |rollout − reference|), log scale")
+    ax.set_title("Mismatch budget (blue: trainer, red: engine)", fontsize=10)
     return fig
 
 

@@ -10,7 +10,7 @@ with plots coloured by run, and a link to each run's own report.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rcdiag import __version__
@@ -18,7 +18,7 @@ from rcdiag.analysis.health import VERDICT_MODE
 from rcdiag.analysis.keys import rename
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import TAIL_NAMES
-from rcdiag.report import plots
+from rcdiag.report import figproc
 from rcdiag.report.baseline import baseline_section
 from rcdiag.report.build import RunReport
 from rcdiag.report.context import context_line, run_context
@@ -57,31 +57,37 @@ def headline_label(name: str, report: RunReport) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- figures
-def figures(report: RunReport) -> dict[str, bytes]:
-    """PNG bytes of every plot of one run, by file name."""
+def figures(report: RunReport) -> Callable[[], dict[str, bytes]]:
+    """Every plot of one run, sent to the figure process: call the result for the PNG bytes by file name."""
+    return figproc.submit(figure_specs(report))
+
+
+def figure_specs(report: RunReport) -> dict[str, figproc.FigureSpec]:
+    """Every plot of one run as {file name: (plots function, arguments)}."""
     s = report.scan
-    figs = {"l_histogram.png": plots.log_ratio_histogram(s.tails),
-            "l_vs_rollout.png": plots.log_ratio_vs_rollout(report.strata["rollout_prob"])}
+    specs = {"l_histogram.png": ("log_ratio_histogram", (s.tails,)),
+             "l_vs_rollout.png": ("log_ratio_vs_rollout", (report.strata["rollout_prob"],))}
     for stratum, file in STRATA_PLOTS.items():
-        figs[file] = plots.by_stratum(report.strata[stratum], f"ℓ by {titles()[stratum]}", titles()[stratum])
+        specs[file] = ("by_stratum", (report.strata[stratum], f"ℓ by {titles()[stratum]}", titles()[stratum]))
     if report.sweep is not None and len(report.sweep):
         rec = report.recommendation
-        figs["sweep.png"] = plots.sweep_curves(report.sweep, (rec["mode"], rec["threshold"]) if rec.get("mode")
-                                               else None, ESS_TARGET)
-    return {name: plots.png_bytes(fig) for name, fig in figs.items()}
+        specs["sweep.png"] = ("sweep_curves", (report.sweep, (rec["mode"], rec["threshold"]) if rec.get("mode")
+                                               else None, ESS_TARGET))
+    return specs
 
 
-def comparison_figures(reports: Sequence[RunReport]) -> dict[str, bytes]:
+def comparison_figures(reports: Sequence[RunReport]) -> Callable[[], dict[str, bytes]]:
+    """figures() of several runs overlaid."""
     runs = {r.name: r for r in reports}
-    figs = {"l_histogram.png": plots.log_ratio_histogram({n: r.scan.tails for n, r in runs.items()}),
-            "l_vs_rollout.png": plots.log_ratio_vs_rollout({n: r.strata["rollout_prob"] for n, r in runs.items()})}
+    specs = {"l_histogram.png": ("log_ratio_histogram", ({n: r.scan.tails for n, r in runs.items()},)),
+             "l_vs_rollout.png": ("log_ratio_vs_rollout", ({n: r.strata["rollout_prob"] for n, r in runs.items()},))}
     for stratum, file in STRATA_PLOTS.items():
-        figs[file] = plots.by_stratum({n: r.strata[stratum] for n, r in runs.items()},
-                                      f"ℓ by {titles()[stratum]}", titles()[stratum])
+        specs[file] = ("by_stratum", ({n: r.strata[stratum] for n, r in runs.items()}, f"ℓ by {titles()[stratum]}",
+                                      titles()[stratum]))
     sweeps = {n: r.sweep for n, r in runs.items() if r.sweep is not None and len(r.sweep)}
     if sweeps:
-        figs["sweep.png"] = plots.sweep_curves(sweeps, None, ESS_TARGET)
-    return {name: plots.png_bytes(fig) for name, fig in figs.items()}
+        specs["sweep.png"] = ("sweep_curves", (sweeps, None, ESS_TARGET))
+    return figproc.submit(specs)
 
 
 # ----------------------------------------------------------------------------------------------- one run
@@ -255,13 +261,14 @@ def comparison_data(reports: Sequence[RunReport], links: dict[str, str]) -> dict
 def run_files(report: RunReport) -> dict[str, bytes]:
     """One run's report files; the latest `rcdiag probe` of the run (if any) goes before the manifest."""
 
-    images = figures(report)  # first: they need no interval, so the bootstrap finishes meanwhile (build_report)
+    images = figures(report)  # first: the figure process draws them while the bootstrap finishes (build_report)
     blocks = run_blocks(report)
-    probe_blocks, probe_images, probe_data = probe_section(report.path)
-    trend_blocks, trend_images, trend_data = trend_section(report)
+    probe_blocks, probe_figures, probe_data = probe_section(report.path)
+    trend_blocks, trend_figures, trend_data = trend_section(report)
+    more = figproc.submit({**probe_figures, **trend_figures}) if probe_figures or trend_figures else dict
     base_blocks, base_data = baseline_section(report)
     blocks[-1:-1] = base_blocks + trend_blocks + probe_blocks
-    return render_files(blocks, {**images, **probe_images, **trend_images},
+    return render_files(blocks, {**images(), **more()},
                         {**run_data(report), **probe_data, **trend_data, **base_data},
                         f"rcdiag report — {report.name}")
 
@@ -273,8 +280,8 @@ def comparison_files(reports: Sequence[RunReport]) -> dict[str, bytes]:
         report.name = name
     links = {r.name: f"runs/{r.name}" for r in reports}
     images = comparison_figures(reports)  # before anything reads an interval (the bootstraps run meanwhile)
-    files = render_files(comparison_blocks(reports, links), images, comparison_data(reports, links),
-                         "rcdiag comparison")
+    blocks = comparison_blocks(reports, links)
+    files = render_files(blocks, images(), comparison_data(reports, links), "rcdiag comparison")
     for r in reports:
         files.update({f"{links[r.name]}/{k}": v for k, v in run_files(r).items()})
     return files

@@ -10,12 +10,11 @@ import math
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from rcdiag.analysis.drift import ADVICE, DRIFT_METRICS, Drift, drifts
-from rcdiag.analysis.health import BY_METRIC, COLOURS, StatusChange, status_changes, step_verdicts
+from rcdiag.analysis.health import StatusChange, status_changes, step_verdicts
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
-from rcdiag.report.plots import COLORS, png_bytes
+from rcdiag.report.figproc import FigureSpec
 from rcdiag.report.render import Block, fmt
 from rcdiag.store.run import Run
 
@@ -76,36 +75,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def trend_figure(frame: Any, drift: dict[str, Drift] | None = None) -> Figure:
-    """Six panels (PANELS) of per-step values with their bootstrap intervals as bars; a dashed line at the step
-    where the earliest drift starts."""
-    fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
-    axes = fig.subplots(2, 3, sharex=True)
-    steps = frame["step"].to_numpy()
-    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})[:1]  # the earliest start
-    for ax, (column, title) in zip(axes.flat, PANELS, strict=True):
-        values = frame[column].to_numpy(dtype=float)
-        if f"{column}_low" in frame:
-            low = frame[f"{column}_low"].to_numpy(dtype=float)
-            high = frame[f"{column}_high"].to_numpy(dtype=float)
-            err = np.vstack([np.clip(values - low, 0, None), np.clip(high - values, 0, None)])
-            err = np.where(np.isfinite(err), err, 0.0)
-            ax.errorbar(steps, values, yerr=err, color=COLORS[0], marker="o", ms=3, lw=1.2, capsize=2)
-        else:
-            ax.plot(steps, values, color=COLORS[0], marker="o", ms=3, lw=1.2)
-        if column in BY_METRIC:  # each point in its health band's colour
-            ax.scatter(steps, values, c=[COLOURS[BY_METRIC[column].classify(v)] for v in values], s=18, zorder=3)
-        for start in starts:
-            ax.axvline(start, color=COLORS[1], ls="--", lw=1)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-    for ax in axes[1]:
-        ax.set_xlabel("step")
-    fig.suptitle("Mismatch per training step (bars: bootstrap interval; points: health band green / amber / red; "
-                 "dashed: drift starts)", fontsize=11)
-    return fig
-
-
 def drift_text(drift: dict[str, Drift]) -> str:
     """One callout: the drifting metrics first, in words, or that none drifts."""
     found = [d for d in drift.values() if d.detected]
@@ -127,8 +96,8 @@ def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str
     return f"{start}; it changes at {len(changes)} step(s): {listed}{more}."
 
 
-def trend_section(report: Any) -> tuple[list[Block], dict[str, bytes], dict[str, Any]]:
-    """(blocks, images, data) of the trend: blocks and the figure only for a multi-step run; data always carries
+def trend_section(report: Any) -> tuple[list[Block], dict[str, FigureSpec], dict[str, Any]]:
+    """(blocks, figures to draw, data) of the trend: blocks and the figure only for a multi-step run; data carries
     by_step with each step's status, status_changes, and drift ({} for one step)."""
     steps = by_step(report)
     changes = status_changes(steps)
@@ -148,4 +117,4 @@ def trend_section(report: Any) -> tuple[list[Block], dict[str, bytes], dict[str,
               Block("p", changes_text(steps, changes)),
               Block("image", "mismatch per step", image=FIGURE),
               Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
-    return blocks, {FIGURE: png_bytes(trend_figure(frame, report.drift))}, data
+    return blocks, {FIGURE: ("trend_panels", (frame, report.drift, PANELS))}, data

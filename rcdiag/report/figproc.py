@@ -1,0 +1,206 @@
+"""The report's figures drawn by a helper process while the report's own process reads the tokens.
+
+Drawing the figures is GIL-bound Python in matplotlib (~0.6 s for a run's five, whatever the run's size), and
+importing matplotlib and loading its fonts costs another ~0.4 s: on a 2,000-token run that was half the report,
+and on a large one it competed with the bootstrap for the GIL (issue #15). A child interpreter imports matplotlib
+while the parent imports the rest and runs the passes, then draws what the parent sends, on a core of its own.
+
+The channel is a private pipe between the parent and the child it started: the parent sends the plot functions'
+names and arguments (pickled: plain data, numpy arrays, the tails accumulator, the sweep frame) and reads back
+only named PNG bytes in a length-prefixed frame, never a pickle. Anything that goes wrong with the child (it
+cannot start, dies, answers garbage, or a figure raises) makes the parent draw the same figures itself, with the
+same bytes; so does a process with one core, or RCDIAG_FIGURE_PROCESS=0.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+FigureSpec = tuple[str, tuple[Any, ...]]
+"""(name of a figure function of rcdiag.report.plots, its positional arguments)."""
+
+ENV_SWITCH = "RCDIAG_FIGURE_PROCESS"
+_LENGTH = struct.Struct("<Q")
+_OK, _FAILED = b"\x00", b"\x01"
+
+
+def draw(specs: Mapping[str, FigureSpec]) -> dict[str, bytes]:
+    """PNG bytes of every figure, drawn in this process."""
+    from rcdiag.report import plots
+
+    return {name: plots.png_bytes(getattr(plots, function)(*args)) for name, (function, args) in specs.items()}
+
+
+def _read_exact(stream: IO[bytes], size: int) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError(f"figure process: expected {size} bytes, got {len(data)}")
+    return data
+
+
+def _write_frame(stream: IO[bytes], payload: bytes) -> None:
+    stream.write(_LENGTH.pack(len(payload)))
+    stream.write(payload)
+
+
+def _read_frame(stream: IO[bytes]) -> bytes:
+    return _read_exact(stream, _LENGTH.unpack(_read_exact(stream, _LENGTH.size))[0])
+
+
+def encode(images: Mapping[str, bytes]) -> bytes:
+    """Named bytes as one frame body: count, then per image its UTF-8 name and its bytes, each length-prefixed."""
+    parts = [_LENGTH.pack(len(images))]
+    for name, data in images.items():
+        key = name.encode()
+        parts += [_LENGTH.pack(len(key)), key, _LENGTH.pack(len(data)), data]
+    return b"".join(parts)
+
+
+def decode(body: bytes) -> dict[str, bytes]:
+    """encode's inverse; ValueError on a malformed body."""
+    out, at = {}, 0
+
+    def take(size: int) -> bytes:
+        nonlocal at
+        if at + size > len(body):
+            raise ValueError("figure process: truncated answer")
+        at += size
+        return body[at - size:at]
+
+    for _ in range(_LENGTH.unpack(take(_LENGTH.size))[0]):
+        name = take(_LENGTH.unpack(take(_LENGTH.size))[0]).decode()
+        out[name] = take(_LENGTH.unpack(take(_LENGTH.size))[0])
+    if at != len(body):
+        raise ValueError("figure process: trailing bytes in its answer")
+    return out
+
+
+class FigureProcess:
+    """One child interpreter (`python -m rcdiag.report.figproc`) answering requests in the order they were sent.
+    `request` sends figures and gives a ticket; `answer(ticket)` waits for that request's PNG bytes (reading any
+    earlier answer first). Either gives None once the child is unusable, or for a request whose drawing failed."""
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very rcdiag
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+        self.child = subprocess.Popen([sys.executable, "-m", "rcdiag.report.figproc"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.lock = threading.Lock()
+        self.sent = self.read = 0
+        self.answers: dict[int, dict[str, bytes] | None] = {}
+        self.alive = True
+
+    def request(self, specs: Mapping[str, FigureSpec]) -> int | None:
+        with self.lock:
+            if not self.alive:
+                return None
+            try:
+                _write_frame(self.child.stdin, pickle.dumps(dict(specs), protocol=pickle.HIGHEST_PROTOCOL))
+                self.child.stdin.flush()
+            except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                self._fail()
+                return None
+            self.sent += 1
+            return self.sent - 1
+
+    def answer(self, ticket: int) -> dict[str, bytes] | None:
+        with self.lock:
+            while self.alive and self.read <= ticket:
+                try:
+                    body = _read_frame(self.child.stdout)
+                    self.answers[self.read] = decode(body[1:]) if body[:1] == _OK else None
+                except (OSError, EOFError, ValueError, struct.error):
+                    self._fail()
+                    break
+                self.read += 1
+            return self.answers.pop(ticket, None)
+
+    def _fail(self) -> None:
+        """Stop using the child (every later request is drawn in the parent)."""
+        self.alive = False
+        self.close()
+
+    def close(self) -> None:
+        """Stop the child now: it holds nothing but figures already answered (a usage error that follows a
+        prestart must not wait for its imports)."""
+        if self.child.poll() is None:
+            try:
+                self.child.stdin.close()
+            except OSError:
+                pass
+            self.child.kill()
+        self.child.wait()
+
+
+_PROCESS: FigureProcess | None = None
+_START = threading.Lock()
+
+
+def enabled() -> bool:
+    """A helper process pays only with a second core (and can be switched off: RCDIAG_FIGURE_PROCESS=0)."""
+    return os.environ.get(ENV_SWITCH, "1") != "0" and len(os.sched_getaffinity(0)) > 1
+
+
+def prestart() -> None:
+    """Start this process's figure process now, so its imports run beside the caller's work (no-op when it runs,
+    is disabled, or cannot start)."""
+    global _PROCESS
+    with _START:
+        if _PROCESS is None and enabled():
+            try:
+                _PROCESS = FigureProcess()
+            except OSError:
+                return
+            atexit.register(_PROCESS.close)
+
+
+def submit(specs: Mapping[str, FigureSpec]) -> Callable[[], dict[str, bytes]]:
+    """Send the figures to the figure process (started if need be); the returned callable gives their PNG bytes,
+    drawn here instead whenever the process is unavailable."""
+    prestart()
+    process = _PROCESS
+    ticket = None if process is None else process.request(specs)
+
+    def result() -> dict[str, bytes]:
+        answer = None if ticket is None else process.answer(ticket)
+        return answer if answer is not None and answer.keys() == specs.keys() else draw(specs)
+
+    return result
+
+
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """The child's loop: one answer per request until the parent closes the pipe."""
+    import pandas  # noqa: F401  (the sweep frame's unpickling needs it)
+    from matplotlib.figure import Figure
+
+    from rcdiag.report import plots
+
+    warm = Figure(figsize=(1, 1))  # matplotlib's imports and its font load, before the first request
+    warm.text(0.5, 0.5, "ℓ")
+    plots.png_bytes(warm)
+    while True:
+        try:
+            request = _read_frame(stdin)
+        except EOFError:
+            return
+        try:
+            body = _OK + encode(draw(pickle.loads(request)))  # noqa: S301  (the parent's own request)
+        except Exception:  # the parent draws this request itself and meets the error there
+            body = _FAILED
+        _write_frame(stdout, body)
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print in a library cannot corrupt the answers
+    serve(sys.stdin.buffer, answers)

@@ -24,6 +24,7 @@ from rcdiag.errors import InputError
 from rcdiag.progress import progress
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float, mask_as_bool
+from rcdiag.store.validate import is_member
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
 DEFAULT_BATCH_ROWS = DEFAULT_READ_ROWS
@@ -312,10 +313,7 @@ def check_in_universe(chunk: TokenChunk, universe: np.ndarray | None) -> None:
     """InputError when a token row's seq_id is not a row of the sequences table."""
     if universe is None or chunk.seq_ids.size == 0:
         return
-    where = np.searchsorted(universe, chunk.seq_ids)
-    where = np.minimum(where, max(universe.size - 1, 0))
-    missing = universe.size == 0 or (universe[where] != chunk.seq_ids)
-    missing = np.atleast_1d(missing)
+    missing = ~is_member(universe, chunk.seq_ids)
     if missing.any():
         seq = int(chunk.seq_ids[np.flatnonzero(missing)[0]])
         raise InputError(f"token rows reference seq_id {seq}, which is not in the sequences table",

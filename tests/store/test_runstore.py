@@ -191,3 +191,13 @@ def test_pandas_round_trip_of_a_read_run(tmp_path):
     assert again.tokens()["rollout_logprob"].tolist() == [-1.0, -2.0, -3.0]
     with pytest.raises(InputError, match="field 'step'.*must be an integer"):
         write_run(tmp_path / "c", tokens, pd.DataFrame({"seq_id": [0, 1], "step": [0.5, 1.0]}))
+
+
+def test_is_member_against_a_set_reference():
+    from rcdiag.store.validate import is_member
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        known = np.unique(rng.integers(-5, 40, rng.integers(0, 30)))
+        values = rng.integers(-8, 45, rng.integers(0, 60))  # unsorted, repeated, beyond both ends
+        assert is_member(known, values).tolist() == [v in set(known.tolist()) for v in values.tolist()]

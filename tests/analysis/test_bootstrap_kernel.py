@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.bootstrap import POISSON1_CDF, bootstrap
+from rcdiag.analysis.bootstrap import POISSON1_CDF, bootstrap, headline_functions, sequence_terms
 
 
 def test_poisson_totals_equal_the_numpy_weight_matrix_product():
@@ -67,6 +67,16 @@ def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
     one = bootstrap(sums, replicates=40, seed=1)
     monkeypatch.setenv("RCDIAG_THREADS", "3")
     assert bootstrap(sums, replicates=40, seed=1) == one
+    # and the stream is default_rng(seed)'s, replicate after replicate, though each block draws its own part
+    matrix = np.stack(list(sequence_terms(sums, "canonical").values()), axis=1)
+    stream, block = np.random.default_rng(1), (1 << 16) // sums.shape[0]  # the kernel's blocks, drawn in turn
+    totals = np.concatenate([kernels.poisson_totals(stream.random((min(block, 40 - start), sums.shape[0])), matrix,
+                                                    POISSON1_CDF, True) for start in range(0, 40, block)])
+    kl = dict(zip(sequence_terms(sums, "canonical"), totals.T, strict=True))
+    kl = headline_functions("canonical")["kl"](kl)
+    alpha = (1 - 0.95) / 2  # as bootstrap computes it (0.025000000000000022)
+    lo, hi = np.quantile(kl, [alpha, 1 - alpha])
+    assert (one["kl"]["low"], one["kl"]["high"], one["kl"]["se"]) == (lo, hi, kl.std(ddof=1))
 
 
 def test_bootstrap_keeps_the_replicates_that_miss_an_infinite_sequence():

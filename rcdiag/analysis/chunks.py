@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis import kernels
+from rcdiag.analysis.allocator import reuse_batch_memory
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.threads import ordered_map, prefetch
 from rcdiag.errors import InputError
@@ -360,6 +361,7 @@ def stream(data: object, consumers: list, *, sequences: object | None = None, ba
     work."""
     from rcdiag.store.run import Run
 
+    reuse_batch_memory()
     universe = sequence_universe(data, sequences)
     if isinstance(data, Run) and len(data.token_files) > 1 and all(
             hasattr(c, "merge") and hasattr(c, "fresh") for c in consumers):

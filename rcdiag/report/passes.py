@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rcdiag.analysis.allocator import reuse_batch_memory
 from rcdiag.analysis.chunks import (
     DEFAULT_BATCH_ROWS,
     ChunkFeed,
@@ -114,6 +115,7 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, f
     row — and the first and last (seq_id, pos) key read (taken from the batches, not a second read of the file).
     `finish_labels`: the whole run's finish-reason labels when `run` holds one shard's sequences, so partial
     strata line up when merged (rcdiag.report.scan.relabel)."""
+    reuse_batch_memory()  # here, not only in run_passes: a Ray task runs this alone
     table = run.sequence_table(list(SEQUENCE_COLUMNS))
     info = SequenceInfo.from_table(table)
     if finish_labels is not None:

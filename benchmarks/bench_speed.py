@@ -14,7 +14,7 @@ a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
   report      `rcdiag report` (make_report: passes, bootstrap 1,000 replicates, plots, files), cache off
   startup     `rcdiag report` as a command on a 2,000-token run (wall; the fixed cost), and `rcdiag --help`
 Prints the best wall and best CPU seconds of --repeats runs, tokens/s, each ratio against the read, analyze vs
-DuckDB, and peak RSS.
+DuckDB, peak RSS and minor page faults (the process's, warm-up and all repeats included).
 """
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def _measure(name: str, run_path: str, repeats: int = 1) -> dict[str, float]:
         rows = METHODS[name](run_path)
         best = {"seconds": min(best["seconds"], time.perf_counter() - start),
                 "cpu": min(best["cpu"], time.process_time() - cpu)}
-    return {**best, "rows": rows, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {**best, "rows": rows, "rss_mib": usage.ru_maxrss / 1024, "faults_k": usage.ru_minflt / 1e3}
 
 
 def measure(name: str, run_path: Path, warm: Path, repeats: int = 1) -> dict[str, float]:
@@ -176,13 +177,14 @@ def main(argv: list[str] | None = None) -> None:
             build_run(paths[key], size, args.shard_tokens)
     results = {m: measure(m, paths["large"], paths["tiny"], args.repeats) for m in args.methods.split(",")}
     print(f"\n{n:,} tokens, {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'method':<10}{'wall s':>9}{'CPU s':>9}{'Mtok/s':>9}{'× read':>9}{'× read CPU':>12}{'RSS MiB':>9}")
+    print(f"{'method':<10}{'wall s':>9}{'CPU s':>9}{'Mtok/s':>9}{'× read':>9}{'× read CPU':>12}{'RSS MiB':>9}"
+          f"{'faults k':>10}")
     read = results.get("read")
     for name, r in results.items():
         ratio = r["seconds"] / read["seconds"] if read else float("nan")
         cpu_ratio = r["cpu"] / read["cpu"] if read else float("nan")
         print(f"{name:<10}{r['seconds']:>9.2f}{r['cpu']:>9.2f}{r['rows'] / r['seconds'] / 1e6:>9.2f}{ratio:>9.2f}"
-              f"{cpu_ratio:>12.2f}{r['rss_mib']:>9.0f}")
+              f"{cpu_ratio:>12.2f}{r['rss_mib']:>9.0f}{r['faults_k']:>10.0f}")
     if "analyze" in results and "duckdb" in results:
         print(f"analyze speed vs DuckDB: {results['duckdb']['seconds'] / results['analyze']['seconds']:.2f}× "
               "(> 1: rcdiag faster)")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import queue
+import select
 import struct
 import subprocess
 import sys
@@ -24,10 +26,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from rcdiag.analysis.threads import workers
+
 FigureSpec = tuple[str, tuple[Any, ...]]
 """(name of a figure function of rcdiag.report.plots, its positional arguments)."""
 
 ENV_SWITCH = "RCDIAG_FIGURE_PROCESS"
+ANSWER_TIMEOUT = 120.0
+"""Seconds the parent waits for an answer to begin (a report's figures take ~1 s) before it draws them itself."""
 _LENGTH = struct.Struct("<Q")
 _OK, _FAILED = b"\x00", b"\x01"
 
@@ -98,24 +104,39 @@ class FigureProcess:
         self.sent = self.read = 0
         self.answers: dict[int, dict[str, bytes] | None] = {}
         self.alive = True
+        # requests are written by a daemon thread, in order: a request larger than the pipe's buffer would
+        # otherwise block the report until the child reads it, forever if the child hangs
+        self.outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        threading.Thread(target=self._write_requests, name="rcdiag-figproc-writer", daemon=True).start()
 
     def request(self, specs: Mapping[str, FigureSpec]) -> int | None:
         with self.lock:
             if not self.alive:
                 return None
             try:
-                _write_frame(self.child.stdin, pickle.dumps(dict(specs), protocol=pickle.HIGHEST_PROTOCOL))
-                self.child.stdin.flush()
-            except (OSError, pickle.PicklingError, TypeError, AttributeError):
+                payload = pickle.dumps(dict(specs), protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError):
                 self._fail()
                 return None
+            self.outbox.put(payload)
             self.sent += 1
             return self.sent - 1
+
+    def _write_requests(self) -> None:
+        while True:
+            payload = self.outbox.get()
+            try:
+                _write_frame(self.child.stdin, payload)
+                self.child.stdin.flush()
+            except (OSError, ValueError):  # the child is gone (or closed): its answers will not come
+                return
 
     def answer(self, ticket: int) -> dict[str, bytes] | None:
         with self.lock:
             while self.alive and self.read <= ticket:
                 try:
+                    if not select.select([self.child.stdout], [], [], ANSWER_TIMEOUT)[0]:
+                        raise EOFError("figure process: no answer")  # hung: the parent draws instead
                     body = _read_frame(self.child.stdout)
                     self.answers[self.read] = decode(body[1:]) if body[:1] == _OK else None
                 except (OSError, EOFError, ValueError, struct.error):
@@ -133,12 +154,12 @@ class FigureProcess:
         """Stop the child now: it holds nothing but figures already answered (a usage error that follows a
         prestart must not wait for its imports)."""
         if self.child.poll() is None:
-            try:
-                self.child.stdin.close()
-            except OSError:
-                pass
-            self.child.kill()
+            self.child.kill()  # first: a write blocked on a full pipe holds the pipe's lock until the child goes
         self.child.wait()
+        try:
+            self.child.stdin.close()
+        except (OSError, ValueError):
+            pass
 
 
 _PROCESS: FigureProcess | None = None
@@ -146,8 +167,11 @@ _START = threading.Lock()
 
 
 def enabled() -> bool:
-    """A helper process pays only with a second core (and can be switched off: RCDIAG_FIGURE_PROCESS=0)."""
-    return os.environ.get(ENV_SWITCH, "1") != "0" and len(os.sched_getaffinity(0)) > 1
+    """A helper process pays only with a second core (threads.workers(): RCDIAG_THREADS=1 means none), can be
+    switched off (RCDIAG_FIGURE_PROCESS=0), and needs sys.executable to be a Python interpreter (not so in an
+    embedding host such as uWSGI)."""
+    interpreter = os.path.basename(sys.executable or "").lower().startswith("python")
+    return interpreter and os.environ.get(ENV_SWITCH, "1") != "0" and workers() > 1
 
 
 def prestart() -> None:

@@ -2,6 +2,9 @@
 process, and every way it can fail falls back to drawing in the parent."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from rcdiag import cli
@@ -43,6 +46,14 @@ def test_a_dead_child_makes_the_parent_draw(specs, child, monkeypatch):
     assert figproc.submit(specs)() == figproc.draw(specs)
     assert not child.alive
     assert figproc.submit(specs)() == figproc.draw(specs)  # later requests skip the child
+
+
+def test_a_hung_child_is_given_up(specs, child, monkeypatch):
+    os.kill(child.child.pid, signal.SIGSTOP)  # alive but never answering
+    monkeypatch.setattr(figproc, "ANSWER_TIMEOUT", 0.5)
+    monkeypatch.setattr(figproc, "_PROCESS", child)
+    assert figproc.submit(specs)() == figproc.draw(specs)
+    assert not child.alive and child.child.poll() is not None  # killed, not left stopped
 
 
 def test_a_failing_figure_raises_in_the_parent(child, monkeypatch):

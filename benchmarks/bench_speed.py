@@ -7,7 +7,8 @@ Each method runs in a fresh spawned interpreter (peak RSS its own; numba kernels
 a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
   read        pyarrow: stream the 7 token columns the report reads, file by file (the floor the ratios use; no
               rcdiag door check — the other methods open the run as a user does, validation included)
-  read-cores  the same with the files on a thread per core, as the passes read them (the floor of a parallel pass)
+  read-a      pyarrow: the 5 columns analyze reads (analyze's own floor)
+  read-cores  the same as read with the files on a thread per core, as the passes read them (the floor of a parallel pass)
   passes-1    the report's passes (scan + metrics/IS sweep/rejection accumulators) on ONE thread (no cache)
   passes      the same on a thread per core (rcdiag's default)
   analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_metrics import build_run  # noqa: E402  (the shared shard-by-shard builder)
 
 REPORT_COLUMNS = ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask"]
+ANALYZE_COLUMNS = ["seq_id", "pos", "rollout_logprob", "train_logprob", "mask"]
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DUCKDB_SQL = """
 WITH t AS (SELECT seq_id, train_logprob::DOUBLE AS a, rollout_logprob::DOUBLE AS b,
@@ -72,6 +74,11 @@ def _bare_run(run_path: str):
 
 def method_read(run_path: str) -> int:
     return sum(batch.num_rows for _, batch in _bare_run(run_path).iter_batches(REPORT_COLUMNS))
+
+
+def method_read_analyze(run_path: str) -> int:
+    """The bare read of the five columns analyze reads (its own floor; `read` has the report's seven)."""
+    return sum(batch.num_rows for _, batch in _bare_run(run_path).iter_batches(ANALYZE_COLUMNS))
 
 
 def method_read_cores(run_path: str) -> int:
@@ -131,7 +138,7 @@ def method_report(run_path: str) -> int:
     return result.reports[0].counts["token_rows"]
 
 
-METHODS = {"read": method_read, "read-cores": method_read_cores, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
+METHODS = {"read": method_read, "read-a": method_read_analyze, "read-cores": method_read_cores, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
            "duckdb": method_duckdb, "report": method_report}
 
 
@@ -192,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
         cpu_ratio = r["cpu"] / read["cpu"] if read else float("nan")
         print(f"{name:<10}{r['seconds']:>9.2f}{r['cpu']:>9.2f}{r['rows'] / r['seconds'] / 1e6:>9.2f}{ratio:>9.2f}"
               f"{cpu_ratio:>12.2f}{r['rss_mib']:>9.0f}{r['faults_k']:>10.0f}")
+    if "analyze" in results and "read-a" in results:
+        print(f"analyze vs the read of its own 5 columns: {results['analyze']['seconds'] / results['read-a']['seconds']:.2f}× "
+              f"wall, {results['analyze']['cpu'] / results['read-a']['cpu']:.2f}× CPU")
     if "analyze" in results and "duckdb" in results:
         print(f"analyze speed vs DuckDB: {results['duckdb']['seconds'] / results['analyze']['seconds']:.2f}× "
               "(> 1: rcdiag faster)")

@@ -70,8 +70,8 @@ class SequenceValues:
 
 _SEQUENCES_AT = 1 << 15
 """Sequences a sequence-level mode buffers before reducing them: its numpy work per chunk is a few dozen calls on
-arrays of ~100 values, GIL-held Python that cost ~20 ns a token over the 14 sequence modes of the report's sweep
-and kept a second core idle (issue #15); once per ~32k sequences it is noise."""
+arrays of ~100 values. Per chunk, the report's 28-mode sweep accumulator took 22.1 ns a token; buffered, 17.8
+(issue #15, measured alternately in one process on the 10 M run's chunks)."""
 
 
 @dataclass
@@ -109,12 +109,17 @@ class ChunkView:
         return self.chunk.sum_ell
 
     @cached_property
+    def valid(self) -> tuple[int, int]:
+        """(valid tokens, sequences with one) of the chunk, counted once for every mode."""
+        counts = self.chunk.counts
+        return int(counts.sum()), int(np.count_nonzero(counts))
+
+    @cached_property
     def sequences(self) -> SequenceValues:
         """What a sequence-level mode reads of this chunk, shared by all of them."""
         scored = self.scored
         return SequenceValues(self.seq_lr[scored], self.stat_counts[scored], self.seq_sum[scored],
-                              self.seq_sum[self.chunk.counts > 0], int(self.chunk.counts.sum()),
-                              int(np.count_nonzero(self.chunk.counts)))
+                              self.seq_sum[self.chunk.counts > 0], *self.valid)
 
     @cached_property
     def seq_lr(self) -> np.ndarray:
@@ -260,8 +265,9 @@ class ModeStats:
     def update(self, view: ChunkView, token_result: tuple[np.ndarray, ...] | None = None) -> None:
         """Add a chunk (token modes: with their slice of kernels.token_modes' result, see update_modes)."""
         if self.level == "token":
-            self.n_valid_tokens += int(view.chunk.counts.sum())
-            self.n_valid_seqs += int(np.count_nonzero(view.chunk.counts))
+            tokens, seqs = view.valid
+            self.n_valid_tokens += tokens
+            self.n_valid_seqs += seqs
             self._update_tokens(view, token_result)
         elif self._defers:
             values = view.sequences

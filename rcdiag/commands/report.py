@@ -101,10 +101,8 @@ def command(
 
         result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray, **extra)
     else:
-        from rcdiag.report import figproc
-
-        figproc.prestart()  # the figure process imports matplotlib while this one imports the passes
-        from rcdiag.report.make import make_report  # pandas and numba only when a report is made
+        from rcdiag.report.make import make_report  # pandas and numba only when a report is made (the figure
+        # process was started when the CLI resolved `report`: rcdiag.cli.COMMANDS' warm hook)
 
         result = make_report([str(r) for r in runs], out, options, fail_if or (), **extra)
     if not quiet:

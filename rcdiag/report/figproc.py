@@ -1,6 +1,6 @@
 """The report's figures drawn by a helper process while the report's own process reads the tokens.
 
-Drawing the figures is GIL-bound Python in matplotlib (~0.6 s for a run's five, whatever the run's size), and
+Drawing the figures is GIL-bound Python in matplotlib (~0.5 s for a run's four, whatever the run's size), and
 importing matplotlib and loading its fonts costs another ~0.4 s: on a 2,000-token run that was half the report,
 and on a large one it competed with the bootstrap for the GIL (issue #15). A child interpreter imports matplotlib
 while the parent imports the rest and runs the passes, then draws what the parent sends, on a core of its own.
@@ -9,7 +9,7 @@ The channel is a private pipe between the parent and the child it started: the p
 names and arguments (pickled: plain data, numpy arrays, the tails accumulator, the sweep frame) and reads back
 only named PNG bytes in a length-prefixed frame, never a pickle. Anything that goes wrong with the child (it
 cannot start, dies, answers garbage, or a figure raises) makes the parent draw the same figures itself, with the
-same bytes; so does a process with one core, or RCDIAG_FIGURE_PROCESS=0.
+same bytes; so does a process with one worker thread, or RCDIAG_FIGURE_PROCESS=0 (checked at every request).
 """
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def submit(specs: Mapping[str, FigureSpec]) -> Callable[[], dict[str, bytes]]:
     """Send the figures to the figure process (started if need be); the returned callable gives their PNG bytes,
     drawn here instead whenever the process is unavailable."""
     prestart()
-    process = _PROCESS
+    process = _PROCESS if enabled() else None  # a switch set after the process started is honoured too
     ticket = None if process is None else process.request(specs)
 
     def result() -> dict[str, bytes]:

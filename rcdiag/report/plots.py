@@ -187,8 +187,8 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
 
 
 def trend_panels(frame: Any, drift: Mapping[str, Any] | None, panels: Sequence[tuple[str, str]]) -> Figure:
-    """Panels ((trend column, title) each; the report's six: trend_section.PANELS) of per-step values with their bootstrap intervals as bars; a dashed line at the step
-    where the earliest drift starts."""
+    """Panels of per-step values, `panels` = (trend column, title) each (the report's six: trend_section.PANELS),
+    with their bootstrap intervals as bars and a dashed line at the step where the earliest drift starts."""
     fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
     axes = fig.subplots(2, (len(panels) + 1) // 2, sharex=True, squeeze=False)
     steps = frame["step"].to_numpy()

@@ -62,32 +62,32 @@ def figures(report: RunReport) -> Callable[[], dict[str, bytes]]:
     return figproc.submit(figure_specs(report))
 
 
-def figure_specs(report: RunReport) -> dict[str, figproc.FigureSpec]:
-    """Every plot of one run as {file name: (plots function, arguments)}."""
-    s = report.scan
-    specs = {"l_histogram.png": ("log_ratio_histogram", (s.tails,)),
-             "l_vs_rollout.png": ("log_ratio_vs_rollout", (report.strata["rollout_prob"],))}
-    for stratum, file in STRATA_PLOTS.items():
-        specs[file] = ("by_stratum", (report.strata[stratum], f"ℓ by {titles()[stratum]}", titles()[stratum]))
-    if report.sweep is not None and len(report.sweep):
-        rec = report.recommendation
-        specs["sweep.png"] = ("sweep_curves", (report.sweep, (rec["mode"], rec["threshold"]) if rec.get("mode")
-                                               else None, ESS_TARGET))
-    return specs
-
-
 def comparison_figures(reports: Sequence[RunReport]) -> Callable[[], dict[str, bytes]]:
-    """figures() of several runs overlaid."""
-    runs = {r.name: r for r in reports}
-    specs = {"l_histogram.png": ("log_ratio_histogram", ({n: r.scan.tails for n, r in runs.items()},)),
-             "l_vs_rollout.png": ("log_ratio_vs_rollout", ({n: r.strata["rollout_prob"] for n, r in runs.items()},))}
+    """figures() of several runs overlaid, one colour per run (no recommendation marked)."""
+    return figproc.submit(figure_specs(reports))
+
+
+def figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
+    """Every plot as {file name: (plots function, arguments)}: of one run (its data, the recommendation marked),
+    or of several (each plot's data as {run name: data}, which the plots functions overlay)."""
+    one = isinstance(reports, RunReport)
+    runs = [reports] if one else list(reports)
+
+    def each(get: Callable[[RunReport], Any]) -> Any:
+        return get(runs[0]) if one else {r.name: get(r) for r in runs}
+
+    specs = {"l_histogram.png": ("log_ratio_histogram", (each(lambda r: r.scan.tails),)),
+             "l_vs_rollout.png": ("log_ratio_vs_rollout", (each(lambda r: r.strata["rollout_prob"]),))}
     for stratum, file in STRATA_PLOTS.items():
-        specs[file] = ("by_stratum", ({n: r.strata[stratum] for n, r in runs.items()}, f"ℓ by {titles()[stratum]}",
+        specs[file] = ("by_stratum", (each(lambda r, s=stratum: r.strata[s]), f"ℓ by {titles()[stratum]}",
                                       titles()[stratum]))
-    sweeps = {n: r.sweep for n, r in runs.items() if r.sweep is not None and len(r.sweep)}
-    if sweeps:
-        specs["sweep.png"] = ("sweep_curves", (sweeps, None, ESS_TARGET))
-    return figproc.submit(specs)
+    swept = [r for r in runs if r.sweep is not None and len(r.sweep)]
+    if swept:
+        rec = runs[0].recommendation if one else {}
+        sweeps = swept[0].sweep if one else {r.name: r.sweep for r in swept}
+        specs["sweep.png"] = ("sweep_curves", (sweeps, (rec["mode"], rec["threshold"]) if rec.get("mode") else None,
+                                               ESS_TARGET))
+    return specs
 
 
 # ----------------------------------------------------------------------------------------------- one run
@@ -265,7 +265,8 @@ def run_files(report: RunReport) -> dict[str, bytes]:
     blocks = run_blocks(report)
     probe_blocks, probe_figures, probe_data = probe_section(report.path)
     trend_blocks, trend_figures, trend_data = trend_section(report)
-    more = figproc.submit({**probe_figures, **trend_figures}) if probe_figures or trend_figures else dict
+    section_figures = {**probe_figures, **trend_figures}
+    more = figproc.submit(section_figures) if section_figures else dict  # dict(): no figures, no round trip
     base_blocks, base_data = baseline_section(report)
     blocks[-1:-1] = base_blocks + trend_blocks + probe_blocks
     return render_files(blocks, {**images(), **more()},

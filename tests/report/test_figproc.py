@@ -83,11 +83,14 @@ def test_frames_round_trip_and_refuse_garbage():
 
 
 def test_report_files_do_not_depend_on_the_process(synthetic_runs, tmp_path, monkeypatch):
-    outs = {}
+    outs, drawn_here = {}, []
+    local = figproc.draw
+    monkeypatch.setattr(figproc, "draw", lambda specs: drawn_here.append(set(specs)) or local(specs))
     for switch in ("1", "0"):
         monkeypatch.setenv(figproc.ENV_SWITCH, switch)
         out = make_report([synthetic_runs["clean"]], tmp_path / switch, FAST).out
         outs[switch] = {p.name: p.read_bytes() for p in out.glob("*.png")}
+        assert bool(drawn_here) == (switch == "0"), "the child draws when on, the parent when switched off"
     assert len(outs["1"]) == 4 and outs["1"] == outs["0"]
 
 

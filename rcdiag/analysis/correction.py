@@ -18,7 +18,7 @@ import numpy as np
 
 from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
-from rcdiag.analysis.conventions import DEFAULT_CONVENTION, Convention, get_convention
+from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
 from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
 from rcdiag.analysis.rejection import Rejection, check_verl, keep_rows, parse_rejections
@@ -147,10 +147,6 @@ class ISAccumulator:
         return (len(self.stats) == 1 and self.stats[0].level == "token" and self.stats[0].weights is None
                 and self.rs is None and not self.extras and not self.kept and self.keys is None)
 
-    def scored_view(self, chunk: TokenChunk) -> ChunkView:
-        """The chunk's rows this accumulator scores (its rejection options applied), for ISGroup."""
-        return ChunkView.build(chunk, self.convention, keep_rows(self.rejection, chunk))
-
     def merge(self, other: ISAccumulator) -> ISAccumulator:
         if [m for m in other.modes] != self.modes or other.convention != self.convention:
             raise ValueError("cannot merge IS accumulators of different modes or conventions")
@@ -201,18 +197,28 @@ class ISAccumulator:
 
 
 class ISGroup:
-    """ISAccumulators fed the same chunks whose one token-level mode differs only in the rows it scores — the
-    report's verl rejection options, each over token_truncate at C — updated by ONE kernel call per chunk
-    (kernels.token_mode_views) where each made its own pass: the same numbers, bit for bit. A group whose members
-    do anything else (verl's rejection statistics, extras, weights, several or different modes) is updated member
-    by member. Merge and finish the members themselves."""
+    """ISAccumulators fed the same chunks whose one token-level mode differs only in the verl rejection options
+    that choose the rows it scores — the report's rejection options, each over token_truncate at C — updated by
+    ONE kernel call per chunk (kernels.rejection_views, which also decides the options' keep flags) where each
+    made its own numpy flags and pass: the same numbers, bit for bit. A group whose members do anything else
+    (verl's rejection statistics, extras, weights, several or different modes) is updated member by member.
+    Merge and finish the members themselves."""
+
+    MAX_FUSED = 63
+    """Members one kernel call scores (each takes a bit of a row's flags word)."""
 
     def __init__(self, accumulators: Sequence[ISAccumulator]) -> None:
         self.accumulators = list(accumulators)
         first = self.accumulators[0].stats[0] if self.accumulators else None
-        self.fused = len(self.accumulators) > 1 and all(
+        self.fused = 1 < len(self.accumulators) <= self.MAX_FUSED and all(
             a.single_token_mode and a.convention == self.accumulators[0].convention
             and a.stats[0].kernel_params() == first.kernel_params() for a in self.accumulators)
+        if self.fused:
+            rows = [(r.kernel_row(), j) for j, a in enumerate(self.accumulators) for r in a.rejection]
+            self._options = np.array([row for row, _ in rows], dtype=np.float64).reshape(-1, 4)
+            self._option_view = np.array([j for _, j in rows], dtype=np.int64)
+            self._uses_rm1 = any(r.statistic_name == "k3" for a in self.accumulators for r in a.rejection)
+            self._params = np.array(first.kernel_params(), dtype=np.float64)
 
     def update_chunk(self, chunk: TokenChunk) -> None:
         if not self.fused:
@@ -221,13 +227,17 @@ class ISGroup:
             return
         if chunk.n == 0:
             return
-        views = [a.scored_view(chunk) for a in self.accumulators]
-        first = self.accumulators[0].stats[0]
-        per_w, per_e, out = kernels.token_mode_views(
-            views[0].lr_rows, views[0].rho_rows, chunk.mask, np.stack([v.stat_rows for v in views]), chunk.starts,
-            np.array(first.kernel_params(), dtype=np.float64), first.ess is not None)
+        first = self.accumulators[0]
+        view = ChunkView.build(chunk, first.convention, None)  # the members' updates read only its valid counts
+        lh = chunk.log_ratio(LOG_RATIO_CLAMP)  # the rejection statistics' ℓ̂ and ρ − 1 (rejection.Rejection)
+        rm1 = chunk.ratio_m1(LOG_RATIO_CLAMP) if self._uses_rm1 else lh
+        views = len(self.accumulators)
+        per_w, per_e, out = kernels.rejection_views(
+            view.lr_rows, view.rho_rows, lh, rm1, chunk.mask, chunk.starts, chunk.counts, self._options,
+            self._option_view, views, np.zeros(chunk.n, np.uint8 if views <= 8 else np.int64), self._params,
+            first.stats[0].ess is not None)
         no_rows = np.zeros(0)
-        for j, (accumulator, view) in enumerate(zip(self.accumulators, views, strict=True)):
+        for j, accumulator in enumerate(self.accumulators):
             accumulator.stats[0].update(view, (per_w[j], per_e[j], out[j], no_rows))
 
 

@@ -225,18 +225,122 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     return per_w, per_e, out, w_rows
 
 
-@numba.njit(**_JIT)
-def token_mode_views(lr, rho, base, stats, starts, params, swift_ess):
-    """ONE token mode (`params` [6], a row of token_modes' params) scored on K row sets: stats[j] ⊆ base (bool
-    [K, n]; verl's rejection options drop different rows from the valid ones, `base`; a set with a row outside
-    `base` is a caller's error). Returns per_w, per_e [K, S]
-    and out [K, 14], what token_modes gives for each row set alone.
+REJECTION_STATISTICS = ("k1", "k2", "k3")
+"""rejection_views' statistic codes (an option's row of `options`, column 0: the index here)."""
+REJECTION_SCOPES = ("token", "seq_sum", "seq_mean", "seq_max")
+"""rejection_views' scope codes (column 1)."""
 
-    A sequence whose rows a set scores exactly as `base` does takes the base rows' sums, counts and extrema,
-    reduced once per sequence for all such sets; only the sets that drop rows from a sequence sum it on their own.
-    Each set thus adds the same terms in the same order as _modes_dense (the same bits), and K options cost about
-    one where they cost K passes."""
-    n_views, n_seq, n = stats.shape[0], starts.size, lr.size
+
+@numba.njit(inline="always")
+def _statistic(code, lh, rm1):
+    """verl's rejection statistic of one row (ℓ̂ = lh, ρ − 1 = rm1) by REJECTION_STATISTICS code: k1 = −ℓ̂,
+    k2 = ½ℓ̂², k3 = (ρ − 1) − ℓ̂, the operations of rcdiag.analysis.rejection's numpy form (so the same bits)."""
+    if code == 0:
+        return -lh
+    if code == 1:
+        return 0.5 * lh * lh
+    return rm1 - lh
+
+
+@numba.njit(inline="always")
+def _valid_statistic(code, lr, rm1, mask, i):
+    """The statistic of row i, 0.0 on a masked row (what a sequence's sum, mean and max reduce)."""
+    return _statistic(code, lr[i], rm1[i]) if mask[i] else 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairwise_statistic(code, lr, rm1, mask, lo, n):
+    """numpy's pairwise sum (DOUBLE_pairwise_sum, numpy/_core/src/umath/loops_utils.h.src) of rows lo … lo+n−1's
+    _valid_statistic: sequential below 8 values, 8 interleaved partial sums up to 128, halves (cut at a multiple
+    of 8) above. With the first row added in front this is np.add.reduceat's sum of a segment, bit for bit
+    (tests/analysis/test_kernels.py), which the numpy form of the seq_sum / seq_mean options uses."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += _valid_statistic(code, lr, rm1, mask, i)
+        return res
+    if n <= 128:
+        r0 = _valid_statistic(code, lr, rm1, mask, lo)
+        r1 = _valid_statistic(code, lr, rm1, mask, lo + 1)
+        r2 = _valid_statistic(code, lr, rm1, mask, lo + 2)
+        r3 = _valid_statistic(code, lr, rm1, mask, lo + 3)
+        r4 = _valid_statistic(code, lr, rm1, mask, lo + 4)
+        r5 = _valid_statistic(code, lr, rm1, mask, lo + 5)
+        r6 = _valid_statistic(code, lr, rm1, mask, lo + 6)
+        r7 = _valid_statistic(code, lr, rm1, mask, lo + 7)
+        i = 8
+        while i < n - n % 8:
+            j = lo + i
+            r0 += _valid_statistic(code, lr, rm1, mask, j)
+            r1 += _valid_statistic(code, lr, rm1, mask, j + 1)
+            r2 += _valid_statistic(code, lr, rm1, mask, j + 2)
+            r3 += _valid_statistic(code, lr, rm1, mask, j + 3)
+            r4 += _valid_statistic(code, lr, rm1, mask, j + 4)
+            r5 += _valid_statistic(code, lr, rm1, mask, j + 5)
+            r6 += _valid_statistic(code, lr, rm1, mask, j + 6)
+            r7 += _valid_statistic(code, lr, rm1, mask, j + 7)
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += _valid_statistic(code, lr, rm1, mask, lo + i)
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return (_pairwise_statistic(code, lr, rm1, mask, lo, half)
+            + _pairwise_statistic(code, lr, rm1, mask, lo + half, n - half))
+
+
+@numba.njit(inline="always")
+def _sequence_statistic(code, scope, lr, rm1, mask, first, end, count):
+    """One sequence's seq_sum / seq_mean / seq_max statistic as numpy reduces it: reduceat (the first row, then
+    the pairwise sum of the rest), divided by max(T_i, 1) for the mean; the max of the rows (0.0 on masked rows)."""
+    if scope == 3:
+        top = _valid_statistic(code, lr, rm1, mask, first)
+        for i in range(first + 1, end):
+            top = max(top, _valid_statistic(code, lr, rm1, mask, i))
+        return top
+    total = _valid_statistic(code, lr, rm1, mask, first) + _pairwise_statistic(code, lr, rm1, mask, first + 1,
+                                                                              end - first - 1)
+    return total / max(count, 1) if scope == 2 else total
+
+
+@numba.njit(inline="always")
+def _add_view(v, k, acc, scored, per_w, per_e, lo_w, hi_w, lo_e, hi_e, counts):
+    """Sequence k's reduced rows (`acc`, `scored` rows) are view v's: its per-sequence sums, extrema and counts."""
+    n_high, n_low, n_out, kept, s_w, c_w, lo_sw, hi_sw, s_e, c_e, lo_se, hi_se = acc
+    per_w[v, k], per_e[v, k] = _total(s_w, c_w), _total(s_e, c_e)
+    lo_w[v], hi_w[v] = min(lo_w[v], lo_sw), max(hi_w[v], hi_sw)
+    lo_e[v], hi_e[v] = min(lo_e[v], lo_se), max(hi_e[v], hi_se)
+    counts[0, v] += n_high
+    counts[1, v] += n_low
+    counts[2, v] += n_out
+    counts[3, v] += kept
+    counts[4, v] += kept > 0
+    counts[5, v] += scored
+
+
+@numba.njit(**_JIT)
+def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, counts_t, options, option_view, n_views, row_out,
+                    params, swift_ess):
+    """ONE token mode (`params` [6], a row of token_modes' params) scored on K row sets, each the valid rows
+    (`mask`) that its verl rejection options keep — the report's rejection options, each over token_truncate —
+    with the keep flags decided here, row by row and sequence by sequence, instead of as numpy arrays.
+
+    `options` float64 [R, 4]: statistic code (REJECTION_STATISTICS), scope code (REJECTION_SCOPES), lo, hi: an
+    option keeps a row (token scope) or a whole sequence (seq_*) when lo ≤ statistic ≤ hi; `option_view` int64 [R]
+    the set it belongs to (a set's options are chained: all must keep; a set without options scores every valid
+    row). The statistics are computed from ℓ̂ = `stat_lr` and ρ − 1 = `stat_rm1` (the ±20-clamped rows of
+    rcdiag.analysis.rejection; `counts_t` T_i divides a mean) exactly as its numpy form does. `row_out` (zeros,
+    unsigned [n], at least K bits) is scratch: bit j marks a row a token option of set j drops.
+    Returns per_w, per_e [K, S] and out [K, 14]: what token_modes gives for each row set alone, bit for bit.
+
+    A sequence a set keeps whole takes the valid rows' sums, counts and extrema, reduced once for all such sets;
+    a set its seq_* option drops scores nothing there; only a set whose token option drops some of its rows sums
+    it on its own. The numpy flags of the report's five options (and their stacked copy) are gone: the report's
+    rejection group took 40.5 ns a row with them and the former kernel, 32.5 with this one (issue #15; the two
+    token options still sum most sequences a second time, since they drop a few rows of nearly every one)."""
+    n_seq, n, n_options = starts.size, lr.size, options.shape[0]
     upper, lower, log_upper, log_lower, log_lo = params[0], params[1], params[2], params[3], params[4]
     mask_action = params[5] > 0
     per_w = np.zeros((n_views, n_seq))
@@ -245,40 +349,45 @@ def token_mode_views(lr, rho, base, stats, starts, params, swift_ess):
     lo_w, hi_w = np.full(n_views, np.inf), np.full(n_views, -np.inf)
     lo_e, hi_e = np.full(n_views, np.inf), np.full(n_views, -np.inf)
     counts = np.zeros((6, n_views), np.int64)  # high, low, out of [L, C], kept tokens, kept sequences, scored
-    full = np.empty(n_views, np.bool_)
-    w_rows = np.empty(n)  # each base row's weight (one mode: the same for every set), for the second pass
+    dropped = np.zeros((n_views, n_seq), np.bool_)  # a seq_* option of the set drops the sequence
+    partial = np.zeros(n_views, np.bool_)  # this sequence: a token option of the set drops some of its rows
+    w_rows = np.empty(n)  # each valid row's weight (one mode: the same in every set), for the second pass
     for k in range(n_seq):
         first, end = starts[k], starts[k + 1] if k + 1 < n_seq else n
-        n_base = 0
+        partial[:] = False
+        for r in range(n_options):
+            code, scope, lo, hi, v = int(options[r, 0]), int(options[r, 1]), options[r, 2], options[r, 3], option_view[r]
+            if scope == 0:
+                for i in range(first, end):
+                    if mask[i]:
+                        s = _statistic(code, stat_lr[i], stat_rm1[i])
+                        if not (s >= lo and s <= hi):
+                            row_out[i] |= 1 << v
+                            partial[v] = True
+            else:
+                s = _sequence_statistic(code, scope, stat_lr, stat_rm1, mask, first, end, counts_t[k])
+                dropped[v, k] |= not (s >= lo and s <= hi)
+        acc = (0, 0, 0, 0, 0.0, 0.0, np.inf, -np.inf, 0.0, 0.0, np.inf, -np.inf)
+        scored = 0
         for i in range(first, end):
-            n_base += base[i]
-        for j in range(n_views):  # stats[j] ⊆ base: the same rows iff as many
-            n_set = 0
-            for i in range(first, end):
-                n_set += stats[j, i]
-            full[j] = n_set == n_base
-        for j in range(-1, n_views):  # −1: the base rows, for every set that scores them all
-            if j >= 0 and full[j]:
+            if mask[i]:
+                w_rows[i], acc = _add_row(lr[i], rho[i], upper, lower, log_upper, log_lower, log_lo, mask_action,
+                                          swift_ess, acc)
+                scored += 1
+        for v in range(n_views):
+            if dropped[v, k]:
                 continue
-            acc = (0, 0, 0, 0, 0.0, 0.0, np.inf, -np.inf, 0.0, 0.0, np.inf, -np.inf)
-            scored = 0
+            if not partial[v]:
+                _add_view(v, k, acc, scored, per_w, per_e, lo_w, hi_w, lo_e, hi_e, counts)
+                continue
+            own = (0, 0, 0, 0, 0.0, 0.0, np.inf, -np.inf, 0.0, 0.0, np.inf, -np.inf)
+            own_scored = 0
             for i in range(first, end):
-                if base[i] if j < 0 else stats[j, i]:
-                    w_rows[i], acc = _add_row(lr[i], rho[i], upper, lower, log_upper, log_lower, log_lo,
-                                              mask_action, swift_ess, acc)
-                    scored += 1
-            n_high, n_low, n_out, kept, s_w, c_w, lo_sw, hi_sw, s_e, c_e, lo_se, hi_se = acc
-            for v in range(n_views):
-                if (j < 0 and full[v]) or v == j:
-                    per_w[v, k], per_e[v, k] = _total(s_w, c_w), _total(s_e, c_e)
-                    lo_w[v], hi_w[v] = min(lo_w[v], lo_sw), max(hi_w[v], hi_sw)
-                    lo_e[v], hi_e[v] = min(lo_e[v], lo_se), max(hi_e[v], hi_se)
-                    counts[0, v] += n_high
-                    counts[1, v] += n_low
-                    counts[2, v] += n_out
-                    counts[3, v] += kept
-                    counts[4, v] += kept > 0
-                    counts[5, v] += scored
+                if mask[i] and not (row_out[i] >> v) & 1:
+                    _, own = _add_row(lr[i], rho[i], upper, lower, log_upper, log_lower, log_lo, mask_action,
+                                      swift_ess, own)
+                    own_scored += 1
+            _add_view(v, k, own, own_scored, per_w, per_e, lo_w, hi_w, lo_e, hi_e, counts)
     for j in range(n_views):
         out[j, 0] = counts[5, j]
         out[j, 3], out[j, 4], out[j, 7], out[j, 8] = lo_w[j], hi_w[j], lo_e[j], hi_e[j]
@@ -286,21 +395,23 @@ def token_mode_views(lr, rho, base, stats, starts, params, swift_ess):
             out[j, 9 + f] = counts[f, j]
         if counts[5, j]:
             out[j, 1], out[j, 5] = per_w[j].sum() / counts[5, j], per_e[j].sum() / counts[5, j]
-    m2 = np.zeros(n_views)
-    m2e = np.zeros(n_views)
-    for i in range(n):
-        if not base[i]:
-            continue
-        w = w_rows[i]
-        e = min(max(w, 1.0 / upper), upper)
-        for j in range(n_views):
-            if stats[j, i]:
-                m2[j] += (w - out[j, 1]) * (w - out[j, 1])
-                if swift_ess:
-                    m2e[j] += (e - out[j, 5]) * (e - out[j, 5])
+    # second pass: M2 of each set about its mean, its rows in row order (as token_modes' _second_pass adds them)
     for j in range(n_views):
-        if counts[5, j]:
-            out[j, 2], out[j, 6] = m2[j], m2e[j]
+        if not counts[5, j]:
+            continue
+        mean_w, mean_e = out[j, 1], out[j, 5]
+        m2 = m2e = 0.0
+        for k in range(n_seq):
+            if dropped[j, k]:
+                continue
+            for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+                if mask[i] and not (row_out[i] >> j) & 1:
+                    w = w_rows[i]
+                    m2 += (w - mean_w) * (w - mean_w)
+                    if swift_ess:
+                        e = min(max(w, 1.0 / upper), upper) - mean_e
+                        m2e += e * e
+        out[j, 2], out[j, 6] = m2, m2e
     return per_w, per_e, out
 
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.errors import ConfigError
 
-STATISTICS = ("k1", "k2", "k3")
-SCOPES = ("token", "seq_sum", "seq_mean", "seq_max")
+STATISTICS = kernels.REJECTION_STATISTICS
+SCOPES = kernels.REJECTION_SCOPES
 OPTIONS = tuple(f"{scope}_{stat}" for scope in SCOPES for stat in STATISTICS if (scope, stat) != ("seq_max", "k1"))
 """token_k1, token_k2, token_k3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2, seq_max_k3 (METRICS.md)."""
 
@@ -71,6 +72,11 @@ class Rejection:
             lower = self.lower if self.lower is not None else 1.0 / self.upper
             return math.log(lower), math.log(self.upper)
         return (-math.inf if self.lower is None else self.lower), self.upper
+
+    def kernel_row(self) -> tuple[float, float, float, float]:
+        """This option as a row of kernels.rejection_views' `options`: statistic and scope codes, lo, hi."""
+        lo, hi = self.bounds()
+        return float(STATISTICS.index(self.statistic_name)), float(SCOPES.index(self.scope)), lo, hi
 
     def statistic(self, chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray | None]:
         """(token statistic per row [n], per-sequence statistic [S] or None for token options). Masked rows hold

@@ -153,31 +153,65 @@ def test_token_modes_together_equal_each_mode_alone(swift, scale):
             assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64))
 
 
+def _rejection_chunks(rng: np.random.Generator) -> list:
+    """Chunks of sequences of 1 … 1,000 rows (lengths around numpy's pairwise-sum blocks of 8 and 128), 10 % of
+    rows masked and one sequence without a valid row, ℓ heavy-tailed with rows at exactly ±log 2 and ±20+."""
+    import pyarrow as pa
+
+    from rcdiag.analysis.chunks import iter_chunks
+
+    lengths = rng.choice([1, 2, 7, 8, 9, 127, 128, 129, 136, 300, 1000], 80)
+    n = int(lengths.sum())
+    b = -rng.exponential(1.5, n)
+    ell = np.clip(0.3 * rng.standard_t(2, n), -30, 30)
+    ell[rng.integers(0, n, 40)] = rng.choice([math.log(2.0), -math.log(2.0), 25.0, -25.0], 40)
+    mask = rng.random(n) > 0.1
+    mask[int(lengths[:3].sum()):int(lengths[:4].sum())] = False
+    seq = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    pos = np.concatenate([np.arange(k) for k in lengths])
+    table = pa.table({"seq_id": seq, "pos": pos, "train_logprob": b + ell, "rollout_logprob": b, "mask": mask})
+    return list(iter_chunks(table, batch_rows=n // 3))
+
+
 @pytest.mark.parametrize("swift", [False, True])
 @pytest.mark.parametrize("action", [0.0, 1.0])
-def test_token_mode_views_equal_each_row_set_alone(swift, action):
-    """One mode on K row sets (each ⊆ the valid rows: single rows dropped, whole sequences dropped, nothing
-    dropped, everything dropped) is bit-identical, output by output, to token_modes on each set alone. Guards
-    the base rows' sums handed to the sets that score a sequence fully, and the second pass's per-set means."""
-    rng = np.random.default_rng(13 + int(swift) + 2 * int(action))
-    starts, lengths = _segments(rng, 90, 60)
-    n = int(lengths.sum())
-    lr = np.clip(0.05 * rng.standard_t(2, n), -20, 20)
-    lr[rng.integers(0, n, 20)] = np.log(rng.choice([1.5, 2.0, 0.5], 20))  # ties at the bounds
-    rho = np.exp(lr)
-    base = rng.random(n) > 0.1
-    stats = np.stack([base, base & (np.abs(lr) <= math.log(2.0)), base & (rng.random(n) > 0.01),
-                      np.zeros(n, bool), base.copy()])
-    for k in rng.choice(starts.size, 12, replace=False):
-        stats[4, starts[k]:starts[k] + lengths[k]] = False  # whole sequences rejected (seq_* options)
-    for c, low in ((2.0, None), (1.5, 0.5)):
-        params = np.array([c, low or 0.0, math.log(c), math.log(low) if low else -math.inf,
-                           math.log(low) if low else -math.log(c), action])
-        got = kernels.token_mode_views(lr, rho, base, stats, starts, params, swift)
-        for j in range(stats.shape[0]):
-            alone = kernels.token_modes(lr, rho, stats[j], starts, params[None, :], swift, False)[:3]
+def test_rejection_views_equal_numpy_flags_then_each_set_alone(swift, action):
+    """rejection_views decides verl's rejection flags itself (all 11 options, chained options, a set without any)
+    and scores one mode on each set: output by output the bits of token_modes on the valid rows that
+    rejection.keep_rows (numpy) keeps. The seq_* bounds are set to numpy's own statistic of some sequences, so a
+    sequence sum added in another order than np.add.reduceat's (its first row, then pairwise) flips their flag."""
+    from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+    from rcdiag.analysis.rejection import OPTIONS, Rejection, keep_rows
+
+    rng = np.random.default_rng(29 + int(swift) + 2 * int(action))
+    for chunk in _rejection_chunks(rng):
+        sets: list[tuple[Rejection, ...]] = [(), (Rejection("token_k1", 2.0), Rejection("seq_mean_k3", 0.05))]
+        for option in OPTIONS:
+            rejection = Rejection(option, 1.5 if option.endswith("k1") else 0.02)
+            _, per_seq = rejection.statistic(chunk)
+            sets.append((rejection,))
+            if per_seq is not None:  # ties: the upper bound at numpy's (positive) statistic of some sequences
+                ties = per_seq[per_seq > 0]
+                if option.endswith("k1"):  # a ratio bound: only where log(exp(t)) gives t back
+                    ties = ties[np.log(np.exp(ties)) == ties]
+                for tie in rng.choice(ties, min(3, ties.size), replace=False):
+                    sets.append((Rejection(option, float(np.exp(tie) if option.endswith("k1") else tie)),))
+        options = np.array([r.kernel_row() for rs in sets for r in rs])
+        option_view = np.array([j for j, rs in enumerate(sets) for _ in rs], dtype=np.int64)
+        lh, rm1 = chunk.log_ratio(LOG_RATIO_CLAMP), chunk.ratio_m1(LOG_RATIO_CLAMP)
+        rho = chunk.ratio(LOG_RATIO_CLAMP)
+        params = np.array([2.0, 0.0, math.log(2.0), -math.inf, -math.log(2.0), action])
+        got = kernels.rejection_views(lh, rho, lh, rm1, chunk.mask, chunk.starts, chunk.counts, options,
+                                      option_view, len(sets), np.zeros(chunk.n, np.int64), params, swift)
+        dropped = 0
+        for j, rejections in enumerate(sets):
+            keep = keep_rows(rejections, chunk)
+            stat = chunk.mask if keep is None else chunk.mask & keep
+            dropped += int(np.count_nonzero(chunk.mask & ~stat))
+            alone = kernels.token_modes(lh, rho, stat, chunk.starts, params[None, :], swift, False)[:3]
             for joint, single in zip(got, alone, strict=True):
-                assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64)), (c, low, j)
+                assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64)), (j, rejections)
+        assert dropped > 0  # the options did reject rows: the sets differ
 
 
 def test_exact_sum_is_independent_of_how_values_arrive():

@@ -83,7 +83,7 @@ def correction_blocks(report: Any) -> list[Block]:
     blocks = [Block("h", "Correction: IS modes and threshold sweep")]
     if report.sweep is not None and len(report.sweep):
         headers, rows, notes = sweep_pivot(report.sweep)
-        blocks += [Block("image", "ESS and share clipped against C, one facet per mode", image="sweep.png"),
+        blocks += [Block("image", "ESS and share clipped against C, every mode on one scale", image="sweep.png"),
                    Block("p", f"Each cell: effective sample size (target ≥ {ESS_TARGET}) · share of tokens "
                               "(token modes) or sequences (sequence modes) clipped or masked. " + " ".join(notes)),
                    Block("table", headers=headers, rows=rows),

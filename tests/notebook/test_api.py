@@ -135,9 +135,10 @@ def test_plots_are_figures_with_the_data(noisy, tmp_path):
     with pytest.raises(ConfigError, match="unknown stratum"):
         noisy.plot.strata("colour")
     assert isinstance(noisy.plot.density(), Figure)
-    sweep = noisy.plot.sweep(modes=["token_mask"])  # one facet per mode: ESS above, clipped % below
-    assert [a.get_title() for a in sweep.axes] == ["token_mask", ""]
+    sweep = noisy.plot.sweep(modes=["token_mask", "sequence_truncate"])  # all modes on ESS above, clipped % below
     assert [a.get_ylabel() for a in sweep.axes] == ["ESS / N", "clipped (%)"]
+    assert [t.get_text() for t in sweep.legends[0].get_texts()] == ["token_mask", "sequence_truncate"]
+    assert [len(a.get_lines()) for a in sweep.axes] == [3, 2]  # a curve per mode (and the ESS target above)
     seq_id = int(ref["seq_id"].iloc[0])
     bars = noisy.plot.sequence(seq_id).axes[0].containers[0]  # the BarContainer (axvspan shading excluded)
     valid = ref[ref["seq_id"] == seq_id]["ell"].to_numpy()

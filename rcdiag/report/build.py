@@ -7,6 +7,7 @@ a verdict (rcdiag.analysis.health) and a recommendation acting on it
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
 from rcdiag.report.trend_section import report_trend
 from rcdiag.store.run import read_columns
-from rcdiag.tokenizers import run_tokenizer
+from rcdiag.tokenizers import fast_tokenizer, run_tokenizer
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RunReport:
     metrics_error: str | None = None
     pending_intervals: Future | dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
     """The bootstrap intervals, or the Future of the bootstrap still running (read them through `intervals`)."""
+    pending_figures: tuple[tuple[str, ...], Callable[[], dict[str, bytes]]] | None = field(default=None, repr=False)
+    """Figures already sent to the figure process: (their file names, the callable giving their PNG bytes)."""
     tails: dict[str, float] = field(default_factory=dict)
     strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     worst_tokens: list[dict[str, Any]] = field(default_factory=list)
@@ -92,9 +95,14 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
     NaN/±inf log-probs on valid positions do not stop the report: the checks locate them and `metrics_error`
     says why the metrics (which refuse such input) are missing.
     """
-    report = judge(run, options, map_files)
-    scan = report.scan
-    report.strata = scan.strata.finish()
+    return finish_report(judge(run, options, map_files), run)
+
+
+def finish_report(report: RunReport, run: Any) -> RunReport:
+    """What a judged report (`judge`) still lacks: the bootstrap intervals (started on a thread of their own), the
+    worst tokens, sequences and prompts, the recommendation and the trend. `rcdiag report` sends the figures the
+    passes alone decide to the figure process in between (rcdiag.report.sections.send_scan_figures)."""
+    options, scan = report.options, report.scan
     ids, sums = scan.sums.table(scan.info.seq_id)
     # no interval around numbers the metrics refused or withheld: it would look like a result
     # the bootstrap's kernel releases the GIL: it runs on its own thread while the rest of the report is made
@@ -110,8 +118,8 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
 
 def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
     """The part of the report the verdict needs — the passes (cached: rcdiag.report.cache), the input checks, the
-    tails, metrics, IS modes and the verdict — without the bootstrap, worst items, recommendation or trend. The
-    notebook card calls it too, so its verdict is the report's, from the same one pass."""
+    tails, strata, metrics, IS modes and the verdict — without the bootstrap, worst items, recommendation or trend
+    (finish_report). The notebook card calls it too, so its verdict is the report's, from the same one pass."""
     validate(options)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
@@ -119,6 +127,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     report = RunReport(run.name, str(run.path), run.manifest, options,
                        check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
     report.tails = scan.tails.finish()
+    report.strata = scan.strata.finish()
     try:
         _library_numbers(report, library)
     except InputError as exc:
@@ -220,8 +229,10 @@ def _sequence_texts(run: Any, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
 
 
 def _decode_worst(run: Any, worst: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add the token's text and ±6 tokens of context where the run's tokenizer loads from a local directory."""
-    tokenizer = run_tokenizer(run.manifest)
+    """Add the token's text and ±6 tokens of context where the run's tokenizer loads from a local directory: its
+    tokenizer.json through the light `tokenizers` package, as the notebook and the dashboard decode (importing
+    transformers for an AutoTokenizer took 7.9 s of the sample run's 9.5 s report, issue #15), else transformers."""
+    tokenizer = fast_tokenizer(run.manifest) or run_tokenizer(run.manifest)
     if tokenizer is None or not worst:
         return worst
     wanted = sorted({w["seq_id"] for w in worst})
@@ -234,7 +245,8 @@ def _decode_worst(run: Any, worst: list[dict[str, Any]]) -> list[dict[str, Any]]
     for item in worst:
         pos, ids = rows.get(item["seq_id"], (np.zeros(0), np.zeros(0)))
         at = int(np.searchsorted(pos, item["pos"]))
-        item["token_text"] = tokenizer.decode([int(item["token_id"])])
-        item["context"] = (tokenizer.decode(ids[max(at - 6, 0):at].tolist()) + "⟦" + item["token_text"] + "⟧"
-                           + tokenizer.decode(ids[at + 1:at + 7].tolist()))
+        item["token_text"] = tokenizer.decode([int(item["token_id"])], skip_special_tokens=False)
+        item["context"] = (tokenizer.decode(ids[max(at - 6, 0):at].tolist(), skip_special_tokens=False) + "⟦"
+                           + item["token_text"] + "⟧"
+                           + tokenizer.decode(ids[at + 1:at + 7].tolist(), skip_special_tokens=False))
     return worst

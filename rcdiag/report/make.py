@@ -9,10 +9,10 @@ from typing import Any
 
 from rcdiag.errors import ConfigError
 from rcdiag.report import figproc, gate
-from rcdiag.report.build import RunReport, build_report
+from rcdiag.report.build import RunReport, build_report, finish_report, judge
 from rcdiag.report.options import DEFAULT_COMPARISON_DIR, ReportOptions, validate
 from rcdiag.report.outdir import check_out_dir, write_files
-from rcdiag.report.sections import comparison_files, run_files
+from rcdiag.report.sections import comparison_files, run_files, send_scan_figures
 from rcdiag.store.run import Run, open_run
 
 __all__ = ["DEFAULT_COMPARISON_DIR", "ReportResult", "make_report"]
@@ -50,7 +50,11 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     check_out_dir(target)
     base = None if baseline is None else build_report(
         baseline if isinstance(baseline, Run) else open_run(baseline), options, map_files)
-    reports = [build_report(run, options, map_files) for run in opened]
+    reports = []
+    for run in opened:  # each run's scan figures are drawn while the rest of its report is made
+        report = judge(run, options, map_files)
+        send_scan_figures(report)
+        reports.append(finish_report(report, run))
     for report in reports:
         report.baseline = base
     files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)

@@ -57,9 +57,23 @@ def headline_label(name: str, report: RunReport) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- figures
+def send_scan_figures(report: RunReport) -> None:
+    """Send the figures the passes alone decide (ℓ's histogram, ℓ against the rollout probability, the strata) to
+    the figure process as soon as the report is judged: it draws them while the bootstrap, the worst items and
+    the recommendation are made, and `figures` then sends only the sweep (issue #15)."""
+    specs = scan_figure_specs(report)
+    report.pending_figures = (tuple(specs), figproc.submit(specs))
+
+
 def figures(report: RunReport) -> Callable[[], dict[str, bytes]]:
-    """Every plot of one run, sent to the figure process: call the result for the PNG bytes by file name."""
-    return figproc.submit(figure_specs(report))
+    """Every plot of one run, sent to the figure process (but those send_scan_figures sent): call the result for
+    the PNG bytes by file name."""
+    specs = figure_specs(report)
+    if report.pending_figures is None:
+        return figproc.submit(specs)
+    sent, early = report.pending_figures
+    rest = figproc.submit({name: spec for name, spec in specs.items() if name not in sent})
+    return lambda: {**early(), **rest()}
 
 
 def comparison_figures(reports: Sequence[RunReport]) -> Callable[[], dict[str, bytes]]:
@@ -70,24 +84,42 @@ def comparison_figures(reports: Sequence[RunReport]) -> Callable[[], dict[str, b
 def figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
     """Every plot as {file name: (plots function, arguments)}: of one run (its data, the recommendation marked),
     or of several (each plot's data as {run name: data}, which the plots functions overlay)."""
+    return {**scan_figure_specs(reports), **_sweep_figure_specs(reports)}
+
+
+def _overlay(reports: RunReport | Sequence[RunReport]) -> tuple[list[RunReport], Callable[[Callable], Any]]:
+    """(the runs, each(get)): get's value of the one run, or {run name: value} over several."""
     one = isinstance(reports, RunReport)
     runs = [reports] if one else list(reports)
 
     def each(get: Callable[[RunReport], Any]) -> Any:
         return get(runs[0]) if one else {r.name: get(r) for r in runs}
 
+    return runs, each
+
+
+def scan_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
+    """The plots of the passes' own numbers (tails and strata): ready once a report is judged."""
+    _, each = _overlay(reports)
     specs = {"l_histogram.png": ("log_ratio_histogram", (each(lambda r: r.scan.tails),)),
              "l_vs_rollout.png": ("log_ratio_vs_rollout", (each(lambda r: r.strata["rollout_prob"]),))}
     for stratum, file in STRATA_PLOTS.items():
         specs[file] = ("by_stratum", (each(lambda r, s=stratum: r.strata[s]), f"ℓ by {titles()[stratum]}",
                                       titles()[stratum]))
-    swept = [r for r in runs if r.sweep is not None and len(r.sweep)]
-    if swept:
-        rec = runs[0].recommendation if one else {}
-        sweeps = swept[0].sweep if one else {r.name: r.sweep for r in swept}
-        specs["sweep.png"] = ("sweep_curves", (sweeps, (rec["mode"], rec["threshold"]) if rec.get("mode") else None,
-                                               ESS_TARGET))
     return specs
+
+
+def _sweep_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
+    """The sweep's plot, with one run's recommendation marked (none when no run has a sweep)."""
+    runs, _ = _overlay(reports)
+    one = isinstance(reports, RunReport)
+    swept = [r for r in runs if r.sweep is not None and len(r.sweep)]
+    if not swept:
+        return {}
+    rec = runs[0].recommendation if one else {}
+    sweeps = figproc.records(swept[0].sweep) if one else {r.name: figproc.records(r.sweep) for r in swept}
+    return {"sweep.png": ("sweep_curves", (sweeps, (rec["mode"], rec["threshold"]) if rec.get("mode") else None,
+                                           ESS_TARGET))}
 
 
 # ----------------------------------------------------------------------------------------------- one run

@@ -101,3 +101,19 @@ def test_only_a_report_that_runs_starts_it(synthetic_runs, tmp_path, monkeypatch
     assert cli.main(["dashboard", "--help"]) == 0 and not calls
     assert cli.main(["report", str(synthetic_runs["clean"].path), "--quiet", "--out", str(tmp_path / "r")]) == 0
     assert calls
+
+
+def test_scan_figures_go_out_before_the_report_is_finished(synthetic_runs, tmp_path, monkeypatch):
+    """The figures of the passes' own numbers are sent the moment the run is judged, before the bootstrap, worst
+    items and recommendation, and only the sweep after them: each figure is requested once."""
+    from rcdiag.report import make
+
+    events = []
+    request = figproc.FigureProcess.request
+    monkeypatch.setattr(figproc.FigureProcess, "request",
+                        lambda self, specs: events.append(sorted(specs)) or request(self, specs))
+    finish = make.finish_report
+    monkeypatch.setattr(make, "finish_report", lambda *args: events.append("finish") or finish(*args))
+    monkeypatch.setenv(figproc.ENV_SWITCH, "1")
+    make_report([synthetic_runs["clean"]], tmp_path / "r", FAST)
+    assert events == [["l_by_position.png", "l_histogram.png", "l_vs_rollout.png"], "finish", ["sweep.png"]]

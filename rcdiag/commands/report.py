@@ -10,7 +10,7 @@ from rcdiag.analysis.health import ALARM, WARNING, at_least
 from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
-from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions
+from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions, validate
 
 DEFAULTS = ReportOptions()
 FAIL_ON = (WARNING, ALARM)
@@ -68,7 +68,8 @@ def command(
 
     --fail-if NAME OP VALUE (OP: < <= > >= == !=) exits 1 listing the conditions that hold. NAME is a metric
     (kl, k3_kl, chi2_token …), a tail statistic (abs_log_ratio_p99 …), a count, an IS metric of
-    token_truncate at --threshold (ess, clipped_frac …) or MODE.NAME (sequence_mask.kept_seq_frac).
+    token_truncate at --threshold (ess, clipped_frac …) or MODE.NAME (sequence_mask.kept_seq_frac). A bad
+    option (a condition that does not parse, an unknown name) exits 2 with the usage, before any work.
 
     Examples:
 
@@ -88,13 +89,16 @@ def command(
 
         rcdiag report runs/steps --fail-on-drift    # per-step dumps: fail when the mismatch starts to grow
     """
-    if fail_on is not None and fail_on not in FAIL_ON:
-        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
-    keys = check_keys(keys)
-    if keys != DEFAULTS.keys and convention == DEFAULTS.convention:
-        convention = keys  # --keys verl reports verl's numbers under verl's names
-    options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
-                            thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
+    try:  # a bad option is a usage error (exit 2), never mistaken for a gate that failed (exit 1)
+        _check_gates(fail_if or (), fail_on, baseline is not None)
+        keys = check_keys(keys)
+        if keys != DEFAULTS.keys and convention == DEFAULTS.convention:
+            convention = keys  # --keys verl reports verl's numbers under verl's names
+        options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
+                                thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
+        validate(options)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
     extra = {"baseline": None if baseline is None else str(baseline), "fail_on_drift": fail_on_drift}
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
@@ -139,3 +143,19 @@ def summary_line(report: RunReport) -> str:
     return (f"{report.name}: {report.verdict.status.upper()}: {what} "
             f"(kl={report.metrics.get('kl', float('nan')):.4g}; {checks_line(report)}){reasons}"
             + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad if f.message not in reasons))
+
+
+def _check_gates(fail_if: list[str] | tuple[str, ...], fail_on: str | None, baseline: bool) -> None:
+    """ConfigError, before any work, for a --fail-if that does not parse, names no known metric (with a close
+    match) or is a ratio without --baseline, and for an unknown --fail-on level."""
+    import difflib
+
+    from rcdiag.report import gate
+
+    if fail_on is not None and fail_on not in FAIL_ON:
+        close = difflib.get_close_matches(fail_on, FAIL_ON, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}{hint}")
+    conditions = [gate.parse(text) for text in fail_if]
+    gate.check_names(conditions)
+    gate.check_baseline(conditions, baseline)

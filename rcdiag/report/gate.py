@@ -7,6 +7,7 @@ A VALUE ending in `x` (`k3_kl>2x`) compares the ratio to the same value of a bas
 """
 from __future__ import annotations
 
+import difflib
 import math
 import operator
 import re
@@ -71,8 +72,17 @@ def check_names(conditions: Iterable[Condition]) -> None:
     unknown = [c for c in conditions if c.name not in names]
     if unknown:
         plain = [k for k in known_names() if "." not in k]
-        raise ConfigError(f"--fail-if {unknown[0].text!r}: unknown metric {unknown[0].name!r}; known: "
+        close = difflib.get_close_matches(unknown[0].name, known_names(), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ConfigError(f"--fail-if {unknown[0].text!r}: unknown metric {unknown[0].name!r}{hint}; known: "
                           f"{', '.join(plain)} (or MODE.NAME, e.g. sequence_mask.ess)")
+
+
+def check_baseline(conditions: Iterable[Condition], baseline: bool) -> None:
+    """Raise ConfigError when a condition is a ratio to a baseline run (k3_kl>2x) and there is none."""
+    relative = [c.text for c in conditions if c.relative]
+    if relative and not baseline:
+        raise ConfigError(f"--fail-if {relative[0]!r} is a ratio to a baseline run: add --baseline OTHER_RUN")
 
 
 def gate_values(report: Any) -> dict[str, float]:

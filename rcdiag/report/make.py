@@ -40,9 +40,7 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     figproc.prestart()  # its matplotlib import runs beside the passes
     conditions = [gate.parse(text) for text in fail_if]
     gate.check_names(conditions)
-    relative = [c.text for c in conditions if c.relative]
-    if relative and baseline is None:
-        raise ConfigError(f"--fail-if {relative[0]!r} is a ratio to a baseline run: add --baseline OTHER_RUN")
+    gate.check_baseline(conditions, baseline is not None)
     validate(options)
     opened = [r if isinstance(r, Run) else open_run(r) for r in runs]
     target = Path(out) if out is not None else (

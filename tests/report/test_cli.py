@@ -65,19 +65,24 @@ def test_fail_if_passing_exits_0(clean_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--fail-if", "kll>1"], "Error: --fail-if 'kll>1': unknown metric 'kll'; known: kl, k3_kl,"),
-    (["--fail-if", "kl 1"], "Error: --fail-if 'kl 1': expected NAME OP VALUE with OP in"),
-    (["--fail-if", "kl>>1"], "Error: --fail-if 'kl>>1': '>1' is not a number"),
-    (["--fail-if", "kl>abc"], "Error: --fail-if 'kl>abc': 'abc' is not a number"),
-    (["--thresholds", "1.1,x"], "Error: --thresholds '1.1,x': expected numbers separated by commas"),
-    (["--thresholds", "0.5"], "Error: thresholds must be finite numbers > 1, got 0.5"),
-    (["--convention", "openrlhf"], "Error: unknown convention 'openrlhf'; choose one of canonical, swift, verl, trl"),
-    (["--lower", "3"], "Error: --lower must lie in (0, 1.1) (below every threshold), got 3.0"),
+    (["--fail-if", "kll>1"], "--fail-if 'kll>1': unknown metric 'kll' (did you mean 'kl'?); known: kl, k3_kl,"),
+    (["--fail-if", "kl 1"], "--fail-if 'kl 1': expected NAME OP VALUE with OP in"),
+    (["--fail-if", "kl>>1"], "--fail-if 'kl>>1': '>1' is not a number"),
+    (["--fail-if", "kl>abc"], "--fail-if 'kl>abc': 'abc' is not a number"),
+    (["--fail-if", "k3_kl>2x"], "--fail-if 'k3_kl>2x' is a ratio to a baseline run: add --baseline OTHER_RUN"),
+    (["--fail-on", "alram"], "--fail-on 'alram': choose one of warning, alarm (did you mean 'alarm'?)"),
+    (["--thresholds", "1.1,x"], "--thresholds '1.1,x': expected numbers separated by commas"),
+    (["--thresholds", "0.5"], "thresholds must be finite numbers > 1, got 0.5"),
+    (["--convention", "openrlhf"], "unknown convention 'openrlhf'; choose one of canonical, swift, verl, trl"),
+    (["--lower", "3"], "--lower must lie in (0, 1.1) (below every threshold), got 3.0"),
 ])
-def test_bad_options_are_errors_before_any_work(clean_run, tmp_path, capsys, argv, message):
+def test_bad_options_are_usage_errors_before_any_work(clean_run, tmp_path, capsys, argv, message):
+    """Exit 2 with the usage, never 1: a CI gate's exit 1 means "a condition holds", and a typo in it must not
+    read as a mismatch (nor pass as exit 0)."""
     out = tmp_path / "never"
     code, _, stderr = _run(capsys, "report", str(clean_run.path), "--out", str(out), *argv)
-    assert code == 1 and stderr.startswith(message), stderr
+    assert code == 2 and stderr.startswith("Usage: rcdiag report"), stderr
+    assert f"Error: Invalid value: {message}" in stderr, stderr
     assert not out.exists()
 
 

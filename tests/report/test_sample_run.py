@@ -43,3 +43,9 @@ def test_report_on_sample_run(sample_run, capsys):
     assert data["counts"]["sequences"] == 12
     # the worst tokens are decoded with the run's own tokenizer, in context
     assert data["worst_tokens"] and all("⟦" in w["context"] and "token_text" in w for w in data["worst_tokens"])
+    # ... through tokenizer.json (no transformers import), with the text transformers' AutoTokenizer gives
+    from rcdiag.tokenizers import run_tokenizer
+
+    reference = run_tokenizer(sample_run.manifest)
+    for w in data["worst_tokens"]:
+        assert w["token_text"] == reference.decode([w["token_id"]], skip_special_tokens=False)

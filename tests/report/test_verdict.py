@@ -124,10 +124,10 @@ def test_fail_on(reports, tmp_path, capsys, name, level, code):
 
 
 def test_fail_on_rejects_unknown_level(reports, tmp_path, capsys):
-    """The same exit code and message style as the other bad options (test_cli), before any work."""
+    """A usage error like the other bad options (test_cli): exit 2, before any work."""
     out = tmp_path / "r"
-    assert main(["report", str(reports["healthy"][0].path), "--out", str(out), "--fail-on", "bad"]) == 1
-    assert capsys.readouterr().err.startswith("Error: --fail-on 'bad': choose one of warning, alarm")
+    assert main(["report", str(reports["healthy"][0].path), "--out", str(out), "--fail-on", "bad"]) == 2
+    assert "Error: Invalid value: --fail-on 'bad': choose one of warning, alarm" in capsys.readouterr().err
     assert not out.exists()
 
 

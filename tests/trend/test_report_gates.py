@@ -84,5 +84,5 @@ def test_baseline_ratio_gate_stays_silent(stacks, tmp_path, capsys):
 
 def test_ratio_without_baseline_is_refused_before_any_work(stacks, tmp_path, capsys):
     code, err = report([str(stacks["same"].path), "--out", str(tmp_path / "r"), "--fail-if", "k3_kl>2x"], capsys)
-    assert code == 1 and "is a ratio to a baseline run: add --baseline OTHER_RUN" in err
+    assert code == 2 and "is a ratio to a baseline run: add --baseline OTHER_RUN" in err
     assert not (tmp_path / "r").exists()

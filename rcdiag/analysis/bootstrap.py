@@ -21,7 +21,7 @@ import numpy as np
 
 from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP, get_convention
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
 from rcdiag.analysis.threads import ordered_map
 
 CLAMP = LOG_RATIO_CLAMP
@@ -30,8 +30,6 @@ COLUMNS = ("T", "sum_a", "sum_b", "sum_l", "sum_abs", "max_abs", "sum_k3", "sum_
            "sum_rho2", "w_sum", "w_sq", "ws_sum", "ws_sq")
 """Per-sequence sums over valid tokens (ℓ = a − b; ρ = exp(clamp(ℓ, ±20)); w = clamp(ρ, L or 0, C) the
 token_truncate weight; ws = clamp(ρ, 1/C, C) swift's ESS weight; sum_k3_raw without the ±20 clamp)."""
-DEFAULT_REPLICATES = 1000
-DEFAULT_LEVEL = 0.95
 CHUNK_CELLS = 1 << 21
 """Uniforms drawn at a time (16 MB); at most 2 × cores chunks are in flight (analysis.threads.ordered_map)."""
 POISSON1_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(19)])

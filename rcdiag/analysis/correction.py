@@ -19,7 +19,7 @@ import numpy as np
 from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS, IS_MODES
 from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
 from rcdiag.analysis.rejection import Rejection, check_verl, keep_rows, parse_rejections
 from rcdiag.analysis.verlstats import VerlISExtras, VerlRejectionStats
@@ -64,6 +64,8 @@ sequence_truncate = CorrectionMode("sequence", "truncate")
 sequence_mask = CorrectionMode("sequence", "mask")
 MODES: dict[str, CorrectionMode] = {m.name: m for m in (token_truncate, token_mask, sequence_truncate, sequence_mask)}
 """The four presets by name (METRICS.md IS modes)."""
+if tuple(MODES) != IS_MODES:  # the light name list the CLI and the report read must follow the presets
+    raise ImportError(f"analysis.defaults.IS_MODES {IS_MODES} differ from the presets {tuple(MODES)}")
 
 
 def get_mode(mode: str | CorrectionMode) -> CorrectionMode:

@@ -13,3 +13,10 @@ is always in the sweep (DEFAULT_THRESHOLDS) and `simulate(run, "sequence_mask", 
 default setting."""
 DEFAULT_THRESHOLDS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """The thresholds of the report's sweep."""
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""The four preset IS modes by name, in the order rcdiag.analysis.correction defines them (checked there at
+import): what the report and its CLI name before the kernels are loaded."""
+DEFAULT_REPLICATES = 1000
+"""Bootstrap replicates of the report's intervals."""
+DEFAULT_LEVEL = 0.95
+"""Confidence level of the bootstrap intervals."""

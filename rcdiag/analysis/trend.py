@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, SequenceSums, bootstrap
+from rcdiag.analysis.bootstrap import SequenceSums, bootstrap
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.analysis.correction import ISAccumulator, get_mode
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
 from rcdiag.analysis.isstats import IS_METRIC_NAMES
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES, MetricsAccumulator
 from rcdiag.errors import InputError

@@ -1,17 +1,24 @@
-"""Every report setting with its default (ReportOptions), validated once; the CLI and the dashboard read them here."""
+"""Every report setting with its default (ReportOptions), validated once; the CLI and the dashboard read them here.
+
+Light (the defaults and conventions only, no kernels): `rcdiag report --help` imports it.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from rcdiag.analysis.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES
 from rcdiag.analysis.conventions import CONVENTIONS as CONVENTION_TABLE
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
-from rcdiag.analysis.correction import MODES as CORRECTION_MODES
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS
+from rcdiag.analysis.defaults import (
+    DEFAULT_LEVEL,
+    DEFAULT_REPLICATES,
+    DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLDS,
+    IS_MODES,
+)
 from rcdiag.errors import ConfigError
 
-MODES = tuple(CORRECTION_MODES)
+MODES = IS_MODES
 """The four preset IS modes, in correction's order (token_truncate first)."""
 ESS_TARGET = 0.9
 """The effective sample size (ESS/N) a recommended correction keeps."""

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from rcdiag.errors import ConfigError, RunDirError
+from rcdiag.errors import ConfigError
 
 HOST = "127.0.0.1"
 APP_ENV = "RCDIAG_APP"
@@ -76,7 +76,9 @@ def command(
     """
     for run in runs:
         if not run.is_dir():
-            raise RunDirError(f"{run}: no such run directory")
+            from rcdiag.store.run import missing_run  # pyarrow only on this error path: --help stays light
+
+            raise missing_run(run)
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: must be between 1 and 65535 (0 picks a free port)")
     try:

@@ -11,6 +11,7 @@ this one; `rcdiag.open_run` returns that subclass.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,10 +23,26 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError
-from rcdiag.store.files import DEFAULT_READ_ROWS, SEQUENCES_DIR, TOKENS_DIR
+from rcdiag.store.files import DEFAULT_READ_ROWS, MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform
 from rcdiag.store.validate import validate_run
+
+
+def missing_run(path: str | os.PathLike) -> RunDirError:
+    """The error for a run directory that does not exist, naming the close matches beside it (a typo such as
+    runs/smaple → "did you mean runs/sample?"; directories holding a manifest first)."""
+    path = Path(path)
+    parent = path.parent
+    try:
+        entries = [e for e in parent.iterdir() if e.is_dir()] if parent.is_dir() else []
+    except OSError:
+        entries = []
+    runs = {e.name for e in entries if (e / MANIFEST_NAME).is_file()}
+    close = difflib.get_close_matches(path.name, sorted(e.name for e in entries), n=3, cutoff=0.6)
+    close = sorted(close, key=lambda name: name not in runs)[:2]  # stable: by closeness within each group
+    hint = f" (did you mean {' or '.join(str(parent / c) for c in close)}?)" if close else ""
+    return RunDirError(f"{path}: no such run directory{hint}")
 
 
 class Run:
@@ -41,7 +58,7 @@ class Run:
         task — passes False instead of paying that read once per file."""
         self.path = Path(path)
         if not self.path.is_dir():
-            raise RunDirError(f"{self.path}: no such run directory")
+            raise missing_run(self.path)
         self.info: Manifest = load_manifest(self.path)
         """The typed manifest (rcdiag.store.manifest.Manifest)."""
         self.manifest: dict[str, Any] = self.info.to_dict()

@@ -88,7 +88,18 @@ def test_bad_options_are_usage_errors_before_any_work(clean_run, tmp_path, capsy
 
 def test_missing_run_directory(tmp_path, capsys):
     code, _, stderr = _run(capsys, "report", str(tmp_path / "nope"))
-    assert code == 1 and stderr.startswith(f"Error: {tmp_path / 'nope'}: no such run directory")
+    assert code == 1 and stderr == f"Error: {tmp_path / 'nope'}: no such run directory\n"
+
+
+@pytest.mark.parametrize("command", ["report", "dashboard"])
+def test_misspelt_run_directory_names_the_close_one(tmp_path, capsys, command):
+    """A typo names the run beside it (runs holding a manifest come first), for every command taking runs."""
+    for name in ("simple", "sample", "other"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "sample" / "manifest.json").write_text("{}")
+    code, _, stderr = _run(capsys, command, str(tmp_path / "smaple"))
+    want = f"(did you mean {tmp_path / 'sample'} or {tmp_path / 'simple'}?)"
+    assert code == 1 and stderr == f"Error: {tmp_path / 'smaple'}: no such run directory {want}\n", stderr
 
 
 def test_conditions_hold_on_nan():

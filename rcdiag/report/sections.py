@@ -72,7 +72,8 @@ def figures(report: RunReport) -> Callable[[], dict[str, bytes]]:
     if report.pending_figures is None:
         return figproc.submit(specs)
     sent, early = report.pending_figures
-    rest = figproc.submit({name: spec for name, spec in specs.items() if name not in sent})
+    remaining = {name: spec for name, spec in specs.items() if name not in sent}
+    rest = figproc.submit(remaining) if remaining else dict  # no sweep (refused metrics): no round trip
     return lambda: {**early(), **rest()}
 
 

@@ -48,8 +48,9 @@ class RunReport:
     metrics_error: str | None = None
     pending_intervals: Future | dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
     """The bootstrap intervals, or the Future of the bootstrap still running (read them through `intervals`)."""
-    pending_figures: tuple[tuple[str, ...], Callable[[], dict[str, bytes]]] | None = field(default=None, repr=False)
-    """Figures already sent to the figure process: (their file names, the callable giving their PNG bytes)."""
+    pending_figures: Callable[[], dict[str, bytes]] | None = field(default=None, repr=False)
+    """The scan's figures already sent to the figure process (rcdiag.report.sections.send_scan_figures): call it
+    for their PNG bytes by file name."""
     tails: dict[str, float] = field(default_factory=dict)
     strata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     worst_tokens: list[dict[str, Any]] = field(default_factory=list)

@@ -61,19 +61,16 @@ def send_scan_figures(report: RunReport) -> None:
     """Send the figures the passes alone decide (ℓ's histogram, ℓ against the rollout probability, the strata) to
     the figure process as soon as the report is judged: it draws them while the bootstrap, the worst items and
     the recommendation are made, and `figures` then sends only the sweep (issue #15)."""
-    specs = scan_figure_specs(report)
-    report.pending_figures = (tuple(specs), figproc.submit(specs))
+    report.pending_figures = figproc.submit(scan_figure_specs(report))
 
 
 def figures(report: RunReport) -> Callable[[], dict[str, bytes]]:
     """Every plot of one run, sent to the figure process (but those send_scan_figures sent): call the result for
     the PNG bytes by file name."""
-    specs = figure_specs(report)
     if report.pending_figures is None:
-        return figproc.submit(specs)
-    sent, early = report.pending_figures
-    remaining = {name: spec for name, spec in specs.items() if name not in sent}
-    rest = figproc.submit(remaining) if remaining else dict  # no sweep (refused metrics): no round trip
+        return figproc.submit(figure_specs(report))
+    early, sweep = report.pending_figures, _sweep_figure_specs(report)
+    rest = figproc.submit(sweep) if sweep else dict  # no sweep (refused metrics): no round trip
     return lambda: {**early(), **rest()}
 
 

@@ -300,8 +300,9 @@ def _sequence_statistic(code, scope, lr, rm1, mask, first, end, count):
         for i in range(first + 1, end):
             top = max(top, _valid_statistic(code, lr, rm1, mask, i))
         return top
-    total = _valid_statistic(code, lr, rm1, mask, first) + _pairwise_statistic(code, lr, rm1, mask, first + 1,
-                                                                              end - first - 1)
+    total = _valid_statistic(code, lr, rm1, mask, first)
+    if end - first > 1:  # a one-row segment is its value as it is (numpy adds nothing, not even 0.0 to a −0.0)
+        total += _pairwise_statistic(code, lr, rm1, mask, first + 1, end - first - 1)
     return total / max(count, 1) if scope == 2 else total
 
 

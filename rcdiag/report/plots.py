@@ -140,22 +140,26 @@ def log_ratio_vs_rollout(rows: list[dict[str, Any]] | Mapping[str, list[dict[str
     return fig
 
 
-_LEVEL_MARKERS = {"token": "o", "sequence": "s"}
+_LEVEL_MARKERS = {"token": ("o", 7.5), "sequence": ("s", 4.0)}
 _ACTION_LINES = {"truncate": "-", "mask": "--"}
 
 
-def _mode_style(mode: str) -> tuple[str, str]:
-    """(marker, line style) of a mode by name: the level picks the marker (token ●, sequence ■), the action the
-    line (truncate solid, mask dashed); another name gets ◆ and a dotted line."""
+def _mode_style(mode: str, color: str) -> dict[str, Any]:
+    """A mode's line and marker by name, so that modes whose curves coincide all stay visible: the level picks the
+    marker (token: a large ●, sequence: a small ■ drawn inside it), the action the line and fill (truncate: solid
+    and filled, mask: dashed and hollow, a ring around the filled one); another name gets a ◆ and a dotted line."""
     level, _, action = str(mode).partition("_")
-    return _LEVEL_MARKERS.get(level, "D"), _ACTION_LINES.get(action, ":")
+    marker, size = _LEVEL_MARKERS.get(level, ("D", 5.0))
+    line = _ACTION_LINES.get(action, ":")
+    return {"marker": marker, "ms": size, "ls": line, "lw": 1.3, "color": color, "mew": 1.3,
+            "mfc": "none" if line == "--" else color}
 
 
 def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] | None = None,
                  target: float = 0.9) -> Figure:
     """ESS / N (top) and the share clipped in percent (bottom) against C on one pair of axes for every mode, so
-    the modes compare on one scale: a colour per mode (several runs: a colour per run, the mode in the marker —
-    token ●, sequence ■ — and the line — truncate solid, mask dashed), ticks at the swept thresholds, the ESS
+    the modes compare on one scale: a colour per mode (several runs: a colour per run), the level in the marker
+    and the action in the line (_mode_style: coinciding curves stay visible), ticks at the swept thresholds, the ESS
     target drawn and the `recommended` (mode, C) starred. `sweep`: correction.sweep's frame (or its record array:
     the columns mode, threshold, ess and clipped_frac are all it reads), or {run name: frame}.
 
@@ -176,10 +180,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
             if not rows.size:
                 continue
             rows = rows[np.argsort(thresholds[rows], kind="stable")]
-            marker, line = _mode_style(mode)
-            color = COLORS[(k if one else r) % len(COLORS)]
-            style = {"marker": marker, "ls": line, "ms": 4.5, "lw": 1.3, "color": color,
-                     "mfc": "white" if line == "--" else color}  # hollow over filled: equal curves stay visible
+            style = _mode_style(mode, COLORS[(k if one else r) % len(COLORS)])
             top.plot(thresholds[rows], ess[rows], label=mode if one else None, **style)
             bottom.plot(thresholds[rows], clipped[rows], **style)
             if recommended is not None and recommended[0] == mode and one:
@@ -205,8 +206,7 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color=COLORS[r % len(COLORS)], lw=2) for r in range(len(runs))]
-        handles += [Line2D([], [], color="#333", marker=_mode_style(m)[0], ls=_mode_style(m)[1], ms=4.5,
-                           mfc="white" if _mode_style(m)[1] == "--" else "#333") for m in modes]
+        handles += [Line2D([], [], **_mode_style(m, "#333")) for m in modes]
         labels = [*runs, *modes]
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.11, 0.955), ncol=min((len(handles) + 1) // 2, 4),

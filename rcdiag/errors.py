@@ -1,6 +1,9 @@
 """Typed errors users can cause; the CLI turns each into `Error: …` and exit code 1."""
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Collection, Iterable
+
 
 class RcdiagError(Exception):
     """Base class of every error rcdiag raises on purpose (never for a bug)."""
@@ -31,3 +34,13 @@ class RunDirError(RcdiagError):
 
 class ConfigError(RcdiagError, ValueError):
     """An invalid option or option combination (unknown mode, bad threshold, unsafe sampling settings…)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 2, show: Callable[[str], str] = repr,
+                 prefer: Collection[str] = ()) -> str:
+    """' (did you mean 'kl'?)' naming the close matches of a mistyped `word` among `choices` (difflib, the closest
+    first; those in `prefer` before the others), or '' when nothing is close: the one wording of every error that
+    guesses what was meant (a --fail-if name, a --fail-on level, a run directory)."""
+    close = difflib.get_close_matches(word, list(choices), n=2 * n if prefer else n, cutoff=0.6)
+    close = sorted(close, key=lambda c: c not in prefer)[:n]  # stable: by closeness within each group
+    return f" (did you mean {' or '.join(show(c) for c in close)}?)" if close else ""

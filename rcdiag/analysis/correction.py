@@ -221,6 +221,7 @@ class ISGroup:
             self._option_view = np.array([j for _, j in rows], dtype=np.int64)
             self._uses_rm1 = any(r.statistic_name == "k3" for a in self.accumulators for r in a.rejection)
             self._params = np.array(first.kernel_params(), dtype=np.float64)
+            self._swift_ess = first.ess is not None
 
     def update_chunk(self, chunk: TokenChunk) -> None:
         if not self.fused:
@@ -237,7 +238,7 @@ class ISGroup:
         per_w, per_e, out = kernels.rejection_views(
             view.lr_rows, view.rho_rows, lh, rm1, chunk.mask, chunk.starts, chunk.counts, self._options,
             self._option_view, views, np.zeros(chunk.n, np.uint8 if views <= 8 else np.int64), self._params,
-            first.stats[0].ess is not None)
+            self._swift_ess)
         no_rows = np.zeros(0)
         for j, accumulator in enumerate(self.accumulators):
             accumulator.stats[0].update(view, (per_w[j], per_e[j], out[j], no_rows))

@@ -9,7 +9,7 @@ import typer
 from rcdiag.analysis.health import ALARM, WARNING, at_least
 from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, did_you_mean
 from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions, validate
 
 DEFAULTS = ReportOptions()
@@ -148,14 +148,9 @@ def summary_line(report: RunReport) -> str:
 def _check_gates(fail_if: list[str] | tuple[str, ...], fail_on: str | None, baseline: bool) -> None:
     """ConfigError, before any work, for a --fail-if that does not parse, names no known metric (with a close
     match) or is a ratio without --baseline, and for an unknown --fail-on level."""
-    import difflib
-
     from rcdiag.report import gate
 
     if fail_on is not None and fail_on not in FAIL_ON:
-        close = difflib.get_close_matches(fail_on, FAIL_ON, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}{hint}")
-    conditions = [gate.parse(text) for text in fail_if]
-    gate.check_names(conditions)
-    gate.check_baseline(conditions, baseline)
+        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}"
+                          f"{did_you_mean(fail_on, FAIL_ON, n=1)}")
+    gate.conditions(fail_if, baseline)

@@ -7,7 +7,6 @@ A VALUE ending in `x` (`k3_kl>2x`) compares the ratio to the same value of a bas
 """
 from __future__ import annotations
 
-import difflib
 import math
 import operator
 import re
@@ -19,7 +18,7 @@ from rcdiag.analysis.correction import IS_METRIC_NAMES as IS_NAMES
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES
 from rcdiag.analysis.rejection import REJECTION_OPTIONS
 from rcdiag.analysis.tails import TAIL_NAMES
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, did_you_mean
 from rcdiag.report.options import MODES
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -66,14 +65,22 @@ def known_names() -> list[str]:
     return plain + [f"{m}.{n}" for m in (*MODES, *REJECTION_OPTIONS) for n in IS_NAMES]
 
 
+def conditions(texts: Iterable[str], baseline: bool) -> list[Condition]:
+    """The --fail-if conditions, checked before any work (ConfigError): syntax, known names, and a baseline run
+    for a ratio (`baseline`: one is given). make_report and the report command both check through here."""
+    parsed = [parse(text) for text in texts]
+    check_names(parsed)
+    check_baseline(parsed, baseline)
+    return parsed
+
+
 def check_names(conditions: Iterable[Condition]) -> None:
     """Raise ConfigError naming the first condition whose metric is unknown, with the known names."""
     names = set(known_names())
     unknown = [c for c in conditions if c.name not in names]
     if unknown:
         plain = [k for k in known_names() if "." not in k]
-        close = difflib.get_close_matches(unknown[0].name, known_names(), n=3, cutoff=0.6)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        hint = did_you_mean(unknown[0].name, known_names(), n=3)
         raise ConfigError(f"--fail-if {unknown[0].text!r}: unknown metric {unknown[0].name!r}{hint}; known: "
                           f"{', '.join(plain)} (or MODE.NAME, e.g. sequence_mask.ess)")
 

@@ -38,9 +38,7 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     if not runs:
         raise ConfigError("give at least one run directory")
     figproc.prestart()  # its matplotlib import runs beside the passes
-    conditions = [gate.parse(text) for text in fail_if]
-    gate.check_names(conditions)
-    gate.check_baseline(conditions, baseline is not None)
+    conditions = gate.conditions(fail_if, baseline is not None)
     validate(options)
     opened = [r if isinstance(r, Run) else open_run(r) for r in runs]
     target = Path(out) if out is not None else (

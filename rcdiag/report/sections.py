@@ -85,20 +85,20 @@ def figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.
     return {**scan_figure_specs(reports), **_sweep_figure_specs(reports)}
 
 
-def _overlay(reports: RunReport | Sequence[RunReport]) -> tuple[list[RunReport], Callable[[Callable], Any]]:
-    """(the runs, each(get)): get's value of the one run, or {run name: value} over several."""
+def _overlay(reports: RunReport | Sequence[RunReport]) -> tuple[bool, list[RunReport], Callable[[Callable], Any]]:
+    """(one run?, the runs, each(get)): get's value of the one run, or {run name: value} over several."""
     one = isinstance(reports, RunReport)
     runs = [reports] if one else list(reports)
 
     def each(get: Callable[[RunReport], Any]) -> Any:
         return get(runs[0]) if one else {r.name: get(r) for r in runs}
 
-    return runs, each
+    return one, runs, each
 
 
 def scan_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
     """The plots of the passes' own numbers (tails and strata): ready once a report is judged."""
-    _, each = _overlay(reports)
+    _, _, each = _overlay(reports)
     specs = {"l_histogram.png": ("log_ratio_histogram", (each(lambda r: r.scan.tails),)),
              "l_vs_rollout.png": ("log_ratio_vs_rollout", (each(lambda r: r.strata["rollout_prob"]),))}
     for stratum, file in STRATA_PLOTS.items():
@@ -109,8 +109,7 @@ def scan_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, fig
 
 def _sweep_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, figproc.FigureSpec]:
     """The sweep's plot, with one run's recommendation marked (none when no run has a sweep)."""
-    runs, _ = _overlay(reports)
-    one = isinstance(reports, RunReport)
+    one, runs, _ = _overlay(reports)
     swept = [r for r in runs if r.sweep is not None and len(r.sweep)]
     if not swept:
         return {}

@@ -11,7 +11,6 @@ this one; `rcdiag.open_run` returns that subclass.
 """
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rcdiag.errors import RunDirError
+from rcdiag.errors import RunDirError, did_you_mean
 from rcdiag.store.files import DEFAULT_READ_ROWS, MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform
@@ -39,9 +38,7 @@ def missing_run(path: str | os.PathLike) -> RunDirError:
     except OSError:
         entries = []
     runs = {e.name for e in entries if (e / MANIFEST_NAME).is_file()}
-    close = difflib.get_close_matches(path.name, sorted(e.name for e in entries), n=3, cutoff=0.6)
-    close = sorted(close, key=lambda name: name not in runs)[:2]  # stable: by closeness within each group
-    hint = f" (did you mean {' or '.join(str(parent / c) for c in close)}?)" if close else ""
+    hint = did_you_mean(path.name, sorted(e.name for e in entries), show=lambda c: str(parent / c), prefer=runs)
     return RunDirError(f"{path}: no such run directory{hint}")
 
 

@@ -10,7 +10,7 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.analysis.trend import DEFAULT_MODE
 from rcdiag.errors import ConfigError
-from rcdiag.report.crosscheck import DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
+from rcdiag.trackers.crosscheck import DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
 
 SHOWN = 20
 """Disagreeing values printed (all are in --out)."""

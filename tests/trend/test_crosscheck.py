@@ -6,8 +6,8 @@ import pytest
 
 from rcdiag.analysis.trend import trend
 from rcdiag.cli import main
-from rcdiag.report.crosscheck import crosscheck
-from rcdiag.report.export import tracker_rows, write_tensorboard
+from rcdiag.trackers.crosscheck import crosscheck
+from rcdiag.trackers.export import tracker_rows, write_tensorboard
 from tests.trend.conftest import STEPS
 
 pytest.importorskip("tensorboard")

@@ -10,8 +10,8 @@ import pytest
 
 from rcdiag.analysis.trend import trend
 from rcdiag.cli import main
-from rcdiag.report.export import export_run, export_table
-from rcdiag.report.tracker_read import read_history_csv, read_wandb
+from rcdiag.trackers.export import export_run, export_table
+from rcdiag.trackers.read import read_history_csv, read_wandb
 from tests.trend.conftest import STEPS
 
 pytest.importorskip("tensorboard")

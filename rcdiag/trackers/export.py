@@ -20,7 +20,7 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import key_convention, tracker_table
 from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
-from rcdiag.report.tracker_read import need_tracker, read_wandb
+from rcdiag.trackers.read import need_tracker, read_wandb
 
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
 WANDB_FLUSH_SECONDS = 60.0

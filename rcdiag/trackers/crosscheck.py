@@ -3,7 +3,7 @@ where its logged values disagree beyond numeric tolerance.
 
 A trainer's logging bug, a wrong temperature or the wrong mask makes its dashboard's rollout_corr/… curves differ
 from what the same tokens give under the framework's own arithmetic (rcdiag's --convention). The logged scalars
-are read from TensorBoard, an offline W&B run or a history CSV (rcdiag.report.tracker_read); keys may sit under a
+are read from TensorBoard, an offline W&B run or a history CSV (rcdiag.trackers.read); keys may sit under a
 prefix (actor/, train/). Tolerance: |recomputed − logged| ≤ atol + rtol·|logged|; the defaults absorb float32
 arithmetic and summation order, not a different mask or temperature (those move the numbers by far more).
 """
@@ -18,8 +18,8 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import check_keys, guess_keys, key_convention
 from rcdiag.analysis.trend import DEFAULT_MODE, trend
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.report.export import export_table
-from rcdiag.report.tracker_read import READERS
+from rcdiag.trackers.export import export_table
+from rcdiag.trackers.read import READERS
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-6

@@ -9,6 +9,7 @@ import typer
 
 from rcdiag.probe.factors import FACTORS
 from rcdiag.probe.run import ProbeConfig, run_probe
+from rcdiag.score.config import DEVICE_HELP
 from rcdiag.score.engine import set_vllm_logging
 
 DEFAULTS = ProbeConfig()
@@ -31,7 +32,7 @@ def command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sequence sample.")] = DEFAULTS.seed,
     train_model: Annotated[str | None, typer.Option(
         "--train-model", help="Trainer model directory (default: the run's engine model).")] = None,
-    device: Annotated[str, typer.Option("--device", help="Trainer device.")] = DEFAULTS.device,
+    device: Annotated[str, typer.Option("--device", help=f"Trainer device: {DEVICE_HELP}.")] = DEFAULTS.device,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads for the trainer side.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (default: warnings).")

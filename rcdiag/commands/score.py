@@ -13,6 +13,7 @@ from typer._click.exceptions import UsageError  # typer 0.29's vendored click (p
 from rcdiag.distributed import RAY_HELP
 from rcdiag.score.config import (
     ATTN_CHOICES,
+    DEVICE_HELP,
     DTYPE_HELP,
     ENGINE_DTYPES,
     TRAIN_DTYPES,
@@ -66,7 +67,7 @@ def command(
                                                     rich_help_panel=_TRAIN)] = _R.train_model,
     train_dtype: Annotated[str, typer.Option(help=f"{' | '.join(TRAIN_DTYPES)} {DTYPE_HELP}.",
                                              rich_help_panel=_TRAIN)] = _R.train_dtype,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N.", rich_help_panel=_TRAIN)] = _R.device,
+    device: Annotated[str, typer.Option(help=f"{DEVICE_HELP}.", rich_help_panel=_TRAIN)] = _R.device,
     token_budget: Annotated[int, typer.Option(help="Tokens per packed row.", rich_help_panel=_TRAIN)
                             ] = _R.token_budget,
     chunk_tokens: Annotated[int, typer.Option(help="Positions per LM-head chunk.", rich_help_panel=_TRAIN)

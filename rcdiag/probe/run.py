@@ -35,6 +35,7 @@ from rcdiag.probe.factors import (
 )
 from rcdiag.probe.files import write_probe
 from rcdiag.progress import progress
+from rcdiag.score.config import check_device_name
 from rcdiag.score.engine import EngineSettings, engine_session
 from rcdiag.score.rescore import engine_model_path, run_temperature, shard_pairs
 from rcdiag.store.run import Run, open_run
@@ -54,7 +55,8 @@ class ProbeConfig:
     """Output files: RUN/probes/<name>.parquet and <name>.json."""
     train_model: str | None = None
     """Trainer model directory; None: the run's engine model."""
-    device: str = "cpu"
+    device: str = "auto"
+    """Trainer device: auto (cuda when available) | cpu | cuda | cuda:N, resolved before any engine starts."""
     threads: int | None = None
     """torch threads for the trainer side (None: leave torch's default)."""
 
@@ -64,6 +66,7 @@ class ProbeConfig:
         if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
             raise ConfigError(f"--name {self.name!r}: use a plain file name (no slashes, not starting with '.')")
         object.__setattr__(self, "factors", tuple(self.factors))
+        object.__setattr__(self, "device", check_device_name(self.device))
 
 
 @dataclass
@@ -216,9 +219,11 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     Refusals (unknown factor, missing model, bad tokens) happen before any model work.
     """
     from rcdiag.probe.summary import summarize
+    from rcdiag.score.devices import resolve_device
     from rcdiag.score.scoring import load_config, model_limits
 
     started = time.time()
+    device = resolve_device(config.device)  # before any engine starts
     run = open_run(run_path)
     say = _say(silent)
     temperature = run_temperature(run.manifest)
@@ -246,7 +251,7 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     if engine:
         values, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
     train = [s for s in settings if isinstance(s, TrainSetting)]
-    values.update(trainer_pass(model_path, train, pairs, temperature, config.device, silent, say))
+    values.update(trainer_pass(model_path, train, pairs, temperature, device, silent, say))
     for setting in settings:
         bad = int((~np.isfinite(values[setting.name])).sum())
         if bad:

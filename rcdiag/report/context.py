@@ -20,7 +20,8 @@ def _section(manifest: Any, name: str) -> dict[str, Any]:
 
 def run_context(manifest: Any) -> dict[str, Any]:
     """The context facts of a manifest: {'importer', 'source', 'engine': {...}, 'trainer': {...}} (None where
-    the manifest does not record a fact)."""
+    the manifest does not record a fact). The engine's dtype is the one it resolved (`dtype_resolved`: 'auto'
+    → bfloat16), else the one requested."""
     engine, trainer, source = (_section(manifest, k) for k in ("engine", "trainer", "source"))
     sampling = engine.get("sampling") if isinstance(engine.get("sampling"), dict) else {}
 
@@ -32,10 +33,11 @@ def run_context(manifest: Any) -> dict[str, Any]:
         "importer": kind.split(":", 1)[1] if kind.startswith("imported:") else None,
         "source": source.get("path"),
         "engine": {"name": pick("name"), "version": pick("version", "vllm_version"),
-                   "dtype": pick("dtype", "engine_dtype"), "temperature": pick("temperature"),
+                   "dtype": pick("dtype_resolved", "dtype", "engine_dtype"), "temperature": pick("temperature"),
                    "top_p": pick("top_p"), "top_k": pick("top_k"), "logprobs_mode": pick("logprobs_mode")},
         "trainer": {"transformers": trainer.get("transformers_version"), "dtype": trainer.get("dtype"),
-                    "attention": trainer.get("attn_implementation"), "temperature": trainer.get("temperature")},
+                    "attention": trainer.get("attn_implementation"), "temperature": trainer.get("temperature"),
+                    "device": trainer.get("device")},
     }
 
 
@@ -55,7 +57,7 @@ def _join(parts: list[str]) -> str:
 
 def context_line(manifest: Any) -> str:
     """'engine vLLM 0.10.1 (bfloat16, T=1, top-p 1, top-k off, processed_logprobs) → trainer transformers 4.56
-    (float32, sdpa)'; for an imported run, the importer and its source first."""
+    (float32, sdpa, cpu)'; for an imported run, the importer and its source first."""
     facts = run_context(manifest)
     e, t = facts["engine"], facts["trainer"]
     top_k = e["top_k"]
@@ -65,7 +67,7 @@ def context_line(manifest: Any) -> str:
                     e["logprobs_mode"] and str(e["logprobs_mode"])])
     name = " ".join(str(x) for x in (e["name"] if e["name"] != "vllm" else "vLLM", e["version"]) if x)
     trainer = _join([t["dtype"] and str(t["dtype"]), t["attention"] and str(t["attention"]),
-                     t["temperature"] is not None and f"T={_g(t['temperature'])}"])
+                     t["temperature"] is not None and f"T={_g(t['temperature'])}", t["device"] and str(t["device"])])
     tname = f"transformers {t['transformers']}" if t["transformers"] else ""
     line = f"{_side('engine', name, engine)} → {_side('trainer', tname, trainer)}"
     if facts["importer"]:

@@ -6,6 +6,7 @@ Dtypes accept the names RL users type (bf16, fp16, fp32, half, float, in any cas
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from rcdiag.errors import ConfigError
@@ -27,6 +28,17 @@ def canonical_dtype(name: str, choices: tuple[str, ...], option: str) -> str:
 
 
 SDPA_VARLEN = "sdpa_varlen"
+DEVICE_HELP = "auto (cuda when available, else cpu) | cpu | cuda | cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device_name(device: str, option: str = "--device") -> str:
+    """`device` when it is a name rcdiag runs on (DEVICE_HELP), without importing torch; ConfigError otherwise.
+    Whether that device exists is `rcdiag.score.devices.resolve_device`'s question."""
+    text = str(device).strip().lower()
+    if not _DEVICE.fullmatch(text):
+        raise ConfigError(f"{option} {device!r} is not one of {DEVICE_HELP}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,8 @@ class RescoreConfig:
     """Training model directory; None: the run manifest's engine model path."""
     train_dtype: str = "float32"
     """float32 | bfloat16 | float16: the dtype the trainer computes in."""
-    device: str = "cpu"
+    device: str = "auto"
+    """auto (cuda when available, else cpu) | cpu | cuda | cuda:N; resolved before any engine starts."""
     token_budget: int = 4096
     """Tokens per packed row (a longer sequence gets a row of its own, with a warning)."""
     chunk_tokens: int = 1024
@@ -150,6 +163,7 @@ class RescoreConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_dtype", canonical_dtype(self.train_dtype, TRAIN_DTYPES, "--train-dtype"))
+        object.__setattr__(self, "device", check_device_name(self.device))
         if self.attn not in ATTN_CHOICES:
             raise ConfigError(f"--attn {self.attn!r} is not one of {', '.join(ATTN_CHOICES)}")
         for name in ("token_budget", "chunk_tokens"):

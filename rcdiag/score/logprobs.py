@@ -50,6 +50,10 @@ def choose_epilogue(n_tokens: int, vocab_size: int, device: str) -> tuple[str, E
     Compiled on CPU for large workloads, after a warm-up call that proves the compiler works (a missing C
     compiler falls back to eager with a warning); eager otherwise.
     """
+    if device == "auto":
+        from rcdiag.score.devices import resolve_device
+
+        device = resolve_device(device)
     if torch.device(device).type != "cpu" or n_tokens * vocab_size < COMPILE_MIN_ELEMENTS:
         return "eager", epilogue_inplace
     fn = compiled_epilogue()

@@ -9,11 +9,11 @@ out of range, sequences longer than the context) is checked over all shards befo
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import pyarrow.parquet as pq
 from rcdiag.errors import ConfigError, InputError, RunDirError
 from rcdiag.progress import Phases, progress
 from rcdiag.score.config import RescoreConfig
+from rcdiag.score.devices import resolve_device
+from rcdiag.score.engine import model_files_hash
 from rcdiag.score.logprobs import choose_epilogue
 from rcdiag.score.packing import cu_seqlens_from_lengths, unpack_positions
 from rcdiag.score.scoring import (
@@ -37,7 +39,7 @@ from rcdiag.score.scoring import (
 )
 from rcdiag.score.tokenizer_check import check_vocabulary
 from rcdiag.store.files import SEQUENCES_DIR, TOKENS_DIR, write_parquet_atomic
-from rcdiag.store.manifest import HASH_PREFIX, Manifest, abs_path, update_manifest
+from rcdiag.store.manifest import Manifest, abs_path, update_manifest
 from rcdiag.store.run import open_run
 
 RESCORED_KEY = b"rcdiag.rescored"
@@ -68,17 +70,6 @@ def run_temperature(manifest: dict[str, Any]) -> float:
 def engine_model_path(manifest: dict[str, Any]) -> str | None:
     """The engine's model as recorded in the manifest (`engine.model`, else `models.engine.path`)."""
     return Manifest.from_dict(manifest).engine_model
-
-
-def model_hash(path: str | Path) -> str:
-    """sha256 over config.json and every *.safetensors file (names and contents) of a model directory."""
-    digest = hashlib.sha256()
-    files = sorted(Path(path).glob("*.safetensors")) + [Path(path) / "config.json"]
-    for file in files:
-        digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as handle:
-            digest.update(hashlib.file_digest(handle, "sha256").digest())
-    return HASH_PREFIX + digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------- shards
@@ -160,7 +151,7 @@ def trainer_settings(model_path: str, model: Any, config: RescoreConfig, tempera
     import torch
     import transformers
 
-    return {"model": abs_path(model_path), "model_hash": model_hash(model_path), "dtype": config.train_dtype,
+    return {"model": abs_path(model_path), "model_hash": model_files_hash(model_path), "dtype": config.train_dtype,
             "attn_implementation": attention_used(model), "temperature": temperature,
             "token_budget": config.token_budget, "chunk_tokens": config.chunk_tokens, "device": config.device,
             "epilogue": epilogue, "transformers_version": transformers.__version__,
@@ -176,6 +167,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     rate of stored log-probs). `phases` times checking, loading the model and rescoring.
     """
     phases = phases or Phases(silent)
+    config = replace(config, device=resolve_device(config.device))
     run = open_run(run_path)
     temperature = run_temperature(run.manifest)
     model_path = config.train_model or engine_model_path(run.manifest)

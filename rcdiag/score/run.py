@@ -4,7 +4,7 @@ calls `score_run`; a notebook or script gets the same behaviour and the same sum
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +65,17 @@ def score_run(out: str | Path, *, model: str | Path | None = None, prompts: str 
     - `replay`: `out` is an imported/retokenized run; replay its tokens through vLLM (`model`, default the run's
       engine model, at `generate.temperature`) for rollout_logprob, then rescore.
 
-    vLLM is shut down before the training model loads. Raises ConfigError for missing inputs before any work.
+    vLLM is shut down before the training model loads. Raises ConfigError for missing inputs, and for a trainer
+    device that does not exist (`rescore.device`, auto: cuda when available), before any work.
     """
     phases = phases or Phases(silent)
     out = Path(out)
     if rescore_only and replay:
         raise ConfigError("--rescore-only and --rescore-both exclude each other")
+    if rescore is not None:  # a device that does not exist fails now, not after the engine's start and generation
+        from rcdiag.score.devices import resolve_device
+
+        rescore = replace(rescore, device=resolve_device(rescore.device))
     if rescore_only:
         if rescore is None:
             raise ConfigError("--rescore-only needs the rescoring stage (drop --generate-only)")

@@ -21,6 +21,7 @@ import torch
 
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.score.attention import ensure_registered, packed_kwargs, resolve_attention
+from rcdiag.score.devices import resolve_device
 from rcdiag.score.engine import context_from_config
 from rcdiag.score.logprobs import Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
 from rcdiag.score.packing import PaddingSide, cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows
@@ -47,19 +48,18 @@ def load_config(path: str | Path, *, trust_remote_code: bool = False) -> Any:
         raise ConfigError(f"{path}: cannot read the model config ({exc})") from None
 
 
-def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu", attn: str = "auto",
+def load_model(path: str | Path, *, dtype: str = "float32", device: str = "auto", attn: str = "auto",
                trust_remote_code: bool = False) -> Any:
     """Load a causal LM for scoring: safetensors only, `dtype` weights, eval mode, `use_cache=False`.
 
     `attn` is a name from `rcdiag.score.attention.ATTN_CHOICES`; the implementation actually used is
-    `model.config._attn_implementation`. Raises ConfigError on a bad path, dtype, device or attention choice.
+    `model.config._attn_implementation`. `device` auto: cuda when available. Raises ConfigError on a bad path, dtype, device or attention choice.
     """
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    device = resolve_device(device)
     resolve_attention(attn, device)  # refuse an impossible choice before touching the disk
     config = load_config(path, trust_remote_code=trust_remote_code)
     impl = resolve_attention(attn, device, config)
@@ -67,8 +67,11 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
     if not list(Path(path).glob("*.safetensors")):
         raise ConfigError(f"{path}: no *.safetensors weights (rcdiag never loads pickled .bin weights)")
     try:
+        # use_kernels=False: transformers ≥ 5.2x would otherwise fetch layer kernels from the hub (and refuses to
+        # load without the `kernels` package); rcdiag loads nothing from a hub and scores the model's own code
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], attn_implementation=impl,
-                                                     use_safetensors=True, trust_remote_code=trust_remote_code)
+                                                     use_safetensors=True, trust_remote_code=trust_remote_code,
+                                                     use_kernels=False)
     except (OSError, ValueError, ImportError) as exc:
         raise ConfigError(f"{path}: cannot load the model with attention {impl!r} ({exc})") from None
     model.config.use_cache = False

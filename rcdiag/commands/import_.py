@@ -21,7 +21,9 @@ def command(
     allow_pickle: Annotated[bool, typer.Option(
         "--allow-pickle", help="Load pickle-based dumps (slime/miles .pt, verl .dp). Pickle runs code named in "
                                "the file when loaded: use only for dumps you trust.")] = _D.allow_pickle,
-    tokenizer: Annotated[str | None, typer.Option(help="trl/swift/verl-text: local tokenizer directory.")] = _D.tokenizer,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="The policy's local tokenizer directory: required for trl/swift/verl-text (retokenizing); for every "
+             "other format recorded in the manifest, so reports and the dashboard show token text.")] = _D.tokenizer,
     train_data: Annotated[str | None, typer.Option(
         help="slime/miles: the train dump (with log_probs) for a single rollout dump file.")] = _D.train_path,
     response_ids_field: Annotated[str | None, typer.Option(help=f"{_FIELD} response token ids.")] = None,
@@ -29,14 +31,21 @@ def command(
     train_logprobs_field: Annotated[str | None, typer.Option(help=f"{_FIELD} trainer logprobs.")] = None,
     mask_field: Annotated[str | None, typer.Option(help=f"{_FIELD} the loss mask (0 = excluded).")] = None,
     prompt_ids_field: Annotated[str | None, typer.Option(help=f"{_FIELD} prompt token ids.")] = None,
+    step_field: Annotated[str | None, typer.Option(
+        help=f"{_FIELD} the training step (TRL: global_step; default: the framework's own name, else step).")] = None,
+    ids_only: Annotated[bool, typer.Option(
+        "--ids-only", help="jsonl/parquet: import token ids without log-probs (then rcdiag score --rescore-both); "
+                           "without it a dump with no log-prob field is refused.")] = _D.ids_only,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out run.")] = _D.overwrite,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = _D.quiet,
 ) -> None:
     """Import rollouts from slime/miles, verl, generic JSONL/Parquet, TRL or ms-swift into a run directory.
 
     The manifest records the source format, its padding/mask/placeholder conventions and what the source lacks;
-    the same is printed. A failed import leaves nothing behind. Without a --*-field flag, common field names are
-    tried (response_ids/completion_ids/output_ids…, rollout_logprobs/logprobs…, mask/loss_mask/response_mask…).
+    the same is printed. A failed import leaves nothing behind. Without a --*-field flag, jsonl/parquet rows are
+    read by the trainers' own batch key names (TRL completion_ids/sampling_per_token_logps/old_per_token_logps/
+    global_step, verl responses/rollout_log_probs/old_log_probs, OpenRLHF sequences/action_mask, ms-swift
+    completion_mask/rollout_per_token_logps, AReaL, TRL async), else common names (response_ids, logprobs, mask…).
 
     Examples:
 
@@ -46,12 +55,15 @@ def command(
 
         rcdiag import jsonl rollouts.jsonl --out runs/mine --response-ids-field completion_ids --rollout-logprobs-field logprobs
 
+        rcdiag import jsonl trl_batch.jsonl --out runs/trl --tokenizer ./model    # TRL's own keys, steps from global_step
+
         rcdiag import trl outputs/completions/ --out runs/trl --tokenizer ./model    # then: rcdiag score --rescore-both runs/trl
     """
     options = ImportOptions(allow_pickle=allow_pickle, tokenizer=tokenizer, train_path=train_data,
                             response_ids_field=response_ids_field, rollout_logprobs_field=rollout_logprobs_field,
                             train_logprobs_field=train_logprobs_field, mask_field=mask_field,
-                            prompt_ids_field=prompt_ids_field, overwrite=overwrite, quiet=quiet)
+                            prompt_ids_field=prompt_ids_field, step_field=step_field, ids_only=ids_only,
+                            overwrite=overwrite, quiet=quiet)
     start = time.perf_counter()
     run, imported = import_run(fmt, path, out, options)
     for line in summary_lines(imported, run):

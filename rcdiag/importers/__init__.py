@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, did_you_mean
 from rcdiag.importers.common import (
     Imported,
     ImportOptions,
@@ -15,6 +15,7 @@ from rcdiag.importers.common import (
     nonfinite_warning,
     write_imported,
 )
+from rcdiag.importers.vocab import attach_tokenizer
 
 # format name → (module under rcdiag.importers, what the format is)
 FORMATS: dict[str, tuple[str, str]] = {
@@ -30,13 +31,36 @@ FORMATS: dict[str, tuple[str, str]] = {
 }
 
 
+FLAT = ("jsonl", "parquet")
+ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
+    **{name: (FLAT, flag) for name, flag in (
+        ("response_ids_field", "--response-ids-field"), ("rollout_logprobs_field", "--rollout-logprobs-field"),
+        ("train_logprobs_field", "--train-logprobs-field"), ("mask_field", "--mask-field"),
+        ("prompt_ids_field", "--prompt-ids-field"), ("step_field", "--step-field"), ("ids_only", "--ids-only"))},
+    "train_path": (("slime", "miles"), "--train-data"),
+}
+"""Options that mean something for some formats only: given with another format they are refused, never ignored."""
+
+
+def refuse_options(fmt: str, options: ImportOptions) -> None:
+    """ConfigError for an option the format does not read (it used to be accepted and silently ignored)."""
+    for attr, (formats, flag) in ONLY_FOR.items():
+        if fmt not in formats and getattr(options, attr) not in (None, False):
+            raise ConfigError(f"{flag} is for {'/'.join(formats)} dumps; `rcdiag import {fmt}` does not read it "
+                              f"(see `rcdiag import --help`)")
+
+
 def read_dump(fmt: str, path: str | os.PathLike, options: ImportOptions | None = None) -> Imported:
     """Read a dump into records without writing anything (raises InputError/ConfigError on bad input)."""
     if fmt not in FORMATS:
-        raise ConfigError(f"unknown format '{fmt}' (choose from: {', '.join(FORMATS)})")
+        raise ConfigError(f"unknown format '{fmt}' (choose from: {', '.join(FORMATS)}){did_you_mean(fmt, FORMATS)}")
+    options = options or ImportOptions()
+    refuse_options(fmt, options)
     module = importlib.import_module(f"rcdiag.importers.{FORMATS[fmt][0]}")
-    imported = module.read(Path(path), options or ImportOptions(), fmt)
+    imported = module.read(Path(path), options, fmt)
     check_token_ids(imported.records)
+    if options.tokenizer and "tokenizer" not in imported.sections:
+        imported.sections["tokenizer"] = attach_tokenizer(options.tokenizer, imported.records)
     imported.mask_counts, warnings = mask_summary(imported.records)
     imported.warnings += warnings + nonfinite_warning(imported.records)
     return imported

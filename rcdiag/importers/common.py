@@ -30,6 +30,8 @@ class ImportOptions:
     train_logprobs_field: str | None = None
     mask_field: str | None = None
     prompt_ids_field: str | None = None
+    step_field: str | None = None
+    ids_only: bool = False
     overwrite: bool = False
     quiet: bool = False
 
@@ -81,6 +83,8 @@ def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file), row=i) from None
+            except (ValueError, RecursionError) as exc:  # an integer past 4300 digits; nesting past the stack
+                raise InputError(f"unreadable JSON ({str(exc)[:120]})", file=str(file), row=i) from None
             if not isinstance(row, dict):
                 raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
             yield i, row
@@ -302,6 +306,12 @@ def summary_lines(imported: Imported, run: Any) -> list[str]:
     lines = [f"Imported {counts.get('sequences')} sequences, {counts.get('tokens')} tokens from "
              f"{imported.fmt} dump {imported.path} → {run.path}"]
     lines += [f"  convention  {k}: {v}" for k, v in imported.conventions.items()]
+    steps = sorted({r.step for r in imported.records if r.step is not None})
+    if steps:
+        lines.append(f"  steps       {len(steps)} ({steps[0]} … {steps[-1]})")
+    tokenizer = imported.sections.get("tokenizer")
+    if isinstance(tokenizer, dict):
+        lines.append(f"  tokenizer   {tokenizer.get('path')} ({tokenizer.get('vocab_size')} ids)")
     counts_ = imported.mask_counts
     if counts_.get("masked_tokens"):
         lines.append(f"  masked      {counts_['masked_tokens']} token(s) imported with mask False, "

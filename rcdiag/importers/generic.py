@@ -1,7 +1,8 @@
 """Import generic JSONL / Parquet rollouts: one row per sequence, or OpenAI-compatible / SGLang responses.
 
 Row shapes (detected from the first row):
-- flat: token ids and per-token lists under field names (flags `--response-ids-field` …; else common names);
+- flat: token ids and per-token lists under field names (flags `--response-ids-field` …; else the trainers' own
+  batch key names — TRL, ms-swift, TRL async, OpenRLHF, verl, AReaL — or common names: rcdiag.importers.flat);
 - OpenAI-compatible (vLLM/SGLang servers): `choices[i].logprobs.content[j] = {token, logprob, …}` with ids from
   `choices[i].token_ids` or `token_id:N` token strings (one sequence per choice); legacy `tokens`/`token_logprobs`;
   also wrapped in OpenAI batch-output lines (`vllm run_batch`: `response.body`);
@@ -9,12 +10,9 @@ Row shapes (detected from the first row):
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.importers.common import (
@@ -25,21 +23,8 @@ from rcdiag.importers.common import (
     check_presence,
     jsonl_objects,
 )
-
-CANDIDATES = {
-    "response_ids": ("response_ids", "completion_ids", "output_ids", "output_token_ids", "token_ids", "responses"),
-    "rollout_logprobs": ("rollout_logprobs", "rollout_log_probs", "sampling_logprobs", "logprobs"),
-    "train_logprobs": ("train_logprobs", "train_log_probs", "old_log_probs", "old_logprobs", "log_probs"),
-    "mask": ("mask", "loss_mask", "response_mask", "completion_mask", "action_mask"),
-    "prompt_ids": ("prompt_ids", "prompt_token_ids", "input_ids"),
-}
-FLAG = {"response_ids": "response_ids_field", "rollout_logprobs": "rollout_logprobs_field",
-        "train_logprobs": "train_logprobs_field", "mask": "mask_field", "prompt_ids": "prompt_ids_field"}
-TEXT = {"prompt_text": ("prompt", "prompt_text", "input"), "response_text": ("response", "completion",
-        "response_text", "output", "text"), "prompt_id": ("prompt_id", "uid", "group_index"),
-        "sample_index": ("sample_index", "index"), "reward": ("reward", "score"), "step": ("step",),
-        "finish_reason": ("finish_reason",)}
-PER_TOKEN = {"rollout_logprobs": "rollout logprobs", "train_logprobs": "train logprobs", "mask": "mask"}
+from rcdiag.importers.flat import PER_TOKEN, Fields, conventions, flat_record, resolve_fields
+from rcdiag.importers.values import number_list, token_id_list
 
 
 def rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -69,77 +54,6 @@ def _jsonl_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield i, row | {"__file__": str(file)}
 
 
-def _pick(row: dict[str, Any], names: tuple[str, ...]) -> str | None:
-    return next((n for n in names if n in row), None)
-
-
-def resolve_fields(first: dict[str, Any], opts: ImportOptions) -> dict[str, str | None]:
-    """Record attribute → source field: the flag's value (which must exist) or the first common name present."""
-    fields: dict[str, str | None] = {}
-    for attr, names in CANDIDATES.items():
-        given = getattr(opts, FLAG[attr])
-        if given is not None and given not in first:
-            raise InputError(f"--{FLAG[attr].replace('_', '-')} {given}: no such field (have: "
-                             f"{', '.join(k for k in first if k != '__file__')})", file=first["__file__"], row=1,
-                             field=given)
-        fields[attr] = given or _pick(first, names)
-    if fields["response_ids"] is None:
-        raise InputError(f"no token-id field found (tried {', '.join(CANDIDATES['response_ids'])})",
-                         file=first["__file__"], row=1, hint="name it with --response-ids-field")
-    return fields
-
-
-def _list(row: dict[str, Any], name: str | None, where: tuple[str, int], dtype: Any) -> np.ndarray | None:
-    if name is None:
-        return None
-    if name not in row or row[name] is None:
-        raise InputError("missing field", file=where[0], row=where[1], field=name)
-    value = row[name]
-    if not isinstance(value, list | tuple | np.ndarray):
-        raise InputError(f"expected a list, got {type(value).__name__}", file=where[0], row=where[1], field=name)
-    try:
-        array = np.asarray([np.nan if v is None else v for v in value], dtype=np.float64)
-    except (TypeError, ValueError):
-        array = None
-    if array is None or array.ndim != 1:
-        raise InputError(f"not a flat list of numbers (first item {value[0]!r})", file=where[0], row=where[1],
-                         field=name)
-    return token_ids(array, where, name) if np.issubdtype(dtype, np.integer) else array
-
-
-def token_ids(values: Any, where: tuple[str, int], name: str) -> np.ndarray:
-    """Token ids as int64, refusing a fraction or a missing entry (5.5 used to be truncated to 5: a wrong token)."""
-    array = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
-    if bad.size:
-        raise InputError(f"token id {values[int(bad[0])]!r} (item {int(bad[0]) + 1} of the list) is not a whole number "
-                         f"({bad.size} such id(s) in this row)", file=where[0], row=where[1], field=name,
-                         hint="token ids are vocabulary indices: export them as integers")
-    return array.astype(np.int64)
-
-
-def _extras(row: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for attr, names in TEXT.items():
-        name = _pick(row, names)
-        value = None if name is None else row[name]
-        if attr in {"reward"}:
-            value = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        elif attr in {"sample_index", "step"}:
-            value = int(value) if isinstance(value, int | float | str) and str(value).lstrip("-").isdigit() else None
-        elif value is not None and not isinstance(value, str):
-            value = json.dumps(value, default=str)
-        out[attr] = value
-    return out
-
-
-def flat_record(row: dict[str, Any], i: int, fields: dict[str, str | None]) -> Record:
-    where = (row["__file__"], i)
-    values = {attr: _list(row, name, where, np.int64 if attr in {"response_ids", "prompt_ids"} else np.float64)
-              for attr, name in fields.items()}
-    return Record(where=where, **values, **_extras(row))
-
-
 def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Record:
     where = (row["__file__"], i)
     logprobs = choice.get("logprobs") or {}
@@ -161,8 +75,8 @@ def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Recor
         ids = [int(t.split(":", 1)[1]) for t in tokens]
     message = choice.get("message") or {}
     return Record(
-        response_ids=token_ids(ids, where, "choices.token_ids"), where=where,
-        rollout_logprobs=np.asarray([np.nan if v is None else v for v in values], np.float64),
+        response_ids=token_id_list(ids, where, "choices.token_ids"), where=where,
+        rollout_logprobs=number_list(values, where, "choices.logprobs"),
         prompt_ids=row.get("prompt_token_ids") or choice.get("prompt_token_ids"),
         response_text=choice.get("text", message.get("content")), finish_reason=choice.get("finish_reason"),
         sample_index=choice.get("index"), prompt_id=None if row.get("id") is None else str(row["id"]))
@@ -183,8 +97,8 @@ def sglang_record(row: dict[str, Any], i: int) -> Record:
     ids = row.get("output_ids") or [e[1] for e in entries]
     finish = meta.get("finish_reason")
     return Record(
-        response_ids=token_ids(ids, where, "output_ids"), where=where,
-        rollout_logprobs=np.asarray([np.nan if e[0] is None else e[0] for e in entries], np.float64),
+        response_ids=token_id_list(ids, where, "output_ids"), where=where,
+        rollout_logprobs=number_list([e[0] for e in entries], where, "meta_info.output_token_logprobs"),
         response_text=row.get("text"), finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
         prompt_id=None if meta.get("id") is None else str(meta["id"]))
 
@@ -225,14 +139,12 @@ def read(path: Path, opts: ImportOptions, fmt: str = "jsonl") -> Imported:
     return _imported(fmt, path, records, shape or "flat", fields)
 
 
-def _imported(fmt: str, path: Path, records: list[Record], shape: str, fields: dict[str, str | None] | None
-              ) -> Imported:
+def _imported(fmt: str, path: Path, records: list[Record], shape: str, fields: Fields | None) -> Imported:
     if shape == "flat":
-        conventions = {"row_shape": "flat (one row per sequence)",
-                       **{f"{attr}_field": name or "absent" for attr, name in (fields or {}).items()}}
+        said = conventions(fields) if fields is not None else {"row_shape": "flat (one row per sequence)"}
     else:
-        conventions = {"row_shape": shape, "rollout_logprobs": SHAPES[shape][0]}
-    conventions["placeholder"] = "values on mask 0 positions kept as stored"
+        said = {"row_shape": shape, "rollout_logprobs": SHAPES[shape][0]}
+    said["placeholder"] = "values on mask 0 positions kept as stored"
     lacks = ["sampling settings (temperature, top-p/top-k, logprobs mode): not in the rows", "train_entropy"]
     if records and records[0].train_logprobs is None:
         lacks.insert(0, "trainer logprobs: `rcdiag score --rescore-both RUN` replays the stored tokens")
@@ -240,4 +152,4 @@ def _imported(fmt: str, path: Path, records: list[Record], shape: str, fields: d
         lacks.insert(0, "rollout logprobs")
     if records and records[0].mask is None:
         lacks.append("a loss mask (every response token counts as valid)")
-    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks)
+    return Imported(fmt=fmt, path=path, records=records, conventions=said, lacks=lacks)

@@ -16,6 +16,8 @@ import numpy as np
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, jsonl_objects
 from rcdiag.importers.steps import step_from_name
+from rcdiag.importers.values import whole_number
+from rcdiag.importers.vocab import tokenizer_section
 from rcdiag.progress import iterate
 from rcdiag.tokenizers import load_tokenizer
 
@@ -87,12 +89,10 @@ def _reward(row: dict[str, Any]) -> float | None:
     return float(sum(values)) if values else None
 
 
-def _step(row: dict[str, Any]) -> int | None:
-    value = row.get("step", row.get("gen_step"))
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
+def _step(row: dict[str, Any], where: tuple[str, int]) -> int | None:
+    """The row's step (`step`, else `gen_step`): a whole number, else InputError (5.5 used to become 5)."""
+    name = "step" if row.get("step") is not None else "gen_step"
+    return whole_number(row.get(name), where, name)
 
 
 def _record(file: str, row_no: int, row: dict[str, Any], tokenizer: Any) -> Record:
@@ -107,7 +107,8 @@ def _record(file: str, row_no: int, row: dict[str, Any], tokenizer: Any) -> Reco
     return Record(
         response_ids=np.asarray(tokenizer(completion, add_special_tokens=False)["input_ids"], np.int64),
         prompt_ids=np.asarray(tokenizer(prompt, add_special_tokens=False)["input_ids"], np.int64),
-        where=(file, row_no), prompt_text=prompt, response_text=completion, reward=_reward(row), step=_step(row),
+        where=(file, row_no), prompt_text=prompt, response_text=completion, reward=_reward(row),
+        step=_step(row, (file, row_no)),
         prompt_id=row.get("prompt_id"))
 
 
@@ -129,4 +130,5 @@ def read(path: Path, opts: ImportOptions, fmt: str = "trl") -> Imported:
                    "step_field": "gen_step" if rows and "gen_step" in rows[0][2] else "step"}
     return Imported(fmt=fmt, path=path, records=records, conventions=conventions,
                     lacks=EXTRA_LACKS.get(fmt, []) + LACKS,
-                    retokenized=True, warnings=["retokenized from text: token ids may differ from those sampled"])
+                    retokenized=True, warnings=["retokenized from text: token ids may differ from those sampled"],
+                    sections={"tokenizer": tokenizer_section(opts.tokenizer, tokenizer)})

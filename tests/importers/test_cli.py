@@ -1,6 +1,8 @@
 """`rcdiag import` command line: pinned user-facing text, then checked through the API."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 import rcdiag
@@ -90,3 +92,27 @@ def test_readme_jsonl_and_trl_commands(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {tmp_path / 'trl'}`" in text
     assert rcdiag.open_run(tmp_path / "trl").manifest["source"]["retokenized"] is True
+
+
+def test_readme_trl_batch_command(tmp_path, capsys):
+    """The README's TRL batch line: TRL's own keys, steps from global_step, the tokenizer recorded — printed and
+    verified through the API (before: both sides absent, no steps, the tokenizer ignored)."""
+    from tests.importers.test_native_keys import trl_rows
+
+    truth = make_truth(seed=42)
+    (tmp_path / "trl_batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trl_rows(truth, step=40)))
+    assert main(["import", "jsonl", str(tmp_path / "trl_batch.jsonl"), "--out", str(tmp_path / "trl"),
+                 "--tokenizer", "sample_data/tiny-model", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "convention  rollout_logprobs_field: sampling_per_token_logps" in text
+    assert "steps       1 (40 … 40)" in text and "(2048 ids)" in text
+    run = rcdiag.open_run(tmp_path / "trl")
+    assert_run_matches(run, truth)
+    assert run.manifest["tokenizer"]["vocab_size"] == 2048
+
+
+def test_flag_for_another_format_is_an_error(tmp_path, capsys):
+    """`--step-field` on a slime import is refused with the formats that read it, exit 1, nothing written."""
+    assert main(["import", "slime", str(tmp_path), "--out", str(tmp_path / "r"), "--step-field", "s", "-q"]) == 1
+    assert "--step-field is for jsonl/parquet dumps" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

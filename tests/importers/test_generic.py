@@ -147,7 +147,7 @@ def test_bad_rows(tmp_path, rows, opts, message, row, field):
 
 
 def test_bad_json_and_bad_parquet(tmp_path):
-    (tmp_path / "r.jsonl").write_text('{"response_ids": [1]}\n{"response_ids": [1\n')
+    (tmp_path / "r.jsonl").write_text('{"response_ids": [1], "logprobs": [-1.0]}\n{"response_ids": [1\n')
     with pytest.raises(InputError, match=r"row 2: invalid JSON"):
         import_run("jsonl", tmp_path / "r.jsonl", tmp_path / "run", Q)
     (tmp_path / "r.parquet").write_text("not parquet")

@@ -23,7 +23,7 @@ def test_fractional_or_missing_token_id_is_refused(tmp_path, ids):
     file.write_text(json.dumps({"response_ids": [7, 8]}) + "\n" + json.dumps({"response_ids": ids}) + "\n")
     with pytest.raises(InputError, match=r"row 2 field 'response_ids': token id .* \(item 2 of the list\) is not a "
                                          "whole number"):
-        import_run("jsonl", file, tmp_path / "run", ImportOptions(quiet=True))
+        import_run("jsonl", file, tmp_path / "run", ImportOptions(quiet=True, ids_only=True))
     assert not (tmp_path / "run").exists()
 
 

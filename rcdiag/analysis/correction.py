@@ -22,6 +22,7 @@ from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Con
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS, IS_MODES
 from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
 from rcdiag.analysis.rejection import Rejection, check_verl, keep_rows, parse_rejections
+from rcdiag.analysis.thresholds import as_number, optional_number, split_band
 from rcdiag.analysis.verlstats import VerlISExtras, VerlRejectionStats
 from rcdiag.errors import ConfigError
 
@@ -43,6 +44,8 @@ class CorrectionMode:
     def __post_init__(self) -> None:
         if self.level not in LEVELS or self.action not in ACTIONS:
             raise ConfigError(f"unknown correction mode {self.level}_{self.action}; choose one of {', '.join(MODES)}")
+        object.__setattr__(self, "upper", as_number(self.upper, "threshold C"))
+        object.__setattr__(self, "lower", optional_number(self.lower, "lower bound L"))
         if not (isinstance(self.upper, (int, float)) and not math.isnan(self.upper) and self.upper >= 1.0):
             raise ConfigError(f"threshold C must be a number ≥ 1 (or None for no upper bound), got {self.upper!r}")
         if self.lower is not None and not (math.isfinite(self.lower) and 0.0 < self.lower <= 1.0):
@@ -54,8 +57,8 @@ class CorrectionMode:
 
     def with_bounds(self, upper: float | None = None, lower: float | None = None) -> CorrectionMode:
         """A copy with threshold C = `upper` and L = `lower` (None keeps the current value)."""
-        return replace(self, upper=self.upper if upper is None else float(upper),
-                       lower=self.lower if lower is None else float(lower))
+        return replace(self, upper=self.upper if upper is None else as_number(upper, "threshold C"),
+                       lower=self.lower if lower is None else as_number(lower, "lower bound L"))
 
 
 token_truncate = CorrectionMode("token", "truncate")
@@ -244,15 +247,29 @@ class ISGroup:
             accumulator.stats[0].update(view, (per_w[j], per_e[j], out[j], no_rows))
 
 
-def simulate(data: Any, mode: str | CorrectionMode, threshold: float | None = DEFAULT_THRESHOLD,
+class _Default:
+    """The `threshold` simulate was not given: C = DEFAULT_THRESHOLD for an IS mode, a gate's own default δ."""
+
+    def __repr__(self) -> str:
+        return f"default ({DEFAULT_THRESHOLD:g} for IS modes, each gate's own δ)"
+
+
+DEFAULT = _Default()
+
+
+def simulate(data: Any, mode: str | CorrectionMode, threshold: Any = DEFAULT,
              lower: float | None = None, convention: str | None = None, *,
              rejection: Iterable[Rejection | str | tuple] = (), batch_normalize: bool = False,
              return_weights: bool = False, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-             silent: bool = True, keys: str | None = None) -> dict[str, Any]:
+             silent: bool = True, keys: str | None = None, **gate_options: Any) -> dict[str, Any]:
     """Simulate one IS correction on `data` (Run, DataFrame or Arrow table of token rows; see compute_metrics).
 
-    `mode`: a preset name (token_truncate, token_mask, sequence_truncate, sequence_mask) or a CorrectionMode;
-    `threshold` C (None: no upper bound — TRL's clip_max=None, convention trl only) and `lower` L. `convention`
+    `mode`: a preset name (token_truncate, token_mask, sequence_truncate, sequence_mask) or a CorrectionMode —
+    or a gate family's name (dppo_tv, token_binary_kl, roll_segment_ratio, skyrl_outlier, nemo_seq_logprob_error …;
+    analysis.gate_defs.GATES), simulated by analysis.gates.simulate_gate with `threshold` = δ (default: the
+    gate's own) and its options (`advantages=`, `normalize_std=`).
+    `threshold` C (None: no upper bound — TRL's clip_max=None, convention trl only; a verl "L_U" string is the band
+    L, U as verl reads rollout_is_threshold) and `lower` L; booleans and non-numeric strings are refused. `convention`
     picks the framework's formulas (canonical | swift | verl | trl; default canonical, or the framework named by
     `keys`). `rejection`: verl options such as "token_k3:0.01" or ("seq_mean_k1", 2.0, 0.5), chained (see also
     rejection.verl_rejections for verl's own config strings). `batch_normalize` divides the weights by their
@@ -263,8 +280,17 @@ def simulate(data: Any, mode: str | CorrectionMode, threshold: float | None = DE
     Returns {IS metric: float} (NaN where nothing is scored; ESS NaN with a RuntimeWarning when every weight is
     0), plus "weights": DataFrame(seq_id, pos, weight, kept) when `return_weights`.
     """
+    from rcdiag.analysis.gates import is_gate, simulate_gate
     from rcdiag.analysis.keys import key_convention, rename
 
+    if is_gate(mode):  # a gate family (analysis.gate_defs): its own simulator, same call shape
+        return simulate_gate(data, mode, None if threshold is DEFAULT else threshold, lower, sequences=sequences,
+                             batch_rows=batch_rows, silent=silent, keys=keys, convention=convention,
+                             **gate_options)
+    if gate_options:
+        raise ConfigError(f"{', '.join(gate_options)}: options of the gate families only (mode {mode!r} is an IS "
+                          "mode)")
+    threshold, lower = split_band(DEFAULT_THRESHOLD if threshold is DEFAULT else threshold, lower)
     conv = key_convention(keys, convention)
     chosen = get_mode(mode).with_bounds(math.inf if threshold is None else threshold, lower)
     accumulator = ISAccumulator([chosen], conv, rejection=rejection, keep_weights=return_weights)

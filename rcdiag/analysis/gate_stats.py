@@ -1,0 +1,137 @@
+"""The gates' per-token statistics and their per-sequence / per-segment aggregates over one chunk (float64 numpy,
+cached on the chunk so every gate setting of a sweep computes each once). Formulas: analysis.gate_defs."""
+from __future__ import annotations
+
+import numpy as np
+
+from rcdiag.analysis.chunks import TokenChunk
+
+CLIP = 1e-6
+"""OpenRLHF's and KPop's probability clamp [1e-6, 1 − 1e-6] before the binary KL / TV."""
+VERL_EPS = 1e-8
+"""verl dppo_kl's `+ 1e-8` in log((1 − p_old + 1e-8) / (1 − p + 1e-8))."""
+
+
+def _binary_kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """D_B(x‖y) = x log(x/y) + (1 − x) log((1 − x)/(1 − y)) of clamped probabilities."""
+    return x * (np.log(x) - np.log(y)) + (1.0 - x) * (np.log1p(-x) - np.log1p(-y))
+
+
+def _probs(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
+    """(p, q) = (exp(train), exp(rollout)) per row (1 on masked rows)."""
+    return chunk.memo(("gate", "p"), lambda: np.exp(chunk.a)), chunk.memo(("gate", "q"), lambda: np.exp(chunk.b))
+
+
+def _clamped(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
+    p, q = _probs(chunk)
+    return (chunk.memo(("gate", "P"), lambda: np.clip(q, CLIP, 1 - CLIP)),
+            chunk.memo(("gate", "Q"), lambda: np.clip(p, CLIP, 1 - CLIP)))
+
+
+def _prob_diff(chunk: TokenChunk) -> np.ndarray:
+    p, q = _probs(chunk)
+    return p - q
+
+
+def _abs_prob_diff(chunk: TokenChunk) -> np.ndarray:
+    return np.abs(token_statistic(chunk, "prob_diff"))
+
+
+def _tv_clamped(chunk: TokenChunk) -> np.ndarray:
+    rollout, train = _clamped(chunk)
+    return np.abs(rollout - train)
+
+
+def _binary_kl_openrlhf(chunk: TokenChunk) -> np.ndarray:
+    rollout, train = _clamped(chunk)  # OpenRLHF: p = rollout prob, q = train (old) prob
+    return _binary_kl(rollout, train)
+
+
+def _binary_kl_two_sided(chunk: TokenChunk) -> np.ndarray:
+    rollout, train = _clamped(chunk)
+    return np.maximum(_binary_kl(train, rollout), _binary_kl(rollout, train))
+
+
+def _binary_kl_verl(chunk: TokenChunk) -> np.ndarray:
+    p, q = _probs(chunk)  # verl: old_prob = q (the rollout's in bypass), prob = p
+    return q * (chunk.b - chunk.a) + (1.0 - q) * np.log((1.0 - q + VERL_EPS) / (1.0 - p + VERL_EPS))
+
+
+def _log_ratio(chunk: TokenChunk) -> np.ndarray:
+    return chunk.ell
+
+
+def _mult_prob_error(chunk: TokenChunk) -> np.ndarray:
+    return np.exp(np.abs(chunk.ell))
+
+
+_STATISTICS = {"prob_diff": _prob_diff, "abs_prob_diff": _abs_prob_diff, "tv_clamped": _tv_clamped,
+               "binary_kl": _binary_kl_openrlhf, "binary_kl_two_sided": _binary_kl_two_sided,
+               "binary_kl_verl": _binary_kl_verl, "log_ratio": _log_ratio, "mult_prob_error": _mult_prob_error}
+"""Gate.statistic → per-row values (gate_defs module docstring)."""
+
+
+def token_statistic(chunk: TokenChunk, name: str) -> np.ndarray:
+    """The statistic per row (masked rows hold junk the callers never read), computed once per chunk."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return chunk.memo(("gate_stat", name), lambda: _STATISTICS[name](chunk))
+
+
+def sequence_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
+    """Per-sequence mean over valid rows (0 for a sequence without one, as ROLL's / SkyRL's clamped divisors)."""
+    return chunk.seq_sum(np.where(chunk.mask, values, 0.0)) / np.maximum(chunk.counts, 1)
+
+
+def segments(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
+    """(segment id per row, -1 on masked rows; number of segments): ROLL's segments, each run of consecutive valid
+    rows within a sequence (`compute_segment_masked_mean`: runs of response_mask = 1)."""
+    def make() -> np.ndarray:
+        mask = chunk.mask
+        starts = np.zeros(chunk.n, dtype=bool)
+        starts[chunk.starts] = True
+        previous = np.concatenate(([False], mask[:-1]))
+        opens = mask & (starts | ~previous)
+        ids = np.cumsum(opens) - 1
+        return np.where(mask, ids, -1)
+    ids = chunk.memo(("gate", "segments"), make)
+    return ids, int(ids.max()) + 1 if ids.size else 0
+
+
+def segment_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
+    """Each valid row's segment mean of `values` (0 on masked rows, as ROLL fills them)."""
+    ids, count = segments(chunk)
+    valid = ids >= 0
+    if not count:
+        return np.zeros(chunk.n)
+    total = np.bincount(ids[valid], weights=values[valid], minlength=count)
+    size = np.bincount(ids[valid], minlength=count)
+    out = np.zeros(chunk.n)
+    out[valid] = (total / size)[ids[valid]]
+    return out
+
+
+def aggregate(chunk: TokenChunk, values: np.ndarray, level: str, reduce: str) -> np.ndarray:
+    """The statistic at the gate's level, per row: token → itself; sequence → its sequence's mean | sum |
+    geometric | product broadcast (geometric / product on a log-ratio: the mean / sum of ℓ, exp'd by the caller);
+    segment → its segment's mean."""
+    if level == "token":
+        return values
+    if level == "segment":
+        return segment_mean(chunk, values)
+    if reduce in ("sum", "product"):
+        per_seq = chunk.seq_sum(np.where(chunk.mask, values, 0.0))
+    else:
+        per_seq = sequence_mean(chunk, values)
+    return chunk.per_row(per_seq)
+
+
+def k3(log_ratio: np.ndarray) -> np.ndarray:
+    """exp(x) − x − 1, accurate for small x (prime-rl's mismatch_kl, NeMo-RL's k3)."""
+    with np.errstate(over="ignore"):
+        return np.expm1(log_ratio) - log_ratio
+
+
+def js_divergence(chunk: TokenChunk) -> np.ndarray:
+    """NeMo-RL's per-token js_divergence_error term: ½ k3 of (a − m) + ½ k3 of (b − m), m = log(½p + ½q)."""
+    mixture = np.logaddexp(chunk.a, chunk.b) - np.log(2.0)
+    return 0.5 * k3(chunk.a - mixture) + 0.5 * k3(chunk.b - mixture)

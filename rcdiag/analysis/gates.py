@@ -1,0 +1,292 @@
+"""Gate families simulated offline: which tokens a divergence gate (DPPO binary TV / KL, OpenRLHF tv / binary_kl,
+KPop's two-sided KL, prime-rl's |Δp| band, ROLL's filters, SkyRL's masks, NeMo-RL's sequence error mask) keeps,
+the share kept per advantage sign, and the survivors' ESS — one streaming, mergeable pass for any number of
+settings. The definitions are the table in analysis.gate_defs; the per-framework logged numbers of each gate in
+analysis.gate_logs.
+
+    rcdiag.simulate(run, "dppo_tv", 0.2)                  # dict: kept_token_frac, kept_pos_frac, ess, …
+    rcdiag.simulate(run, "dppo_tv", 0.2, keys="prime-rl") # + prime-rl's is_masked/mean … under its keys
+    rcdiag.gate_sweep(run)                                # DataFrame: gate × δ → the same numbers
+
+Result names (canonical): kept_token_frac / kept_seq_frac (valid tokens / sequences with T > 0 the gate keeps;
+a sequence is kept when any of its tokens is), clipped_frac (= 1 − kept_token_frac, the masked share),
+fraction_high / fraction_low (valid tokens masked above the upper / below the lower bound; DPPO: A > 0 / A ≤ 0),
+masked_seq_frac (sequences with any masked token), kept_pos_frac / kept_neg_frac / kept_zero_frac (kept share
+of the valid tokens with A > 0 / A < 0 / A = 0; NaN when there are none or no advantages), adv_pos_frac /
+adv_neg_frac (shares of valid tokens with A > 0 / < 0), is_weight_mean / _std / _min / _max (the weight the
+framework applies to each valid token: ρ or 1 on kept tokens, 0 on masked ones — Gate.weight), ess (ESS of the
+token ratio ρ over the kept tokens, (Σρ)² / (n Σρ²): what the survivors' importance weights still cost),
+threshold_low / threshold_high (the bounds applied), advantage_source (analysis.advantages.SOURCES).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
+from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.gate_defs import GATES, Gate, check_delta, gate_bounds, get_gate, is_gate
+from rcdiag.analysis.gate_logs import Decision, extras_for
+from rcdiag.analysis.gate_stats import aggregate, token_statistic
+from rcdiag.analysis.thresholds import as_number, optional_number
+from rcdiag.errors import ConfigError, InputError
+
+__all__ = ["GATE_METRIC_NAMES", "GateAccumulator", "GateSetting", "gate_sweep", "is_gate", "simulate_gate"]
+
+GATE_METRIC_NAMES = ("kept_token_frac", "kept_seq_frac", "clipped_frac", "fraction_high", "fraction_low",
+                     "masked_seq_frac", "kept_pos_frac", "kept_neg_frac", "kept_zero_frac", "adv_pos_frac",
+                     "adv_neg_frac", "is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
+                     "threshold_low", "threshold_high")
+"""The numbers every gate setting gives (module docstring), in table order."""
+
+
+@dataclass(frozen=True)
+class GateSetting:
+    """A gate at δ = `threshold` (and an optional `lower` bound), validated; `lo`, `hi` the applied bounds."""
+
+    gate: Gate
+    threshold: float
+    lower: float | None
+    lo: float
+    hi: float
+
+    @classmethod
+    def make(cls, gate: str | Gate, threshold: Any = None, lower: Any = None) -> GateSetting:
+        g = get_gate(gate)
+        delta = g.default if threshold is None else as_number(threshold, f"gate {g.name} δ")
+        low = optional_number(lower, f"gate {g.name} lower bound")
+        if not math.isfinite(delta) or (low is not None and not math.isfinite(low)):
+            raise ConfigError(f"gate {g.name}: δ and the lower bound must be finite numbers")
+        check_delta(g, delta, low)
+        lo, hi = gate_bounds(g, delta, low)
+        return cls(g, delta, low, lo, hi)
+
+    @property
+    def name(self) -> str:
+        return self.gate.name
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def decide(setting: GateSetting, chunk: TokenChunk, adv: np.ndarray) -> Decision:
+    """Which valid rows the gate keeps, and which it masks from above / below (analysis.gate_defs: rules)."""
+    g, mask = setting.gate, chunk.mask
+    stat = token_statistic(chunk, g.statistic)
+    ratio_space = g.statistic == "log_ratio"
+    if g.rule == "any_token":
+        lr = np.clip(chunk.ell, -g.clamp, g.clamp) if g.clamp else chunk.ell
+        over, under = mask & (lr > _log(setting.hi)), mask & (lr < _log(setting.lo))
+        seq_over = np.logical_or.reduceat(over, chunk.starts)
+        seq_under = np.logical_or.reduceat(under, chunk.starts)
+        high, low = chunk.per_row(seq_over) & mask, chunk.per_row(seq_under) & mask
+        return Decision(mask & ~(high | low), high, low, seq_over, seq_under)
+    value = aggregate(chunk, stat, g.level, g.reduce)
+    hi, lo = setting.hi, setting.lo
+    if ratio_space:  # ratios compared in log space, exactly (ρ ≤ C ⇔ ℓ ≤ log C)
+        value = np.clip(value, -g.clamp, g.clamp) if g.clamp else value
+        hi, lo = _log(hi), _log(lo)
+    with np.errstate(invalid="ignore"):
+        if g.rule in ("upper", "band"):
+            high, low = value > hi, value < lo
+        elif g.rule == "dppo":
+            pos = adv > 0
+            high, low = pos & (value > hi), ~pos & (value < -lo)
+        else:  # dppo_kl: the KL bound binds only where the probability moved the way the advantage pushes
+            pos = adv > 0
+            high = pos & (value > hi) & (chunk.a > chunk.b)
+            low = ~pos & (value > lo) & (chunk.a < chunk.b)
+    high, low = high & mask, low & mask
+    return Decision(mask & ~(high | low), high, low, None, None, value)
+
+
+class GateState:
+    """The mergeable reduction of one setting (module docstring names), plus its framework's logged numbers."""
+
+    def __init__(self, setting: GateSetting) -> None:
+        self.setting = setting
+        self.counts = dict.fromkeys(("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos",
+                                     "neg", "zero", "kept_pos", "kept_neg", "kept_zero"), 0)
+        self.w_sum, self.moments, self.w_ext = ExactSum(), Moments(), Extremum()
+        self.rho_sum, self.rho2_sum = ExactSum(), ExactSum()
+        self.extras = extras_for(setting)
+
+    def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray) -> None:
+        d = decide(self.setting, chunk, adv)
+        mask, keep, c = chunk.mask, d.keep, self.counts
+        c["valid"] += int(np.count_nonzero(mask))
+        c["kept"] += int(np.count_nonzero(keep))
+        c["high"] += int(np.count_nonzero(d.high))
+        c["low"] += int(np.count_nonzero(d.low & ~d.high))
+        kept_per_seq = np.add.reduceat(keep.view(np.int8), chunk.starts, dtype=np.int64)
+        valid = chunk.counts > 0
+        c["seqs"] += int(np.count_nonzero(valid))
+        c["seqs_kept"] += int(np.count_nonzero(kept_per_seq > 0))
+        c["seqs_masked"] += int(np.count_nonzero(valid & (kept_per_seq < chunk.counts)))
+        for name, sign in (("pos", adv > 0), ("neg", adv < 0), ("zero", adv == 0)):
+            c[name] += int(np.count_nonzero(mask & sign))
+            c["kept_" + name] += int(np.count_nonzero(keep & sign))
+        rho = chunk.ratio(LOG_RATIO_CLAMP)
+        w = np.where(keep, rho if self.setting.gate.weight == "ratio" else 1.0, 0.0)[mask]
+        if w.size:
+            self.w_sum.add(w)
+            self.moments.add(w)
+            self.w_ext.add(w)
+        survivors = rho[keep]
+        self.rho_sum.add(survivors)
+        self.rho2_sum.add(survivors * survivors)
+        for extra in self.extras:
+            extra.update(chunk, d, adv, rewards)
+
+    def merge(self, other: GateState) -> None:
+        for key in self.counts:
+            self.counts[key] += other.counts[key]
+        self.w_sum.merge(other.w_sum)
+        self.moments.merge(other.moments)
+        self.w_ext.merge(other.w_ext)
+        self.rho_sum.merge(other.rho_sum)
+        self.rho2_sum.merge(other.rho2_sum)
+        for mine, theirs in zip(self.extras, other.extras, strict=True):
+            mine.merge(theirs)
+
+    def finish(self, num_sequences: int, source: str) -> dict[str, Any]:
+        c, s = self.counts, self.setting
+        n = c["valid"]
+        kept_rho, kept_rho2 = self.rho_sum.value(), self.rho2_sum.value()
+        out: dict[str, Any] = {
+            "kept_token_frac": ratio(c["kept"], n), "kept_seq_frac": ratio(c["seqs_kept"], c["seqs"]),
+            "clipped_frac": ratio(n - c["kept"], n), "fraction_high": ratio(c["high"], n),
+            "fraction_low": ratio(c["low"], n), "masked_seq_frac": ratio(c["seqs_masked"], c["seqs"]),
+            **{f"kept_{k}_frac": ratio(c["kept_" + k], c[k]) for k in ("pos", "neg", "zero")},
+            "adv_pos_frac": ratio(c["pos"], n) if source != "none" else math.nan,
+            "adv_neg_frac": ratio(c["neg"], n) if source != "none" else math.nan,
+            "is_weight_mean": ratio(self.w_sum.value(), n),
+            "is_weight_std": math.sqrt(max(self.moments.var, 0.0)) if self.moments.n > 1 else (0.0 if n else math.nan),
+            "is_weight_min": self.w_ext.lo if n else math.nan, "is_weight_max": self.w_ext.hi if n else math.nan,
+            "ess": kept_rho * kept_rho / (c["kept"] * kept_rho2) if c["kept"] and kept_rho2 > 0 else math.nan,
+            "threshold_low": s.lo, "threshold_high": s.hi}
+        for extra in self.extras:
+            out.update(extra.finish(num_sequences, n))
+        out["advantage_source"] = source
+        return out
+
+
+class GateAccumulator:
+    """Gate settings over one pass: `update_chunk`, `merge`, `fresh`, `finish(B)` → one dict per setting.
+    `advantages` (analysis.advantages.Advantages) must be known when any setting's gate is advantage-signed."""
+
+    def __init__(self, settings: Iterable[GateSetting], advantages: Advantages,
+                 rewards: Advantages | None = None) -> None:
+        self.settings = list(settings)
+        self.advantages, self.rewards = advantages, rewards or Advantages("none")
+        signed = [s.name for s in self.settings if s.gate.signed]
+        if signed and not advantages.known:
+            raise ConfigError(f"gate {signed[0]} masks by the sign of the advantage, and none was found: pass "
+                              "advantages= (a frame with seq_id and advantage, or 'grpo'), or give the sequences "
+                              "a reward and a prompt_id (GRPO advantages are derived from them)")
+        self.states = [GateState(s) for s in self.settings]
+
+    def fresh(self) -> GateAccumulator:
+        return GateAccumulator(self.settings, self.advantages, self.rewards)
+
+    def update_chunk(self, chunk: TokenChunk) -> None:
+        if chunk.n == 0 or not self.states:
+            return
+        adv = self.advantages.rows(chunk)
+        if self.advantages.known and any(s.gate.signed for s in self.settings):
+            missing = chunk.mask & np.isnan(adv)
+            if missing.any():
+                row = int(np.flatnonzero(missing)[0])
+                raise InputError(f"no advantage for seq_id {int(chunk.per_row(chunk.seq_ids)[row])} (pos "
+                                 f"{int(chunk.pos[row])}): a sign-dependent gate needs one for every valid token",
+                                 file=self.advantages.source, field="advantage")
+        rewards = self.rewards.rows(chunk)
+        for state in self.states:
+            state.update(chunk, adv, rewards)
+
+    def merge(self, other: GateAccumulator) -> GateAccumulator:
+        for mine, theirs in zip(self.states, other.states, strict=True):
+            mine.merge(theirs)
+        return self
+
+    def finish(self, num_sequences: int) -> list[dict[str, Any]]:
+        return [state.finish(num_sequences, self.advantages.source) for state in self.states]
+
+    def frame(self, num_sequences: int) -> Any:
+        """The results as a DataFrame: gate, framework, threshold (δ), then GATE_METRIC_NAMES and the rest."""
+        import pandas as pd
+
+        records = [{"gate": s.name, "framework": s.gate.framework, "threshold": s.threshold, **r}
+                   for s, r in zip(self.settings, self.finish(num_sequences), strict=True)]
+        return pd.DataFrame.from_records(records, columns=_frame_columns(records))
+
+
+def _frame_columns(records: list[dict[str, Any]]) -> list[str]:
+    head = ["gate", "framework", "threshold", *GATE_METRIC_NAMES, "advantage_source"]
+    rest = [k for r in records for k in r if k not in head]
+    return head + list(dict.fromkeys(rest))
+
+
+def accumulator(data: Any, settings: Iterable[GateSetting], *, sequences: Any = None, advantages: Any = None,
+                normalize_std: bool = False) -> GateAccumulator:
+    """A GateAccumulator for `data` with its advantages (and rewards) resolved (analysis.advantages.resolve)."""
+    settings = list(settings)
+    adv = resolve(data, sequences, advantages, normalize_std) if settings else Advantages("none")
+    rewards = sequence_rewards(data, sequences) if any(s.gate.framework == "nemo-rl" for s in settings) else None
+    return GateAccumulator(settings, adv, rewards)
+
+
+def simulate_gate(data: Any, gate: str | Gate, threshold: Any = None, lower: Any = None, *, sequences: Any = None,
+                  advantages: Any = None, normalize_std: bool = False, keys: str | None = None,
+                  convention: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+                  silent: bool = True) -> dict[str, Any]:
+    """One gate at δ = `threshold` (None: the gate's default, gate_defs.GATES[gate].default) on `data` (Run,
+    DataFrame or Arrow table of token rows). `lower`: the low end of a band / DPPO's δ_low. `advantages`: see
+    analysis.advantages (None: the data's, else GRPO from reward + prompt_id; `normalize_std` divides by the
+    group's std). `keys`: a framework's key style (analysis.keys) — its logged numbers of this gate come back
+    under its keys, the rest under rcdiag/. Returns {name: value} (module docstring) + advantage_source."""
+    from rcdiag.analysis.keys import check_keys, rename
+
+    style = check_keys(keys)
+    if convention not in (None, "canonical") and str(convention).lower() != style:
+        raise ConfigError(f"a gate is simulated with its framework's own definition; convention={convention!r} "
+                          "does not apply (use keys= for a framework's key names)")
+    setting = GateSetting.make(gate, threshold, lower)
+    acc = accumulator(data, [setting], sequences=sequences, advantages=advantages, normalize_std=normalize_std)
+    rows = stream(data, [acc], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="gate")
+    result = acc.finish(rows)[0]
+    source = result.pop("advantage_source")
+    return {**rename(result, style), "advantage_source": source}
+
+
+def sweep_settings(gates: Iterable[str | Gate] | None = None,
+                   thresholds: Mapping[str, Iterable[float]] | None = None) -> list[GateSetting]:
+    """Every gate's grid of δ (gate_defs: Gate.grid, with its default), or the `thresholds` given per gate."""
+    chosen = [get_gate(g) for g in (GATES if gates is None else gates)]
+    thresholds = thresholds or {}
+    out = []
+    for g in chosen:
+        grid = thresholds.get(g.name, tuple(sorted({*g.grid, g.default})))
+        out += [GateSetting.make(g, d) for d in grid]
+    return out
+
+
+def gate_sweep(data: Any, gates: Iterable[str | Gate] | None = None, thresholds: Mapping[str, Iterable[float]]
+               | None = None, *, sequences: Any = None, advantages: Any = None, normalize_std: bool = False,
+               batch_rows: int = DEFAULT_BATCH_ROWS, silent: bool = True) -> Any:
+    """Every gate (default: all of gate_defs.GATES; signed ones are left out when no advantage is found) × its δ
+    grid in ONE pass: a DataFrame, one row per (gate, δ), columns gate, framework, threshold, GATE_METRIC_NAMES,
+    advantage_source, then the framework numbers."""
+    adv = resolve(data, sequences, advantages, normalize_std)
+    settings = [s for s in sweep_settings(gates, thresholds) if adv.known or not s.gate.signed or gates is not None]
+    rewards = sequence_rewards(data, sequences) if any(s.gate.framework == "nemo-rl" for s in settings) else None
+    acc = GateAccumulator(settings, adv, rewards)
+    rows = stream(data, [acc], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="gate sweep")
+    return acc.frame(rows)

@@ -75,6 +75,7 @@ CONVENTIONS: dict[str, Convention] = {
         is_scope="original", batch_norm="factor"),
     "trl": Convention("trl", token_clamp=None, is_seq_ratio="product", seq_extrema="per_sequence", framework="trl",
                       no_upper=True, no_data="trl"),
+    **{name: Convention(name, framework=name) for name in ("openrlhf", "skyrl", "nemo-rl", "prime-rl", "roll")},
 }
 """canonical = METRICS.md definitions; swift = ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py`; verl = v0.9.0
 `verl/trainer/ppo/rollout_corr_helper.py`; trl = v1.9.0 `trl/trainer/grpo_trainer.py` (GRPOTrainer).
@@ -82,6 +83,10 @@ CONVENTIONS: dict[str, Convention] = {
 trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl gives the canonical values plus
 TRL's `sampling_logp_difference` mean/max; its convention changes the IS simulation (no ±20 clamp, product sequence
 ratio, per-sequence ratio statistics, optional upper bound, 0.0/1.0 with no valid token).
+openrlhf, skyrl, nemo-rl, prime-rl, roll: the canonical formulas plus the numbers each logs on every step
+(analysis.peer_logs, through MetricsAccumulator) under its keys (analysis.keys); their corrections are the gate
+families (analysis.gate_defs: simulate(run, "<gate>", δ, keys=<framework>)), and the IS modes are computed with the
+canonical formulas under these names (SkyRL's TIS is product-ratio: use convention verl's numbers for it).
 verl's unclamped k3 is computed in float64 (inf only past ~709 nats; verl's float32 overflows past ~88).
 
 Ties: rcdiag decides ρ ≤ C exactly, in float64 log space (ℓ̂ ≤ log C), under every convention. The frameworks compare

@@ -305,24 +305,45 @@ def sweep(data: Any, modes: Iterable[str | CorrectionMode] = tuple(MODES),
           thresholds: Iterable[float] = DEFAULT_THRESHOLDS, convention: str = DEFAULT_CONVENTION, *,
           lower: float | None = None, rejection: Iterable[Rejection | str | tuple] = (),
           batch_normalize: bool = False, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-          silent: bool = True) -> Any:
+          silent: bool = True, gate_thresholds: Any = None, advantages: Any = None,
+          normalize_std: bool = False) -> Any:
     """IS metrics for every mode × threshold, in one pass over the data.
 
     Returns a pandas DataFrame with one row per (mode, threshold), columns mode, threshold, then IS_METRIC_NAMES
     (the row order follows `modes`, then `thresholds`). Empty `modes` or `thresholds` → an empty frame with those
-    columns.
+    columns. A gate family's name among `modes` (analysis.gate_defs) adds its rows over its own δ grid (or
+    `gate_thresholds[name]`) from the same pass: mode = the gate, threshold = δ, the IS_METRIC_NAMES columns in the
+    gates' meaning plus the gate columns (analysis.gates.GATE_METRIC_NAMES); `advantages` / `normalize_std` as in
+    simulate_gate.
     """
     import pandas as pd
 
-    grid = [get_mode(m).with_bounds(c, lower) for m in modes for c in thresholds]
+    from rcdiag.analysis.gates import accumulator as gate_accumulator
+    from rcdiag.analysis.gates import is_gate, sweep_settings
+
+    modes = list(modes)
+    gates = [m for m in modes if is_gate(m)]
+    lower = optional_number(lower, "lower bound L")
+    grid = [get_mode(m).with_bounds(as_number(c, "threshold C"), lower) for m in modes if not is_gate(m)
+            for c in thresholds]
     columns = ["mode", "threshold", *IS_METRIC_NAMES]
-    if not grid:
+    if not grid and not gates:
         return pd.DataFrame(columns=columns)
-    accumulator = ISAccumulator(grid, convention, rejection=rejection, extras=False)
-    rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
-    results = accumulator.finish(rows, batch_normalize)
+    consumers: list[Any] = []
+    accumulator = ISAccumulator(grid, convention, rejection=rejection, extras=False) if grid else None
+    consumers += [accumulator] if accumulator is not None else []
+    settings = sweep_settings(gates, gate_thresholds) if gates else []
+    gate_acc = gate_accumulator(data, settings, sequences=sequences, advantages=advantages,
+                                normalize_std=normalize_std) if settings else None
+    consumers += [gate_acc] if gate_acc is not None else []
+    rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
+    results = accumulator.finish(rows, batch_normalize) if accumulator is not None else []
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
-    return pd.DataFrame.from_records(records, columns=columns)
+    frame = pd.DataFrame.from_records(records, columns=columns)
+    if gate_acc is None:
+        return frame
+    gate_rows = gate_acc.frame(rows).rename(columns={"gate": "mode"})
+    return pd.concat([frame, gate_rows], ignore_index=True) if len(frame) else gate_rows
 
 
 def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[str | CorrectionMode] = tuple(MODES),
@@ -333,7 +354,7 @@ def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[
 
     from rcdiag.analysis.metrics import MetricsAccumulator
 
-    grid = [get_mode(m).with_bounds(c) for m in modes for c in thresholds]
+    grid = [get_mode(m).with_bounds(as_number(c, "threshold C")) for m in modes for c in thresholds]
     metrics = MetricsAccumulator(convention)
     consumers: list[Any] = [metrics]
     correction = ISAccumulator(grid, convention, extras=False) if grid else None

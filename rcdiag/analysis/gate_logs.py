@@ -30,7 +30,7 @@ import numpy as np
 from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
-from rcdiag.analysis.gate_stats import js_divergence, k3, sequence_mean
+from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, sequence_mean
 
 VERL_CLIP_RATIO_C = 3.0
 """verl ActorConfig.clip_ratio_c default (verl/workers/config/actor.py @ 1dda039): DPPO's TIS cap on ρ."""
@@ -51,18 +51,21 @@ class Decision:
 
 class VerlDppo:
     def __init__(self) -> None:
-        self.ppo_kl, self.lower = ExactSum(), 0
+        self.ppo_kl, self.lower, self.masked = ExactSum(), 0, 0
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         self.ppo_kl.add(-chunk.log_ratio(LOG_RATIO_CLAMP)[chunk.mask])
+        self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
         self.lower += int(np.count_nonzero(d.keep & (chunk.log_ratio(LOG_RATIO_CLAMP) > math.log(VERL_CLIP_RATIO_C))))
 
     def merge(self, other: VerlDppo) -> None:
         self.ppo_kl.merge(other.ppo_kl)
         self.lower += other.lower
+        self.masked += other.masked
 
     def finish(self, rows: int, valid: int) -> dict[str, float]:
-        return {"dppo_ppo_kl": ratio(self.ppo_kl.value(), valid), "dppo_clipfrac_lower": ratio(self.lower, valid)}
+        return {"dppo_clipfrac": ratio(self.masked, valid), "dppo_ppo_kl": ratio(self.ppo_kl.value(), valid),
+                "dppo_clipfrac_lower": ratio(self.lower, valid)}
 
 
 PRIME_NAMES = ("is_masked", "is_masked_low", "is_masked_high", "masked_advantage_positive",
@@ -81,7 +84,7 @@ class PrimeMasks:
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         mask, starts = chunk.mask, chunk.starts
         drop = mask & ~d.keep
-        mismatch = k3(chunk.ell)
+        mismatch = k3(ell64(chunk))
 
         def per_seq(values: np.ndarray, where: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
             total = np.add.reduceat(np.where(where, values, 0.0), starts)
@@ -119,7 +122,7 @@ class OpenRlhf:
         self.kl, self.masked, self.seq_filtered, self.seen = ExactSum(), 0, 0, 0
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.kl.add(-chunk.ell[chunk.mask])
+        self.kl.add(-ell64(chunk)[chunk.mask])
         self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
         kept = np.add.reduceat(d.keep.view(np.int8), chunk.starts, dtype=np.int64)
         self.seq_filtered += int(np.count_nonzero(kept == 0))  # a row without a valid token: NaN mean, filtered
@@ -213,7 +216,7 @@ class NemoSeqError:
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid = chunk.counts > 0
-        error = sequence_mean(chunk, np.exp(np.abs(chunk.ell)))[valid]
+        error = sequence_mean(chunk, np.exp(np.abs(ell64(chunk))))[valid]
         masked = error > self.threshold
         for (ext, total, n), values in ((self.all, error), (self.kept, error[~masked])):
             ext.add(values)
@@ -223,7 +226,7 @@ class NemoSeqError:
         self.correct += int(np.count_nonzero(rewards[chunk.starts][valid][masked] == 1))
         keep = d.keep
         self.tokens += int(np.count_nonzero(keep))
-        lr = chunk.ell[keep]
+        lr = ell64(chunk)[keep]
         self.sums["mult"].add(np.exp(np.abs(lr)))
         self.sums["gen_kl"].add(k3(lr))
         self.sums["policy_kl"].add(k3(-lr))

@@ -12,6 +12,22 @@ VERL_EPS = 1e-8
 """verl dppo_kl's `+ 1e-8` in log((1 − p_old + 1e-8) / (1 − p + 1e-8))."""
 
 
+def train64(chunk: TokenChunk) -> np.ndarray:
+    """Train log-probs as float64 (0 on masked rows): TokenChunk.a keeps the stored float32, and a float32 ℓ
+    loses ~1e-7 absolute, which k3 of a 1e-3 mismatch turns into a 1e-4 relative error."""
+    return chunk.memo(("gate", "a64"), lambda: np.where(chunk.mask, chunk.train.astype(np.float64), 0.0))
+
+
+def rollout64(chunk: TokenChunk) -> np.ndarray:
+    """Rollout log-probs as float64 (0 on masked rows)."""
+    return chunk.memo(("gate", "b64"), lambda: np.where(chunk.mask, chunk.rollout.astype(np.float64), 0.0))
+
+
+def ell64(chunk: TokenChunk) -> np.ndarray:
+    """ℓ = a − b in float64 (0 on masked rows)."""
+    return chunk.memo(("gate", "ell64"), lambda: train64(chunk) - rollout64(chunk))
+
+
 def _binary_kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """D_B(x‖y) = x log(x/y) + (1 − x) log((1 − x)/(1 − y)) of clamped probabilities."""
     return x * (np.log(x) - np.log(y)) + (1.0 - x) * (np.log1p(-x) - np.log1p(-y))
@@ -19,7 +35,7 @@ def _binary_kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def _probs(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
     """(p, q) = (exp(train), exp(rollout)) per row (1 on masked rows)."""
-    return chunk.memo(("gate", "p"), lambda: np.exp(chunk.a)), chunk.memo(("gate", "q"), lambda: np.exp(chunk.b))
+    return chunk.memo(("gate", "p"), lambda: np.exp(train64(chunk))), chunk.memo(("gate", "q"), lambda: np.exp(rollout64(chunk)))
 
 
 def _clamped(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
@@ -54,15 +70,15 @@ def _binary_kl_two_sided(chunk: TokenChunk) -> np.ndarray:
 
 def _binary_kl_verl(chunk: TokenChunk) -> np.ndarray:
     p, q = _probs(chunk)  # verl: old_prob = q (the rollout's in bypass), prob = p
-    return q * (chunk.b - chunk.a) + (1.0 - q) * np.log((1.0 - q + VERL_EPS) / (1.0 - p + VERL_EPS))
+    return q * (rollout64(chunk) - train64(chunk)) + (1.0 - q) * np.log((1.0 - q + VERL_EPS) / (1.0 - p + VERL_EPS))
 
 
 def _log_ratio(chunk: TokenChunk) -> np.ndarray:
-    return chunk.ell
+    return ell64(chunk)
 
 
 def _mult_prob_error(chunk: TokenChunk) -> np.ndarray:
-    return np.exp(np.abs(chunk.ell))
+    return np.exp(np.abs(ell64(chunk)))
 
 
 _STATISTICS = {"prob_diff": _prob_diff, "abs_prob_diff": _abs_prob_diff, "tv_clamped": _tv_clamped,
@@ -133,5 +149,6 @@ def k3(log_ratio: np.ndarray) -> np.ndarray:
 
 def js_divergence(chunk: TokenChunk) -> np.ndarray:
     """NeMo-RL's per-token js_divergence_error term: ½ k3 of (a − m) + ½ k3 of (b − m), m = log(½p + ½q)."""
-    mixture = np.logaddexp(chunk.a, chunk.b) - np.log(2.0)
-    return 0.5 * k3(chunk.a - mixture) + 0.5 * k3(chunk.b - mixture)
+    a, b = train64(chunk), rollout64(chunk)
+    mixture = np.logaddexp(a, b) - np.log(2.0)
+    return 0.5 * k3(a - mixture) + 0.5 * k3(b - mixture)

@@ -33,7 +33,7 @@ from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.gate_defs import GATES, Gate, check_delta, gate_bounds, get_gate, is_gate
 from rcdiag.analysis.gate_logs import Decision, extras_for
-from rcdiag.analysis.gate_stats import aggregate, token_statistic
+from rcdiag.analysis.gate_stats import aggregate, ell64, rollout64, token_statistic, train64
 from rcdiag.analysis.thresholds import as_number, optional_number
 from rcdiag.errors import ConfigError, InputError
 
@@ -82,7 +82,7 @@ def decide(setting: GateSetting, chunk: TokenChunk, adv: np.ndarray) -> Decision
     stat = token_statistic(chunk, g.statistic)
     ratio_space = g.statistic == "log_ratio"
     if g.rule == "any_token":
-        lr = np.clip(chunk.ell, -g.clamp, g.clamp) if g.clamp else chunk.ell
+        lr = np.clip(ell64(chunk), -g.clamp, g.clamp) if g.clamp else ell64(chunk)
         over, under = mask & (lr > _log(setting.hi)), mask & (lr < _log(setting.lo))
         seq_over = np.logical_or.reduceat(over, chunk.starts)
         seq_under = np.logical_or.reduceat(under, chunk.starts)
@@ -93,16 +93,18 @@ def decide(setting: GateSetting, chunk: TokenChunk, adv: np.ndarray) -> Decision
     if ratio_space:  # ratios compared in log space, exactly (ρ ≤ C ⇔ ℓ ≤ log C)
         value = np.clip(value, -g.clamp, g.clamp) if g.clamp else value
         hi, lo = _log(hi), _log(lo)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # the frameworks keep where the bound holds: a NaN statistic is masked
         if g.rule in ("upper", "band"):
-            high, low = value > hi, value < lo
+            high = ~(value <= hi)
+            low = ~(value >= lo) & ~high
         elif g.rule == "dppo":
             pos = adv > 0
-            high, low = pos & (value > hi), ~pos & (value < -lo)
+            high, low = pos & ~(value <= hi), ~pos & ~(value >= -lo)
         else:  # dppo_kl: the KL bound binds only where the probability moved the way the advantage pushes
             pos = adv > 0
-            high = pos & (value > hi) & (chunk.a > chunk.b)
-            low = ~pos & (value > lo) & (chunk.a < chunk.b)
+            a, b = train64(chunk), rollout64(chunk)
+            high = pos & ~(value <= hi) & (a > b)
+            low = ~pos & ~(value <= lo) & (a < b)
     high, low = high & mask, low & mask
     return Decision(mask & ~(high | low), high, low, None, None, value)
 

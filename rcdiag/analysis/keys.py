@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from rcdiag.errors import ConfigError
 
-KEY_STYLES = ("canonical", "verl", "swift", "trl")
+KEY_STYLES = ("canonical", "verl", "swift", "trl", "openrlhf", "skyrl", "nemo-rl", "prime-rl", "roll")
 """Values of `keys=` / `--keys`: canonical = METRICS.md names (unchanged); the others = the framework's keys."""
 RCDIAG_PREFIX = "rcdiag/"
 
@@ -42,6 +42,8 @@ VERL_KEYS: dict[str, str] = {
         "mean", "std", "min", "max", "max_deviation", "fraction_high", "fraction_low")},
     **{name: f"training/rollout_{name}" for name in (
         "probs_diff_valid", "probs_diff_max", "probs_diff_mean", "probs_diff_std", "actor_probs_pearson_corr")},
+    "dppo_clipfrac": "actor/pg_clipfrac", "dppo_ppo_kl": "actor/ppo_kl",
+    "dppo_clipfrac_lower": "actor/pg_clipfrac_lower",
     "rs_masked_fraction": "rollout_corr/rollout_rs_masked_fraction",
     "rs_seq_masked_fraction": "rollout_corr/rollout_rs_seq_masked_fraction",
 }
@@ -62,7 +64,50 @@ TRL_KEYS: dict[str, str] = {
 }
 """TRL: rcdiag name → key (TRL logs no KL, PPL, χ², ESS or fractions for the mismatch)."""
 
-TABLES: dict[str, Mapping[str, str]] = {"verl": VERL_KEYS, "swift": SWIFT_KEYS, "trl": TRL_KEYS}
+OPENRLHF_KEYS: dict[str, str] = {"kl": "train/vllm_kl", "vllm_kl": "train/vllm_kl",
+                                 "is_filter_ratio": "train/is_filter_ratio"}
+"""OpenRLHF 0.11.2 (`PolicyLoss.forward` → ppo_actor `experience.info`, logged as `train/<key>`): vllm_kl =
+masked_mean(rollout − old) (rcdiag's kl), is_filter_ratio (the gates')."""
+
+_SKYRL = "policy/loss_metrics/"
+SKYRL_KEYS: dict[str, str] = {
+    **{f"skyrl_abs_diff_{s}": f"policy/rollout_train_logprobs_abs_diff_{s}" for s in ("max", "min", "mean", "std")},
+    **{f"skyrl_is_ratio_{s}": f"{_SKYRL}is_ratio_{s}" for s in ("mean", "std", "max", "min")},
+    **{f"{p}_{s}_ratio": f"{_SKYRL}{p}_{s}_ratio" for p in ("outlier_seq", "geo_sequence_mask", "product_sequence_mask")
+       for s in ("masked", "over_high", "under_low")},
+    "token_mask_ratio": f"{_SKYRL}token_mask_ratio",
+}
+"""SkyRL @ a956457: trainer-level `policy/rollout_train_logprobs_abs_diff_*` (skyrl/train/trainer.py) and the
+off-policy correction's `loss_metrics/*` (off_policy_correction_utils.py), both under the trainer's `policy/`."""
+
+_NEMO_SEQ = tuple(f"{s}_seq_mult_prob_error{a}" for s in ("max", "mean", "min") for a in ("", "_after_mask"))
+NEMO_KEYS: dict[str, str] = {
+    **{n: f"train/{n}" for n in ("token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error",
+                                 "sampling_importance_ratio", "num_masked_seqs_by_logprob_error",
+                                 "masked_correct_pct", *_NEMO_SEQ)},
+    **{f"nemo_kept_{n}": f"train/{n}" for n in ("token_mult_prob_error", "gen_kl_error", "policy_kl_error",
+                                                "js_divergence_error")},
+}
+"""NeMo-RL @ 7ea279a (`logger.log_metrics(metrics, step, prefix="train")` in grpo.py)."""
+
+_PRIME_GATE = ("is_masked", "is_masked_low", "is_masked_high", "masked_advantage_positive",
+               "masked_advantage_negative", "masked_mismatch_kl", "unmasked_mismatch_kl")
+PRIME_KEYS: dict[str, str] = {
+    **{f"prime_mismatch_kl_{s}": f"mismatch_kl/all/{s}" for s in ("mean", "std", "max")},
+    **{f"prime_{n}_{s}": f"{n}/{s}" for n in _PRIME_GATE for s in ("mean", "max")},
+}
+"""prime-rl @ 559b447: Tensors.compute_stats keys after filter_rl_trainer_tensor_stats_for_wandb."""
+
+ROLL_KEYS: dict[str, str] = {
+    **{f"roll_{k}_{a}_mean": f"actor/train_infer_{k}_{a}_mean@sum" for k in ("ratio", "diff")
+       for a in ("token", "geometric", "sequence", "segment")},
+    "train_infer_final_mask_mean": "actor/train_infer_final_mask_mean",
+}
+"""ROLL @ 8eb27cc compute_train_infer_correction (metrics merged into the actor's `actor/` step metrics)."""
+
+TABLES: dict[str, Mapping[str, str]] = {"verl": VERL_KEYS, "swift": SWIFT_KEYS, "trl": TRL_KEYS,
+                                        "openrlhf": OPENRLHF_KEYS, "skyrl": SKYRL_KEYS, "nemo-rl": NEMO_KEYS,
+                                        "prime-rl": PRIME_KEYS, "roll": ROLL_KEYS}
 
 
 def check_keys(keys: str | None) -> str:

@@ -33,6 +33,7 @@ from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.metrics import COUNT_NAMES, MetricsAccumulator
 from rcdiag.analysis.rejection import Rejection
+from rcdiag.analysis.thresholds import split_band
 from rcdiag.analysis.trend import subset
 from rcdiag.errors import ConfigError, InputError
 
@@ -180,6 +181,7 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
         labels = labels.reshape(-1)
     else:
         groups, labels = np.zeros((1, 0), np.int64), np.zeros(ids.size, np.int64)
+    threshold, lower = split_band(threshold, lower)
     chosen = None if mode is None else get_mode(mode).with_bounds(math.inf if threshold is None else threshold,
                                                                   lower)
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from rcdiag.analysis.accum import ExactSum, Extremum, add_range, merge_ranges, ratio
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe, stream
+from rcdiag.analysis import peer_logs
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.verlstats import VerlProbStats
 
@@ -58,6 +59,7 @@ class MetricsAccumulator:
         self.diff = Extremum()
         self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
         self.probs = VerlProbStats() if self.convention.framework == "verl" else None  # verl's training/ keys
+        self.peer = peer_logs.accumulator(self.convention.framework)  # skyrl / nemo-rl / prime-rl / roll extras
         self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
 
@@ -99,6 +101,8 @@ class MetricsAccumulator:
             self.abs_max.add(chunk.sums[2])  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
         if self.probs is not None:
             self.probs.update(chunk)
+        if self.peer is not None:
+            self.peer.update_chunk(chunk)
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
         t = counts[valid].astype(np.float64)
@@ -131,6 +135,8 @@ class MetricsAccumulator:
         self.abs_max.merge(other.abs_max)
         if self.probs is not None:
             self.probs.merge(other.probs)
+        if self.peer is not None:
+            self.peer.merge(other.peer)
         return self
 
     # ------------------------------------------------------------------ result
@@ -149,6 +155,8 @@ class MetricsAccumulator:
         empty = rows - self.valid_sequences
         counts = {"tokens": self.tokens, "sequences": rows, "empty_sequences": empty}
         extra = self.probs.finish() if self.probs is not None else {}
+        if self.peer is not None:
+            extra = self.peer.finish()
         if self.convention.framework == "trl":
             extra = {"abs_log_ratio_mean": self.abs_sum.value() / self.tokens if self.tokens else 0.0,
                      "abs_log_ratio_max": self.abs_max.hi if self.tokens else 0.0}

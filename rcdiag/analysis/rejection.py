@@ -10,6 +10,7 @@ import numpy as np
 from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.thresholds import as_number, optional_number
 from rcdiag.errors import ConfigError
 
 STATISTICS = kernels.REJECTION_STATISTICS
@@ -50,6 +51,8 @@ class Rejection:
     def __post_init__(self) -> None:
         if self.option not in OPTIONS:
             raise ConfigError(f"unknown rejection option {self.option!r}; choose from {', '.join(OPTIONS)}")
+        object.__setattr__(self, "upper", as_number(self.upper, f"rejection {self.option} upper bound"))
+        object.__setattr__(self, "lower", optional_number(self.lower, f"rejection {self.option} lower bound"))
         if not (math.isfinite(self.upper) and self.upper > 0):
             raise ConfigError(f"rejection {self.option}: upper bound must be a positive number, got {self.upper}")
         if self.lower is not None and not (0 < self.lower <= self.upper if self.statistic_name == "k1"

@@ -124,7 +124,7 @@ def test_unsorted_across_files_and_null_keys(tmp_path):
 
 @pytest.mark.parametrize("call, match", [
     (lambda d: rcdiag.simulate(d, "token_clip"), "unknown correction mode 'token_clip'"),
-    (lambda d: rcdiag.compute_metrics(d, "openrlhf"), "unknown convention 'openrlhf'"),
+    (lambda d: rcdiag.compute_metrics(d, "slime"), "unknown convention 'slime'"),
     (lambda d: rcdiag.simulate(d, "token_mask", 0.5), "threshold C must be a number ≥ 1"),
     (lambda d: rcdiag.simulate(d, "token_mask", 2.0, lower=1.5), r"lower bound L must be in \(0, 1\]"),
     (lambda d: rcdiag.simulate(d, "token_mask", 2.0, lower=0.5, convention="swift"), "swift has no lower bound"),

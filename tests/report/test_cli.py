@@ -73,7 +73,8 @@ def test_fail_if_passing_exits_0(clean_run, tmp_path, capsys):
     (["--fail-on", "alram"], "--fail-on 'alram': choose one of warning, alarm (did you mean 'alarm'?)"),
     (["--thresholds", "1.1,x"], "--thresholds '1.1,x': expected numbers separated by commas"),
     (["--thresholds", "0.5"], "thresholds must be finite numbers > 1, got 0.5"),
-    (["--convention", "openrlhf"], "unknown convention 'openrlhf'; choose one of canonical, swift, verl, trl"),
+    (["--convention", "slime"], "unknown convention 'slime'; choose one of canonical, swift, verl, trl, openrlhf, "
+                                "skyrl, nemo-rl, prime-rl, roll"),
     (["--lower", "3"], "--lower must lie in (0, 1.1) (below every threshold), got 3.0"),
 ])
 def test_bad_options_are_usage_errors_before_any_work(clean_run, tmp_path, capsys, argv, message):

@@ -292,3 +292,11 @@ def gate_sweep(data: Any, gates: Iterable[str | Gate] | None = None, thresholds:
     acc = GateAccumulator(settings, adv, rewards)
     rows = stream(data, [acc], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="gate sweep")
     return acc.frame(rows)
+
+
+def report_gates(run: Any) -> GateAccumulator:
+    """The report's gate sweep of `run`: every gate over its δ grid (the signed DPPO gates only when the run has
+    advantages, or rewards and prompt ids for GRPO's)."""
+    adv = resolve(run)
+    settings = [s for s in sweep_settings() if adv.known or not s.gate.signed]
+    return GateAccumulator(settings, adv, sequence_rewards(run))

@@ -59,6 +59,7 @@ class RunReport:
     is_modes: dict[str, dict[str, float]] = field(default_factory=dict)
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
+    gate_sweep: Any = None  # pandas DataFrame (analysis.gates: gate × δ) or None
     recommendation: dict[str, Any] = field(default_factory=dict)
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
@@ -185,6 +186,7 @@ def _library_numbers(report: RunReport, library: Library | InputError) -> None:
     chosen = [r for r in records if r["threshold"] in o.thresholds]
     report.sweep = pd.DataFrame.from_records(chosen, columns=["mode", "threshold", *IS_METRIC_NAMES])
     report.rejection = {opt: acc.finish(rows)[0] for opt, acc in rejections.items()}
+    report.gate_sweep = library.gates.frame(rows) if library.gates is not None else None
 
 
 # ----------------------------------------------------------------------------------------------- worst items

@@ -94,4 +94,37 @@ def correction_blocks(report: Any) -> list[Block]:
                             rows=_is_rows(report.is_modes)))
     if report.rejection:
         blocks += rejection_blocks(report)
-    return blocks
+    return blocks + gate_blocks(report)
+
+
+GATE_COLUMNS = ("kept_token_frac", "kept_pos_frac", "kept_neg_frac", "kept_seq_frac", "ess", "is_weight_mean")
+
+
+def gate_blocks(report: Any) -> list[Block]:
+    """The gate families' sweep: one row per gate, one cell per δ ('kept % · ESS'), the full table folded."""
+    frame = getattr(report, "gate_sweep", None)
+    if frame is None or not len(frame):
+        return []
+    source = str(frame["advantage_source"].iloc[0])
+    said = {"none": "no advantages in this run (no advantage column, no reward + prompt_id): the DPPO gates, "
+                    "which mask by the advantage's sign, are left out",
+            "grpo": "advantages derived as GRPO's r − mean of the prompt group (verl's rule)",
+            "grpo_std": "advantages derived as GRPO's (r − mean) / (std + 1e-6)",
+            "sequences": "advantages from the sequences' advantage column",
+            "tokens": "advantages from the token rows' advantage column"}.get(source, source)
+    rows = []
+    for gate, part in frame.groupby("mode" if "mode" in frame.columns else "gate", sort=False):
+        cells = [f"δ={t:g}: {_pct(k)} kept · ESS {fmt(e)}" for t, k, e in
+                 zip(part["threshold"], part["kept_token_frac"], part["ess"], strict=True)]
+        rows.append([gate, part["framework"].iloc[0], " | ".join(cells)])
+    return [Block("h", "Gate families: what each framework's mask would keep", level=3),
+            Block("p", f"Each gate as its framework defines it (docs/framework-keys.md names file and commit), at its "
+                       f"own δ grid: share of valid tokens kept and the ESS of the survivors' ratios. {said}."),
+            Block("table", headers=["gate", "framework", "δ: kept · ESS"], rows=rows),
+            Block("rawtable", "Gate sweep (every number)", headers=["gate", "threshold", *GATE_COLUMNS],
+                  rows=[[r.get("gate", r.get("mode")), r["threshold"], *(r[c] for c in GATE_COLUMNS)]
+                        for r in frame.to_dict(orient="records")])]
+
+
+def _pct(x: float) -> str:
+    return "—" if x != x else f"{x:.1%}"

@@ -25,6 +25,7 @@ from rcdiag.analysis.chunks import (
     sequence_universe,
 )
 from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
+from rcdiag.analysis.gates import report_gates
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.analysis.strata import SequenceInfo
@@ -70,14 +71,19 @@ class Library:
     sweep: Any
     rejections: dict[str, Any]
     rows: int = 0
+    gates: Any = None
+    """The gate families' sweep (rcdiag.analysis.gates.GateAccumulator), or None."""
 
     @property
     def consumers(self) -> list[Any]:
-        return [self.metrics, self.sweep, ISGroup(list(self.rejections.values()))]
+        return [self.metrics, self.sweep, ISGroup(list(self.rejections.values())),
+                *([self.gates] if self.gates is not None else [])]
 
     def merge(self, other: Library) -> Library:
         self.metrics.merge(other.metrics)
         self.sweep.merge(other.sweep)
+        if self.gates is not None:
+            self.gates.merge(other.gates)
         for name, acc in self.rejections.items():
             acc.merge(other.rejections[name])
         self.rows = max(self.rows, other.rows)
@@ -123,6 +129,10 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, f
     scan = new_scan(info, options.threshold, options.lower)
     library: Any = library_accumulators(options)
     feed = None
+    try:  # advantages over the whole run's prompt groups; a bad advantage column costs the gates, not the metrics
+        library.gates = report_gates(Run(run.path, validate=False))
+    except InputError:
+        library.gates = None
     try:
         feed = ChunkFeed(library.consumers, sequence_universe(run, table))
     except InputError as exc:

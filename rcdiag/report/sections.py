@@ -237,6 +237,7 @@ def run_data(report: RunReport) -> dict[str, Any]:
         "tails": report.tails and rename(report.tails, o.keys), "is_modes": _renamed(report.is_modes, o.keys),
         "rejection": _renamed(report.rejection, o.keys),
         "sweep": [] if report.sweep is None else report.sweep.to_dict(orient="records"),
+        "gate_sweep": [] if report.gate_sweep is None else report.gate_sweep.to_dict(orient="records"),
         "verdict": report.verdict.to_dict(), "context": {"line": context_line(report.manifest),
                                                          **run_context(report.manifest)},
         "recommendation": report.recommendation, "checks": [f.to_dict() for f in report.checks],

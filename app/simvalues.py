@@ -8,7 +8,8 @@ from rcdiag.analysis.correction import MODES
 
 SHOWN = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high",
          "fraction_low", "is_weight_std", "is_weight_min", "is_weight_max")
-FRACTIONS = frozenset({"clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high", "fraction_low"})
+FRACTIONS = frozenset({"clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high", "fraction_low",
+                       "kept_pos_frac", "kept_neg_frac", "masked_seq_frac"})
 """Shares, shown in percent (a bare "1" or "0" reads as a count)."""
 MEANING = {
     "is_weight_mean": "mean IS weight of the valid tokens (1 = unbiased; verl warns outside [0.5, 2])",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, judged, simchart, state, ui
+from app import data, judged, simchart, simgates, state, ui
 from app.simvalues import CURVES, FRACTIONS, MEANING, SHOWN, lower_refusal, shown
 from app.text import md
 from rcdiag.analysis.conventions import CONVENTIONS
@@ -18,6 +18,12 @@ from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
 
 
 def render(ref: data.RunRef) -> None:
+    family = st.radio("Family", ["IS modes (ratio weights)", "Gate families (masks)"], horizontal=True,
+                      key="sim_family", help="IS modes reweight or mask by the ratio; the gate families are the "
+                      "frameworks' divergence masks (DPPO TV/KL, OpenRLHF, KPop, prime-rl, ROLL, SkyRL, NeMo-RL)")
+    if family.startswith("Gate"):
+        simgates.render(ref)
+        return
     _controls(ref)
 
 

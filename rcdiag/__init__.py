@@ -19,6 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(("open_run", "Run", "write_run", "compare"), "rcdiag.notebook"),
     **dict.fromkeys(("compute_metrics", "sequence_stats"), "rcdiag.analysis.metrics"),
     **dict.fromkeys(("simulate", "sweep", "CorrectionMode", "analyze"), "rcdiag.analysis.correction"),
+    **dict.fromkeys(("gate_sweep", "simulate_gate"), "rcdiag.analysis.gates"),
     "verl_rejections": "rcdiag.analysis.rejection",
     "trend": "rcdiag.analysis.trend",
     "logged_values": "rcdiag.analysis.logged",

@@ -159,3 +159,63 @@ def trainer_settings(mode: str | None, threshold: float | None = None, lower: fl
         out = [Snippet(s.framework, s.version, s.source, s.language, s.code, f"{s.note} {extra}".strip())
                if s.framework in ("verl", "TRL", "slime") else s for s in out]
     return out
+
+
+GATE_SOURCES = {
+    "verl": ("verl", "0.10.0.dev (verl-project/verl @ 1dda039b)", "verl/trainer/ppo/core_algos.py, "
+             "verl/workers/config/actor.py"),
+    "prime-rl": ("prime-rl", "0.8.1.dev67 (PrimeIntellect-ai/prime-rl @ 559b447)",
+                 "packages/prime-rl-configs/.../trainer.py DefaultLossConfig / IPOLossConfig"),
+    "openrlhf": ("OpenRLHF", "0.11.2 (PyPI wheel)", "openrlhf/cli/train_ppo_ray.py"),
+    "skyrl": ("SkyRL", "skyrl-v0.3.0+ (NovaSky-AI/SkyRL @ a956457)", "skyrl/train/config/config.py "
+              "OffPolicyCorrectionConfig"),
+    "nemo-rl": ("NeMo-RL", "v0.7.0 (NVIDIA-NeMo/RL @ 7ea279a)", "nemo_rl/algorithms/grpo.py GRPOConfig"),
+    "roll": ("ROLL", "v0.3.0 (alibaba/ROLL @ 8eb27cc)", "roll/configs/base_config.py TrainInferCorrectionConfig"),
+}
+
+
+def _gate_code(gate: str, lo: float, hi: float, delta: float) -> tuple[str, str, str, str]:
+    """(framework, language, code, note) for one gate setting."""
+    if gate in ("dppo_tv", "dppo_kl"):
+        return ("verl", "bash", f"actor_rollout_ref.actor.policy_loss.loss_mode={gate} \\\n"
+                f"actor_rollout_ref.actor.clip_ratio_low={_g(lo)} \\\nactor_rollout_ref.actor.clip_ratio_high={_g(hi)}",
+                "The mask acts on p − p_old: it gates this mismatch only when old_log_prob is the rollout's "
+                "(fully-async use_rollout_log_probs=True); bypass_mode=true replaces the loss.")
+    if gate == "ipo":
+        return ("prime-rl", "toml", f"[trainer.loss]\ntype = \"ipo\"\nipo_threshold = {_g(hi)}", "")
+    if gate == "two_sided_kl":
+        return ("prime-rl", "toml", f"[trainer.loss]\ntype = \"kpop\"\nkpop_threshold = {_g(hi)}",
+                "KPop is an open PR (prime-rl#3283): the name may change before it lands.")
+    if gate.startswith(("token_", "seq_", "openrlhf_")):
+        level = "seq" if gate.startswith(("seq_", "openrlhf_seq")) else "token"
+        gating = "ratio" if "ratio" in gate else ("tv" if gate.endswith("tv") else "binary_kl")
+        band = f"{_g(lo)} {_g(hi)}" if gating == "ratio" else _g(hi)
+        return ("openrlhf", "bash", f"--algo.advantage.is_correction_level {level} \\\n"
+                f"--algo.advantage.is_correction_mode mask \\\n--algo.advantage.is_correction_gating {gating} \\\n"
+                f"--algo.advantage.is_correction_threshold {band}", "")
+    if gate.startswith("skyrl_"):
+        base = "trainer.algorithm.off_policy_correction"
+        code = {"skyrl_outlier": f"{base}.outlier_token_is_threshold_low={_g(lo)} \\\n"
+                                 f"{base}.outlier_token_is_threshold_high={_g(hi)}",
+                "skyrl_token_mask": f"{base}.token_mask_is_threshold_low={_g(lo)} \\\n"
+                                    f"{base}.token_mask_is_threshold_high={_g(hi)}",
+                "skyrl_geo_mask": f"{base}.sequence_mask_metric=geometric \\\n{base}.geo_mask_low={_g(lo)} \\\n"
+                                  f"{base}.geo_mask_high={_g(hi)}",
+                "skyrl_product_mask": f"{base}.sequence_mask_metric=product \\\n{base}.product_mask_low={_g(lo)} \\\n"
+                                      f"{base}.product_mask_high={_g(hi)}"}[gate]
+        return ("skyrl", "bash", code, "Field names from OffPolicyCorrectionConfig; the Hydra path is the trainer "
+                                       "config's algorithm section.")
+    if gate == "nemo_seq_logprob_error":
+        return ("nemo-rl", "yaml", f"grpo:\n  seq_logprob_error_threshold: {_g(hi)}", "")
+    agg, kind = gate.split("_")[1:3]
+    bounds = (f"ratio_enabled: true\n      ratio_low: {_g(lo)}\n      ratio_high: {_g(hi)}\n      diff_enabled: false"
+              if kind == "ratio" else
+              f"ratio_enabled: false\n      diff_enabled: true\n      diff_low: {_g(lo)}\n      diff_high: {_g(hi)}")
+    return ("roll", "yaml", f"train_infer_correction:\n  filters:\n    - enabled: true\n      agg_type: {agg}\n"
+            f"      {bounds}", "")
+
+
+def gate_settings(gate: str, lo: float, hi: float, delta: float) -> Snippet:
+    """The setting to paste for a gate family at the bounds (lo, hi) rcdiag simulated (δ = `delta`)."""
+    framework, language, code, note = _gate_code(gate, lo, hi, delta)
+    return Snippet(*GATE_SOURCES[framework], language, code, note)

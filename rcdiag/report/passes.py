@@ -129,8 +129,8 @@ def passes(run: Run, options: Any, finish_labels: Sequence[str] | None = None, f
     scan = new_scan(info, options.threshold, options.lower)
     library: Any = library_accumulators(options)
     feed = None
-    try:  # advantages over the whole run's prompt groups; a bad advantage column costs the gates, not the metrics
-        library.gates = report_gates(Run(run.path, validate=False))
+    try:  # a file task reads its own shard only: GRPO groups are formed within it (a bad column costs the gates)
+        library.gates = report_gates(run)
     except InputError:
         library.gates = None
     try:

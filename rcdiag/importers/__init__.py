@@ -10,9 +10,11 @@ from rcdiag.errors import ConfigError, did_you_mean
 from rcdiag.importers.common import (
     Imported,
     ImportOptions,
+    check_lengths,
     check_token_ids,
     mask_summary,
     nonfinite_warning,
+    settle_versions,
     write_imported,
 )
 from rcdiag.importers.vocab import attach_tokenizer
@@ -59,6 +61,10 @@ def read_dump(fmt: str, path: str | os.PathLike, options: ImportOptions | None =
     module = importlib.import_module(f"rcdiag.importers.{FORMATS[fmt][0]}")
     imported = module.read(Path(path), options, fmt)
     check_token_ids(imported.records)
+    check_lengths(imported.records, {"token_versions": "per-token versions", "token_advantages": "per-token "
+                                     "advantages", "train_entropy": "entropy"})
+    for record in imported.records:
+        settle_versions(record)
     if options.tokenizer and "tokenizer" not in imported.sections:
         imported.sections["tokenizer"] = attach_tokenizer(options.tokenizer, imported.records)
     imported.mask_counts, warnings = mask_summary(imported.records)

@@ -54,8 +54,47 @@ class Record:
     prompt_id: str | None = None
     sample_index: int | None = None
     finish_reason: str | None = None
+    train_entropy: Any = None
     reward: float | None = None
     step: int | None = None
+    policy_version: int | None = None
+    policy_version_min: int | None = None
+    trainer_version: int | None = None
+    advantage: float | None = None
+    token_versions: Any = None
+    token_advantages: Any = None
+
+
+SEQUENCE_EXTRAS = {"policy_version": pa.int64(), "policy_version_min": pa.int64(), "trainer_version": pa.int64(),
+                   "advantage": pa.float64()}
+"""Record attributes stored as the sequences' optional columns (rcdiag.store.schema.SEQUENCE_OPTIONAL), written
+only when some record has one."""
+TOKEN_EXTRAS = {"token_versions": ("policy_version", pa.int64()), "token_advantages": ("advantage", pa.float32())}
+"""Per-token Record attributes → the token rows' optional column (rcdiag.store.schema.TOKEN_OPTIONAL)."""
+
+
+def settle_versions(record: Record) -> None:
+    """Per-sequence versions and advantage from the per-token ones where only those are known: the newest and oldest
+    version over the response's versioned tokens (a negative version — AReaL's -1 on tokens no policy generated —
+    is none), the advantage when it is the same on every valid token; then every token version must be ≤ the
+    trainer's (InputError naming the sample)."""
+    if record.token_versions is not None:
+        versions = np.asarray(record.token_versions, dtype=np.float64)
+        versions = np.where(versions < 0, np.nan, versions)
+        record.token_versions = versions
+        known = versions[np.isfinite(versions)]
+        if known.size and record.policy_version is None:
+            record.policy_version, record.policy_version_min = int(known.max()), int(known.min())
+        if record.trainer_version is not None and known.size and known.max() > record.trainer_version:
+            raise InputError(f"a token's policy version {int(known.max())} is newer than the trainer's version "
+                             f"{record.trainer_version}", file=record.where[0], row=record.where[1],
+                             field="versions")
+    if record.token_advantages is not None and record.advantage is None:
+        values = np.asarray(record.token_advantages, dtype=np.float64)
+        valid = np.ones(values.size, bool) if record.mask is None else np.asarray(record.mask) != 0
+        seen = np.unique(values[valid & np.isfinite(values)])
+        if seen.size == 1:
+            record.advantage = float(seen[0])
 
 
 @dataclass
@@ -181,12 +220,17 @@ def token_table(records: Sequence[Record]) -> pa.Table:
     pos = (np.arange(int(lengths.sum()), dtype=np.int64) - starts).astype(np.int32)
     ids = _concat(records, "response_ids", np.int64, 0)
     mask = _concat(records, "mask", np.float64, 1.0) != 0
-    return pa.table({
+    table = pa.table({
         "seq_id": seq_id, "pos": pos, "token_id": ids.astype(np.int32),
         "rollout_logprob": _float_column(records, "rollout_logprobs"),
         "train_logprob": _float_column(records, "train_logprobs"),
-        "train_entropy": pa.nulls(len(ids), pa.float32()), "mask": mask,
+        "train_entropy": _float_column(records, "train_entropy"), "mask": mask,
     })
+    for attr, (name, kind) in TOKEN_EXTRAS.items():
+        if any(getattr(r, attr) is not None for r in records):
+            values = _concat(records, attr, np.float64, np.nan)
+            table = table.append_column(name, pa.array(values, mask=np.isnan(values)).cast(kind))
+    return table
 
 
 def sequence_table(records: Sequence[Record]) -> pa.Table:
@@ -207,6 +251,8 @@ def sequence_table(records: Sequence[Record]) -> pa.Table:
         "reward": pa.array(col("reward"), pa.float64()),
         "step": pa.array(col("step"), pa.int64()),
         "prompt_token_ids": pa.array(prompt_ids, pa.list_(pa.int32())),
+        **{name: pa.array(col(name), kind) for name, kind in SEQUENCE_EXTRAS.items()
+           if any(getattr(r, name) is not None for r in records)},
     })
 
 

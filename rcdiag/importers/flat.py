@@ -24,7 +24,8 @@ FLAGS = {"response_ids": "response_ids_field", "rollout_logprobs": "rollout_logp
          "train_logprobs": "train_logprobs_field", "mask": "mask_field", "prompt_ids": "prompt_ids_field",
          "step": "step_field"}
 """Record attribute → the ImportOptions attribute of the flag that names its field."""
-PER_TOKEN = {"rollout_logprobs": "rollout logprobs", "train_logprobs": "train logprobs", "mask": "mask"}
+PER_TOKEN = {"rollout_logprobs": "rollout logprobs", "train_logprobs": "train logprobs", "mask": "mask",
+             "token_advantages": "per-token advantages", "token_versions": "per-token versions"}
 TEXT = {"prompt_text": ("prompt", "prompt_text", "input"), "response_text": ("response", "completion",
         "response_text", "output", "text"), "prompt_id": ("prompt_id", "uid", "group_id", "group_index"),
         "finish_reason": ("finish_reason",)}
@@ -109,13 +110,16 @@ def _mask(row: dict[str, Any], fields: Fields, where: tuple[str, int]) -> np.nda
     return mask
 
 
-def _check_aligned(values: dict[str, np.ndarray | None], n: int, fields: Fields, where: tuple[str, int]) -> None:
+def _check_aligned(values: dict[str, np.ndarray | None], n: int, row: dict[str, Any], fields: Fields,
+                   where: tuple[str, int]) -> None:
     """Sequence layout: every per-token array has one value per position its mask covers."""
+    profile = fields.profile
+    names = {**fields.names, "token_advantages": _pick(row, profile.advantage),
+             "token_versions": _pick(row, profile.token_versions)}
     for attr, array in values.items():
         if array is not None and array.size != n:
             raise InputError(f"has {array.size} values for {n} positions of {fields.names['mask']} "
-                             f"({length_pattern(n, array.size)})", file=where[0], row=where[1],
-                             field=fields.names[attr])
+                             f"({length_pattern(n, array.size)})", file=where[0], row=where[1], field=names[attr])
 
 
 def _extras(row: dict[str, Any], fields: Fields, where: tuple[str, int]) -> dict[str, Any]:
@@ -132,7 +136,26 @@ def _extras(row: dict[str, Any], fields: Fields, where: tuple[str, int]) -> dict
         out[attr] = None if name is None else whole_number(row[name], where, name)
     step = fields.names["step"] or _pick(row, fields.profile.step)
     out["step"] = None if step is None else whole_number(row.get(step), where, step)
+    profile = fields.profile
+    for attr, names in (("policy_version", profile.version), ("policy_version_min", profile.version_min),
+                        ("trainer_version", profile.trainer_version)):
+        name = _pick(row, names)
+        out[attr] = None if name is None else whole_number(row[name], where, name)
+    if out["trainer_version"] is None and profile.trainer_from_step is not None and out["step"] is not None \
+            and out["policy_version"] is not None:
+        out["trainer_version"] = out["step"] + profile.trainer_from_step
     return out
+
+
+def _per_token(row: dict[str, Any], names: tuple[str, ...], where: tuple[str, int]) -> tuple[Any, Any]:
+    """(scalar, per-token array) of a field that is a number per sample or a list per token (advantages)."""
+    name = _pick(row, names)
+    if name is None or row[name] is None:
+        return None, None
+    value = row[name]
+    if isinstance(value, list | tuple | np.ndarray):
+        return None, number_list(value, where, name)
+    return number(value, where, name), None
 
 
 def flat_record(row: dict[str, Any], i: int, fields: Fields) -> Record:
@@ -141,17 +164,21 @@ def flat_record(row: dict[str, Any], i: int, fields: Fields) -> Record:
     names, profile = fields.names, fields.profile
     ids = token_id_list(_get(row, names["response_ids"], where), where, names["response_ids"])
     mask = _mask(row, fields, where)
+    advantage, token_advantages = _per_token(row, profile.advantage, where)
     values = {attr: _numbers(row, names[attr], where) for attr in ("rollout_logprobs", "train_logprobs")}
+    values["token_advantages"] = token_advantages
+    values["token_versions"] = _per_token(row, profile.token_versions, where)[1]
     attention = _numbers(row, fields.attention_mask, where)
     prompt_raw = _get(row, names["prompt_ids"], where)
     prompt = None if prompt_raw is None else token_id_list(prompt_raw, where, names["prompt_ids"])
     if profile.layout == "sequence":
         n_values = ids.size if mask is None else mask.size
-        _check_aligned({**values, "mask": mask}, n_values, fields, where)
+        _check_aligned({**values, "mask": mask}, n_values, row, fields, where)
         valid = None if attention is None or attention.size != ids.size else attention
         span = response_span(ids.size, mask, layout="sequence", padded=profile.padded, n_values=n_values,
                              valid=valid)
         prompt = ids[span.prompt_start:span.start]
+        cut = span.cut
     else:
         lengths_ok = all(v is None or v.size == ids.size for v in (*values.values(), mask))
         valid = None
@@ -163,10 +190,9 @@ def flat_record(row: dict[str, Any], i: int, fields: Fields) -> Record:
             prompt_mask = _numbers(row, fields.prompt_mask, where)
             if prompt_mask is not None and prompt_mask.size == prompt.size:
                 prompt = prompt[prompt_mask != 0]
-    cut = span.cut if profile.layout == "sequence" or span.end != ids.size else (lambda v: v)
-    return Record(where=where, response_ids=ids[span.start:span.end], prompt_ids=prompt,
-                  rollout_logprobs=cut(values["rollout_logprobs"]), train_logprobs=cut(values["train_logprobs"]),
-                  mask=cut(mask), **_extras(row, fields, where))
+        cut = span.cut if lengths_ok else (lambda v: v)  # a length mismatch is left whole for check_lengths
+    return Record(where=where, response_ids=ids[span.start:span.end], prompt_ids=prompt, mask=cut(mask),
+                  advantage=advantage, **{attr: cut(v) for attr, v in values.items()}, **_extras(row, fields, where))
 
 
 def conventions(fields: Fields) -> dict[str, Any]:

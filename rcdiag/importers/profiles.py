@@ -37,7 +37,12 @@ class Profile:
     attention_mask: tuple[str, ...] = ()  # prompt + response validity (verl, OpenRLHF): the true lengths
     step: tuple[str, ...] = ("step",)
     padded: bool = False  # a batch row: trailing positions with mask 0 are padding
-    train_policy: str = "pi_old"  # which policy the trainer-side log-probs are (see Manifest trainer.policy)
+    version: tuple[str, ...] = ("policy_version", "model_version", "weight_version")
+    version_min: tuple[str, ...] = ("policy_version_min",)
+    trainer_version: tuple[str, ...] = ("trainer_version",)
+    trainer_from_step: int | None = None  # trainer_version = step + this, where the framework defines it so
+    token_versions: tuple[str, ...] = ("token_versions",)
+    advantage: tuple[str, ...] = ("advantage", "advantages")  # a number per sample, or a list per token
 
 
 PROFILES: tuple[Profile, ...] = (
@@ -63,7 +68,8 @@ PROFILES: tuple[Profile, ...] = (
                "lines 188-197): old_log_probs are the generator's (vLLM) log-probs over input_ids, 0.0 where "
                "completion_mask is 0",
         signature=("input_ids", "completion_mask", "old_log_probs"), ids=("input_ids",),
-        rollout=("old_log_probs",), mask=("completion_mask",), step=("global_step", "step")),
+        rollout=("old_log_probs",), mask=("completion_mask",), step=("global_step", "step"),
+        version=("model_version",), trainer_version=("trainer_version", "current_model_version")),
     Profile(
         name="openrlhf", layout="sequence", padded=True,
         source="OpenRLHF Experience (openrlhf/trainer/ppo_utils/experience.py @ 3c3be62): action arrays cover "
@@ -76,13 +82,17 @@ PROFILES: tuple[Profile, ...] = (
                "attention_mask; verl/trainer/ppo/ray_trainer.py @ 1dda039)",
         signature=("responses",), ids=("responses",), rollout=("rollout_log_probs",),
         train=("old_log_probs",), mask=("response_mask",), prompt_ids=("prompts",),
-        attention_mask=("attention_mask",), step=("global_steps", "global_step", "step")),
+        attention_mask=("attention_mask",), step=("global_steps", "global_step", "step"),
+        # the agent loop's min/max_global_steps: the weights a trajectory was generated across; the trainer at
+        # global step g trains version g - 1 (verl/trainer/ppo/v1/trainer_base.py @ 1dda039, lines 1856-1870:
+        # trajectory_staleness = (global_steps - 1) - max_global_steps)
+        version=("max_global_steps",), version_min=("min_global_steps",), trainer_from_step=-1),
     Profile(
         name="areal", layout="sequence",
         source="AReaL trajectory dict (areal/workflow/rlvr.py @ cbff54d, lines 165-178): logprobs are the "
                "inference engine's over input_ids, 0.0 on the prompt",
         signature=("input_ids", "loss_mask", "logprobs"), ids=("input_ids",), rollout=("logprobs",),
-        mask=("loss_mask",), attention_mask=("attention_mask",)),
+        mask=("loss_mask",), attention_mask=("attention_mask",), token_versions=("versions",)),
     Profile(
         name="rcdiag", layout="response",
         source="common names (response_ids/completion_ids/output_ids…, rollout_logprobs/logprobs…)",

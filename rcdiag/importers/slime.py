@@ -21,6 +21,7 @@ from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_lengths, check_presence
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
 from rcdiag.importers.steps import step_from_name
+from rcdiag.importers.values import whole_number
 from rcdiag.progress import iterate
 
 FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "log_probs", "mask": "loss_mask"}
@@ -157,6 +158,19 @@ def _reward(value: Any) -> float | None:
     return None
 
 
+def _versions(value: Any, where: tuple[str, int]) -> tuple[int | None, int | None]:
+    """(newest, oldest) of a sample's `weight_versions` — one entry per generate call, SGLang's meta_info
+    `weight_version` (slime/utils/types.py @ 624b824, line 408), a string such as "3" or "000003"; partial
+    rollouts continue on newer weights. (None, None) when absent; an entry that is not a whole number is refused."""
+    if not value:
+        return None, None
+    if not isinstance(value, list | tuple):
+        raise InputError(f"expected a list of versions, got {type(value).__name__}", file=where[0], row=where[1],
+                         field="weight_versions")
+    versions = [whole_number(v, where, "weight_versions") for v in value]
+    return max(versions), min(versions)
+
+
 def _record(sample: dict[str, Any], file: Path, row: int, rollout_id: Any) -> Record:
     where = (str(file), row)
     for key in ("tokens", "response_length"):
@@ -167,7 +181,9 @@ def _record(sample: dict[str, Any], file: Path, row: int, rollout_id: Any) -> Re
     if not 0 <= n <= tokens.size:
         raise InputError(f"response_length {n} does not fit in {tokens.size} tokens (prompt + response)",
                          file=where[0], row=row, field="response_length")
+    newest, oldest = _versions(sample.get("weight_versions"), where)
     return Record(
+        policy_version=newest, policy_version_min=oldest,
         response_ids=tokens[tokens.size - n:], prompt_ids=tokens[:tokens.size - n], where=where,
         rollout_logprobs=as_array(sample.get("rollout_log_probs")), mask=as_array(sample.get("loss_mask")),
         prompt_text=_text(sample.get("prompt")), response_text=_text(sample.get("response")),

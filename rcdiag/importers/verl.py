@@ -23,6 +23,7 @@ from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_presence, length_pattern
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
 from rcdiag.importers.tensordicts import TORCH_DTYPES, load_tensordict_bytes
+from rcdiag.importers.values import whole_number
 from rcdiag.progress import iterate
 
 TOKEN_FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "old_log_probs",
@@ -147,9 +148,24 @@ def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str
             train_logprobs=None if train is None else train[i, :n], mask=None if mask is None else mask[i, :n],
             prompt_ids=None if prompt_valid is None else prompts[i][prompt_valid[i]].astype(np.int64),
             prompt_id=_str(_non_tensor(non_tensor, "uid", i)), sample_index=i, step=step,
-            reward=_float(_non_tensor(non_tensor, "score", i))))
+            reward=_float(_non_tensor(non_tensor, "score", i)), **_versions(non_tensor, i, step, (str(file), i + 1))))
     scalars = {str(k): v for k, v in meta.items() if isinstance(v, str | int | float | bool)}
     return records, train is not None, scalars
+
+
+def _versions(non_tensor: dict[str, Any], i: int, step: int | None, where: tuple[str, int]) -> dict[str, Any]:
+    """The weights versions of sample i: the agent loop's non-tensor `max_global_steps` / `min_global_steps` (the
+    versions a trajectory was generated across) and the trainer's, global_steps - 1 (verl/trainer/ppo/v1/
+    trainer_base.py @ 1dda039, lines 1856-1870: trajectory_staleness = (global_steps - 1) - max_global_steps)."""
+    newest = whole_number(_item(_non_tensor(non_tensor, "max_global_steps", i)), where, "max_global_steps")
+    oldest = whole_number(_item(_non_tensor(non_tensor, "min_global_steps", i)), where, "min_global_steps")
+    trainer = None if newest is None or step is None else int(step) - 1
+    return {"policy_version": newest, "policy_version_min": oldest, "trainer_version": trainer}
+
+
+def _item(value: Any) -> Any:
+    """A numpy scalar of a non-tensor column as a Python number (object arrays hold them as they were put)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _str(value: Any) -> str | None:

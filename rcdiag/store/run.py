@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from rcdiag.errors import RunDirError, did_you_mean
 from rcdiag.store.files import DEFAULT_READ_ROWS, MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.manifest import Manifest, load_manifest
-from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform
+from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform, optional_columns
 from rcdiag.store.validate import validate_run
 
 
@@ -145,21 +145,27 @@ def _read_tables(files: list[Path], columns: Sequence[str] | None, schema: pa.Sc
         names = list(columns) if columns is not None else schema.names
         return pa.Table.from_arrays([pa.array([], schema.field(n).type) for n in names], names=names)
     where = None if seq_ids is None else pc.field("seq_id").isin(pa.array(np.asarray(seq_ids, np.int64)))
-    return pa.concat_tables([read_columns(file, columns, schema, filters=where) for file in files])
+    # promote: a shard without an optional column (policy_version …) reads it as nulls beside one that has it
+    return pa.concat_tables([read_columns(file, columns, schema, filters=where) for file in files],
+                            promote_options="default")
 
 
 def read_columns(file: Path, columns: Sequence[str] | None, schema: pa.Schema = SEQUENCE_SCHEMA,
                  filters: Any = None) -> pa.Table:
     """One Parquet file of a run read as `schema` (all its columns, or `columns`); an optional column the file
-    lacks reads as nulls instead of failing (columns outside `schema` are read as stored)."""
-    names = schema.names if columns is None else list(columns)
-    conformable = set(names) <= set(schema.names)
+    lacks reads as nulls instead of failing (columns outside `schema` are read as stored). All columns = the
+    schema's, plus the optional ones (rcdiag.store.schema.optional_columns) the file holds."""
+    optional = list(optional_columns(schema) or [])
+    full = pa.schema(list(schema) + optional)
     try:
-        present = [c for c in names if c in pq.read_schema(file).names] if conformable else names
+        have = pq.read_schema(file).names
+        names = schema.names + [f.name for f in optional if f.name in have] if columns is None else list(columns)
+        conformable = set(names) <= set(full.names)
+        present = [c for c in names if c in have] if conformable else names
         table = pq.read_table(file, columns=present, filters=filters)
     except (pa.ArrowInvalid, OSError) as exc:
         raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
-    return conform(table, pa.schema([schema.field(c) for c in names]), source=str(file)) if conformable else table
+    return conform(table, pa.schema([full.field(c) for c in names]), source=str(file)) if conformable else table
 
 
 def open_run(path: str | os.PathLike) -> Run:

@@ -35,9 +35,37 @@ SEQUENCE_SCHEMA = pa.schema([
 ])
 """One row per rollout (including empty responses, which have no token rows)."""
 
+TOKEN_OPTIONAL = pa.schema([
+    ("policy_version", pa.int64()),
+    ("advantage", pa.float32()),
+])
+"""Token columns a run may carry (written only when the source has them; a run without them opens unchanged):
+`policy_version` the version of the weights that generated the token, where a dump records it per token (AReaL
+`versions`); `advantage` the token's advantage (NeMo-RL, prime-rl, OpenRLHF per-token advantages)."""
+
+SEQUENCE_OPTIONAL = pa.schema([
+    ("policy_version", pa.int64()),
+    ("policy_version_min", pa.int64()),
+    ("trainer_version", pa.int64()),
+    ("advantage", pa.float64()),
+])
+"""Sequence columns a run may carry, written only when the source has them:
+- `policy_version`: the newest weights version that generated the sequence (verl `max_global_steps`, slime the
+  last of `weight_versions`, TRL AsyncGRPO `model_version`, the max of AReaL's per-token versions);
+- `policy_version_min`: the oldest, where a sequence spans versions (partial rollouts: verl `min_global_steps`);
+- `trainer_version`: the version of the weights whose log-probs are `train_logprob` (verl `global_steps − 1`;
+  the recorder's step). lag = trainer_version − policy_version ≥ 0;
+- `advantage`: the sequence's advantage (GRPO: one per sequence)."""
+
+OPTIONAL = {"tokens": TOKEN_OPTIONAL, "sequences": SEQUENCE_OPTIONAL}
+FULL_TOKEN_SCHEMA = pa.schema(list(TOKEN_SCHEMA) + list(TOKEN_OPTIONAL))
+FULL_SEQUENCE_SCHEMA = pa.schema(list(SEQUENCE_SCHEMA) + list(SEQUENCE_OPTIONAL))
+"""Every column a token / sequence file may hold: the door check types each one present."""
+
 KEY_COLUMNS = ("seq_id", "pos")
 LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob")
-INTEGER_COLUMNS = ("seq_id", "pos", "token_id", "sample_index", "prompt_len", "response_len", "step")
+INTEGER_COLUMNS = ("seq_id", "pos", "token_id", "sample_index", "prompt_len", "response_len", "step",
+                   "policy_version", "policy_version_min", "trainer_version")
 
 
 def as_table(data: object, *, source: str = "<data>") -> pa.Table:
@@ -55,12 +83,31 @@ def as_table(data: object, *, source: str = "<data>") -> pa.Table:
     raise InputError(f"expected a pandas DataFrame or an Arrow table, got {type(data).__name__}", file=source)
 
 
+def optional_columns(schema: pa.Schema) -> pa.Schema | None:
+    """The optional columns that go with a run's core schema (TOKEN_SCHEMA / SEQUENCE_SCHEMA), else None."""
+    if schema is TOKEN_SCHEMA:
+        return TOKEN_OPTIONAL
+    if schema is SEQUENCE_SCHEMA:
+        return SEQUENCE_OPTIONAL
+    return None
+
+
 def conform(table: pa.Table, schema: pa.Schema, *, source: str, required: Sequence[str] = ()) -> pa.Table:
     """Cast `table` to `schema`: required columns must exist, missing optional ones become null.
 
     Integer columns must hold integers (a float `seq_id` is an error, not a silent cast); float columns accept any
-    numeric type. Columns not in the schema are dropped.
+    numeric type. Columns not in the schema are dropped — except, for the run's core schemas, the optional columns
+    (TOKEN_OPTIONAL, SEQUENCE_OPTIONAL) the table has, which are kept, cast and checked (`check_versions`).
     """
+    optional = optional_columns(schema)
+    present = [f for f in (optional or []) if f.name in table.column_names]
+    if present:
+        core = conform(table.drop_columns([f.name for f in present]), schema, source=source, required=required)
+        extra = conform(table.select([f.name for f in present]), pa.schema(present), source=source)
+        for f in present:
+            core = core.append_column(f, extra.column(f.name))
+        check_versions(core, source=source)
+        return core
     for name in required:
         if name not in table.column_names:
             raise InputError(f"missing required column '{name}' (have: {', '.join(table.column_names)})",
@@ -81,6 +128,31 @@ def conform(table: pa.Table, schema: pa.Schema, *, source: str, required: Sequen
             raise InputError(f"cannot convert {column.type} to {field.type}: {exc}", file=source,
                              field=field.name) from None
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def check_versions(table: pa.Table, *, source: str) -> None:
+    """Versions are whole numbers (conform casts them, refusing fractions), a sequence's oldest version is not newer
+    than its newest, and the engine's version is not newer than the trainer's (lag = trainer − policy ≥ 0):
+    InputError at the first row that breaks one, rows counted from 1."""
+    def col(name: str) -> np.ndarray | None:
+        if name not in table.column_names:
+            return None
+        return np.asarray(pc.fill_null(table.column(name).cast(pa.float64()), np.nan), dtype=np.float64)
+
+    newest, oldest, trainer = col("policy_version"), col("policy_version_min"), col("trainer_version")
+    checks = [(oldest, newest, "policy_version_min", "is newer than policy_version (the newest weights)"),
+              (newest, trainer, "policy_version", "is newer than trainer_version: the engine cannot sample with "
+                                                  "weights the trainer has not made yet (are the versions counted "
+                                                  "from the same origin?)")]
+    for values, bound, name, says in checks:
+        if values is None or bound is None:
+            continue
+        bad = values > bound
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            got = f"{int(values[i])} > {int(bound[i])}"
+            raise InputError(f"{name} {got} {says} ({int(bad.sum())} such row(s))", file=source, row=i + 1,
+                             field=name)
 
 
 def type_problem(kind: pa.DataType, field: pa.Field) -> str | None:

@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError, RunDirError
-from rcdiag.store.schema import KEY_COLUMNS, SEQUENCE_SCHEMA, TOKEN_SCHEMA, type_problem
+from rcdiag.store.schema import FULL_SEQUENCE_SCHEMA, FULL_TOKEN_SCHEMA, KEY_COLUMNS, type_problem
 
 FIX = "the run is damaged: re-create it (re-run the import or `rcdiag score`)"
 REQUIRED = {"tokens": KEY_COLUMNS, "sequences": ("seq_id",)}
-SCHEMAS = {"tokens": TOKEN_SCHEMA, "sequences": SEQUENCE_SCHEMA}
+SCHEMAS = {"tokens": FULL_TOKEN_SCHEMA, "sequences": FULL_SEQUENCE_SCHEMA}  # the optional columns typed too
 
 
 def validate_run(path: Path, token_files: list[Path], sequence_files: list[Path]) -> None:

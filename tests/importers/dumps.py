@@ -130,7 +130,7 @@ def verl_tensors(truth: list[Truth], resp_len: int = 14, pad_id: int = 0) -> dic
 
 
 def save_verl(path: Path, truth: list[Truth], pkg_root: Path, *, tensordict: bool = False,
-              drop: tuple[str, ...] = (), step: int | None = None) -> Path:
+              drop: tuple[str, ...] = (), step: int | None = None, non_tensor: dict | None = None) -> Path:
     """Write gen_batch.dp with a stand-in verl DataProto, then make verl un-importable again."""
     for mod, source in (("verl/protocol.py", VERL_PROTOCOL), ("tensordict/_td.py", TENSORDICT)):
         file = pkg_root / mod
@@ -145,7 +145,8 @@ def save_verl(path: Path, truth: list[Truth], pkg_root: Path, *, tensordict: boo
         tensors = {k: v for k, v in verl_tensors(truth).items() if k not in drop}
         batch = TensorDict(tensors, batch_size=[len(truth)]) if tensordict else tensors
         uids = np.array([f"uid-{i // 2}" for i in range(len(truth))], dtype=object)
-        proto = DataProto(batch=batch, non_tensor_batch={"uid": uids}, meta_info={"temperature": 1.0})
+        proto = DataProto(batch=batch, non_tensor_batch={"uid": uids, **(non_tensor or {})},
+                          meta_info={"temperature": 1.0})
         path.parent.mkdir(parents=True, exist_ok=True)
         proto.save_to_disk(path)
         if step is not None:

@@ -30,6 +30,9 @@ FORMATS: dict[str, tuple[str, str]] = {
     "swift": ("text", "ms-swift completions.jsonl (text only: retokenized with --tokenizer)"),
     "verl-text": ("text", "verl trainer.rollout_data_dir {step}.jsonl (text only, special tokens stripped: "
                           "retokenized with --tokenizer)"),
+    "nemo-rl": ("nemo_rl", "NeMo-RL log dir train_data_step{N}.jsonl (both sides per token, advantages)"),
+    "prime-rl": ("prime_rl", "prime-rl token_exports/step_N/rank_R.jsonl (STABLE steps; trainer side is π_θ at "
+                             "the micro-step)"),
 }
 
 
@@ -65,11 +68,23 @@ def read_dump(fmt: str, path: str | os.PathLike, options: ImportOptions | None =
                                      "advantages", "train_entropy": "entropy"})
     for record in imported.records:
         settle_versions(record)
+    _say_measured(imported)
     if options.tokenizer and "tokenizer" not in imported.sections:
         imported.sections["tokenizer"] = attach_tokenizer(options.tokenizer, imported.records)
     imported.mask_counts, warnings = mask_summary(imported.records)
     imported.warnings += warnings + nonfinite_warning(imported.records)
     return imported
+
+
+def _say_measured(imported: Imported) -> None:
+    """The manifest's `measured` section (rcdiag.store.manifest.Measured): a dump's rollout log-probs are the ones
+    its engine returned while sampling; its trainer log-probs the trainer's π_old recompute — unless the importer
+    said otherwise (prime-rl: π_θ at the micro-step)."""
+    measured = imported.sections.setdefault("measured", {})
+    if any(r.rollout_logprobs is not None for r in imported.records):
+        measured.setdefault("rollout", "sampled")
+    if any(r.train_logprobs is not None for r in imported.records):
+        measured.setdefault("trainer", "pi_old")
 
 
 def import_run(fmt: str, path: str | os.PathLike, out: str | os.PathLike,

@@ -69,10 +69,24 @@ def context_line(manifest: Any) -> str:
     trainer = _join([t["dtype"] and str(t["dtype"]), t["attention"] and str(t["attention"]),
                      t["temperature"] is not None and f"T={_g(t['temperature'])}", t["device"] and str(t["device"])])
     tname = f"transformers {t['transformers']}" if t["transformers"] else ""
-    line = f"{_side('engine', name, engine)} → {_side('trainer', tname, trainer)}"
+    line = f"{_side('engine', name, engine)} → {_side('trainer', tname, trainer)}" + measured_note(manifest)
     if facts["importer"]:
         line = f"imported by {facts['importer']} from {facts['source'] or '(source not recorded)'} · " + line
     return line
+
+
+def measured_note(manifest: Any) -> str:
+    """' · rollout = prefill replay of the text' (or '… of the stored tokens') where the rollout side is vLLM
+    re-reading tokens rather than the log-probs the rollout sampled with; ' · trainer = π_θ at the micro-step'
+    where the trainer side is not π_old (rcdiag.store.manifest.Measured)."""
+    measured, source = _section(manifest, "measured"), _section(manifest, "source")
+    notes = []
+    if measured.get("rollout") == "prefill_replay":
+        notes.append("rollout = prefill replay of " + ("the text" if source.get("retokenized") else
+                                                       "the stored tokens"))
+    if measured.get("trainer") == "pi_theta_microstep":
+        notes.append("trainer = π_θ at the micro-step (not π_old)")
+    return "".join(f" · {n}" for n in notes)
 
 
 def verdict_html(verdict: Verdict, max_reasons: int | None = None) -> str:

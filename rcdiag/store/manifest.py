@@ -134,8 +134,32 @@ class ModelRef:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+ROLLOUT_MEASURED = {
+    "sampled": "the engine's log-probs of the tokens it sampled (decode, as the rollout used them)",
+    "prefill_replay": "the engine re-reading given tokens as a prompt (prefill): decode-time effects (batch "
+                      "composition, KV cache, the trainer's TP layout and engine version) are not in these numbers",
+}
+"""What `rollout_logprob` measured (Manifest.measured.rollout)."""
+TRAINER_MEASURED = {
+    "pi_old": "the trainer's log-probs of the batch before its update (π_old: a recompute, or rcdiag's rescoring)",
+    "pi_theta_microstep": "π_θ at the micro-step, while the policy is being updated (no π_old recompute: prime-rl)",
+}
+"""What `train_logprob` measured (Manifest.measured.trainer)."""
+
+
+@dataclass
+class Measured:
+    """What each side's log-probs are (ROLLOUT_MEASURED, TRAINER_MEASURED); None = not recorded. A manifest that
+    does not say reads it from what it does say: a replayed engine (`engine.replayed`, set by `rcdiag score
+    --rescore-both`) → "prefill_replay", whatever was written before (the replay overwrote the rollout side); a
+    generated run → "sampled"; a rescored trainer side (`trainer.model`) → "pi_old"."""
+    rollout: str | None = None
+    trainer: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 _TOP = ("schema_version", "rcdiag_version", "created", "source", "engine", "trainer", "models", "warnings",
-        "counts")
+        "counts", "measured")
 
 
 @dataclass
@@ -151,6 +175,7 @@ class Manifest:
     models: dict[str, ModelRef] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    measured: Measured = field(default_factory=Measured)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -173,7 +198,7 @@ class Manifest:
         if not isinstance(models, dict):
             raise _refuse(where, "models", f"is {type(models).__name__}, expected an object")
         engine = raw.get("engine")
-        return cls(
+        manifest = cls(
             schema_version=version, rcdiag_version=_text(raw, "rcdiag_version", where),
             created=_text(raw, "created", where),
             source=_section(Source, _or(raw.get("source"), {}), where, "source"),
@@ -181,7 +206,10 @@ class Manifest:
             trainer=None if raw.get("trainer") is None else _trainer(raw["trainer"], where),
             models={role: _model(ref, where, f"models.{role}") for role, ref in models.items()},
             warnings=[str(w) for w in warnings], counts=counts,
+            measured=_measured(raw.get("measured"), where),
             extra={k: v for k, v in raw.items() if k not in _TOP})
+        _infer_measured(manifest)
+        return manifest
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object written to manifest.json (and exposed as `Run.manifest`)."""
@@ -198,6 +226,9 @@ class Manifest:
             out["trainer"] = _emit(self.trainer)
         if self.models:
             out["models"] = {role: _emit(ref) for role, ref in self.models.items()}
+        measured = _emit(self.measured)
+        if measured:
+            out["measured"] = measured
         out["warnings"] = list(self.warnings)
         if self.counts:
             out["counts"] = dict(self.counts)
@@ -239,6 +270,26 @@ def _flat_engine(raw: Any) -> Any:
     if isinstance(flat.get("model"), dict):
         flat["model"] = flat["model"].get("path")
     return flat
+
+
+def _measured(raw: Any, where: str) -> Measured:
+    measured = _section(Measured, _or(raw, {}), where, "measured")
+    for name, allowed in (("rollout", ROLLOUT_MEASURED), ("trainer", TRAINER_MEASURED)):
+        value = getattr(measured, name)
+        if value is not None and value not in allowed:
+            raise _refuse(where, f"measured.{name}", f"is {value!r}, expected one of {', '.join(allowed)}")
+    return measured
+
+
+def _infer_measured(manifest: Manifest) -> None:
+    """Fill what `measured` does not say from what the manifest does (see Measured)."""
+    measured, engine = manifest.measured, manifest.engine
+    if engine is not None and engine.extra.get("replayed") is True:
+        measured.rollout = "prefill_replay"
+    elif measured.rollout is None and manifest.source.kind == "generated":
+        measured.rollout = "sampled"
+    if measured.trainer is None and manifest.trainer is not None and manifest.trainer.model is not None:
+        measured.trainer = "pi_old"
 
 
 def _trainer(raw: Any, where: str) -> Trainer:

@@ -63,6 +63,7 @@ def test_nemo_rl_round_trip(tmp_path):
     assert not tokens[tokens.seq_id == 1]["mask"].any()  # sample_loss_mask 0
     assert any("sample_loss_mask 0" in w for w in imported.warnings)
     assert seqs.loc[2, "advantage"] == pytest.approx(first["advantages"][2][0])
+    assert run.manifest["measured"] == {"rollout": "sampled", "trainer": "pi_old"}
 
 
 def test_nemo_rl_bad_files(tmp_path):
@@ -102,6 +103,7 @@ def test_prime_rl_round_trip_and_stable(tmp_path):
     assert row["token_id"].tolist() == first["token_ids"][start:]
     np.testing.assert_array_equal(row["train_entropy"].to_numpy(np.float32), np.float32(first["entropy"][start:]))
     assert row["advantage"].tolist() == pytest.approx(first["advantages"][start:])
+    assert run.manifest["measured"] == {"rollout": "sampled", "trainer": "pi_theta_microstep"}
     assert "π_θ at the micro-step" in imported.conventions["train_logprobs"]
 
 

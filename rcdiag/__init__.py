@@ -24,6 +24,7 @@ _EXPORTS = {
     "trend": "rcdiag.analysis.trend",
     "logged_values": "rcdiag.analysis.logged",
     "import_run": "rcdiag.importers",
+    "Recorder": "rcdiag.record",
     "rescore_run": "rcdiag.score.rescore",
     "RescoreConfig": "rcdiag.score.config",
     **dict.fromkeys(("load_model", "score_sequences"), "rcdiag.score.scoring"),

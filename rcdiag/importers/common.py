@@ -212,10 +212,11 @@ def _float_column(records: Sequence[Record], attr: str) -> pa.Array:
     return pa.array(values.astype(np.float32))
 
 
-def token_table(records: Sequence[Record]) -> pa.Table:
-    """Flat token rows (TOKEN_SCHEMA columns) from records; seq_id is the record's index."""
+def token_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
+    """Flat token rows (TOKEN_SCHEMA columns, + the optional ones some record has) from records; seq_id is
+    `first_seq_id` + the record's index."""
     lengths = np.array([len(r.response_ids) for r in records], dtype=np.int64)
-    seq_id = np.repeat(np.arange(len(records), dtype=np.int64), lengths)
+    seq_id = np.repeat(np.arange(first_seq_id, first_seq_id + len(records), dtype=np.int64), lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     pos = (np.arange(int(lengths.sum()), dtype=np.int64) - starts).astype(np.int32)
     ids = _concat(records, "response_ids", np.int64, 0)
@@ -233,14 +234,14 @@ def token_table(records: Sequence[Record]) -> pa.Table:
     return table
 
 
-def sequence_table(records: Sequence[Record]) -> pa.Table:
+def sequence_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
     """One row per record (SEQUENCE_SCHEMA columns); prompt_len from prompt ids when known."""
     def col(attr: str) -> list[Any]:
         return [getattr(r, attr) for r in records]
 
     prompt_ids = [None if r.prompt_ids is None else [int(x) for x in r.prompt_ids] for r in records]
     return pa.table({
-        "seq_id": pa.array(np.arange(len(records), dtype=np.int64)),
+        "seq_id": pa.array(np.arange(first_seq_id, first_seq_id + len(records), dtype=np.int64)),
         "prompt_id": pa.array(col("prompt_id"), pa.string()),
         "sample_index": pa.array(col("sample_index"), pa.int32()),
         "prompt_text": pa.array(col("prompt_text"), pa.string()),

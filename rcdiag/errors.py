@@ -14,7 +14,7 @@ class InputError(RcdiagError, ValueError):
 
     def __init__(self, message: str, *, file: str | None = None, row: int | None = None,
                  field: str | None = None, hint: str | None = None) -> None:
-        self.file, self.row, self.field, self.hint = file, row, field, hint
+        self.message, self.file, self.row, self.field, self.hint = message, file, row, field, hint
         where = []
         if file is not None:
             where.append(str(file))
@@ -26,6 +26,10 @@ class InputError(RcdiagError, ValueError):
         if hint:
             text += f" — {hint}"
         super().__init__(text)
+
+    def located(self, file: str) -> InputError:
+        """The same error, naming `file` (for a reader that learns the file's name only above the parser)."""
+        return InputError(self.message, file=file, row=self.row, field=self.field, hint=self.hint)
 
 
 class RunDirError(RcdiagError):

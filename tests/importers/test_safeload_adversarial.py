@@ -364,3 +364,111 @@ def test_existing_slime_and_verl_fixtures_import_bit_identically(tmp_path):
     file = save_verl(tmp_path / "gen_batch.dp", truth, tmp_path / "pkgs", tensordict=True)
     run, _ = import_run("verl", file, tmp_path / "run2", OK)
     assert_run_matches(run, truth)
+
+
+# --- memory safety and memory bounds through the CLI (a crash must show as a crash: a subprocess) -------------------
+
+def _slime_sample(tokens: Any, n: int = 4) -> dict[str, Any]:
+    return {"tokens": tokens, "response_length": n, "rollout_log_probs": [-0.5] * n, "loss_mask": [1] * n,
+            "reward": 0.0, "index": 0, "status": "completed"}
+
+
+def _dtype(spec: str, state: tuple) -> Reduce:
+    return Reduce(np.dtype, (spec, False, True), state)
+
+
+def _array(dtype: Reduce, shape: tuple, data: bytes) -> Reduce:
+    return Reduce(_reconstruct(), (np.ndarray, (0,), b"b"), (1, shape, dtype, False, data))
+
+
+# numpy.dtype states a file may write: numpy's own __setstate__ takes the flags as given, so an object dtype whose
+# flags say "no objects" gets raw bytes from the file that its first use reads as pointers
+HOSTILE_DTYPES = {
+    "object_flags_0": _dtype("O8", (3, "|", None, None, None, -1, -1, 0)),
+    "object_field_flags_0": _dtype("V8", (3, "|", None, ("a",), {"a": (np.dtype(object), 0)}, 8, 1, 0)),
+    "structured": _dtype("V8", (3, "|", None, ("a",), {"a": (np.dtype("<f8"), 0)}, 8, 1, 16)),
+    "void": _dtype("V8", (3, "|", None, None, None, 8, 1, 0)),
+    "float_with_object_flags": _dtype("f8", (3, "<", None, None, None, -1, -1, 63)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DTYPES))
+def test_hostile_numpy_dtypes_are_refused(tmp_path, name):
+    """A 269-byte slime dump whose rollout_log_probs is an array of an object dtype with flags 0 crashed the
+    interpreter (segfault) at its first numeric use: only plain dtypes exactly as numpy pickles them are read."""
+    from tests.fixtures.cli import assert_user_error, run_cli
+
+    file = tmp_path / "dump.pt"
+    sample = _slime_sample([1, 2, 3, 4, 5, 6], n=2)
+    sample["rollout_log_probs"] = _array(HOSTILE_DTYPES[name], (2,), b"\x41" * 16)
+    file.write_bytes(pickle.dumps({"rollout_id": 0, "samples": [sample]}, protocol=4))
+    result = run_cli(["import", "slime", str(file), "--out", str(tmp_path / "run"), "--allow-pickle", "-q"])
+    assert_user_error(result, str(file), "dtype")
+    assert not (tmp_path / "run").exists()
+
+
+def test_plain_dtypes_and_object_arrays_still_load(tmp_path):
+    """What numpy really writes still loads: every plain kind, text, and object arrays (verl's uid/score columns)."""
+    want = {"f8": np.arange(3.0), "i4": np.arange(4, dtype=np.int32), "u1": np.arange(3, dtype=np.uint8),
+            "b": np.array([True, False]), "c8": np.array([1 + 2j], np.complex64), "U": np.array(["ab", "c"]),
+            "S": np.array([b"xy"]), "O": np.array(["uid-0", 0.5, None], dtype=object), "f2": np.ones(2, np.float16),
+            "scalar": np.float32(1.5), "dtype": np.dtype("int16")}
+    file = tmp_path / "plain.pkl"
+    file.write_bytes(pickle.dumps(want, protocol=4))
+    got = load_pickle_file(file)
+    for key, value in want.items():
+        if isinstance(value, np.ndarray):
+            assert type(got[key]) is np.ndarray and got[key].dtype == value.dtype, key
+            assert got[key].tolist() == value.tolist(), key
+        else:
+            assert got[key] == value and type(got[key]) is type(value), key
+
+
+RSS_MB = 400
+"""Peak memory a refused import may reach (the interpreter with numpy, pyarrow and torch is ~155 MiB here)."""
+
+
+def test_range_is_not_materialised(tmp_path):
+    """A ~150-byte dump `{"tokens": range(10**8)}` made the importer allocate 800 MB (4e8: gigabytes): range is not
+    on the allow-list, so nothing a file sizes with one number is ever built."""
+    from tests.fixtures.cli import assert_user_error, run_cli
+
+    file = tmp_path / "dump.pt"
+    file.write_bytes(pickle.dumps({"rollout_id": 0, "samples": [_slime_sample(range(10 ** 8))]}, protocol=4))
+    assert file.stat().st_size < 300
+    result = run_cli(["import", "slime", str(file), "--out", str(tmp_path / "run"), "--allow-pickle", "-q"])
+    assert_user_error(result, str(file), "range")
+    assert result.max_rss_mb is not None and result.max_rss_mb < RSS_MB, result.max_rss_mb
+
+
+def test_overlapping_zip_members_are_read_within_the_file_size(tmp_path):
+    """300 stored members whose bytes overlap (each runs to the end of one 512 KiB payload): a 0.6 MB file made the
+    reader allocate ~160 MB (a 1.4 MB file with 2,000 such members reached 16.8 GB). Every member read is charged
+    to a budget of twice the file's size."""
+    from tests.fixtures.cli import assert_user_error, run_cli
+    from tests.importers.crafted import overlapping_zip, pickle_bytes, storage, tensor
+
+    n, payload = 300, bytes(512 << 10)
+    samples = [_slime_sample(tensor(storage(f"{i:04d}", len(payload) // 8, torch.LongStorage), 0,
+                                    (len(payload) // 8,), (1,))) for i in range(n)]
+    file = tmp_path / "dump.pt"
+    file.write_bytes(overlapping_zip({"data.pkl": pickle_bytes({"rollout_id": 0, "samples": samples}),
+                                      "byteorder": b"little"}, n, payload))
+    assert file.stat().st_size < 1 << 20
+    result = run_cli(["import", "slime", str(file), "--out", str(tmp_path / "run"), "--allow-pickle", "-q"])
+    assert_user_error(result, str(file), "overlap")
+    assert result.max_rss_mb is not None and result.max_rss_mb < RSS_MB, result.max_rss_mb
+
+
+def test_one_sample_referenced_thousands_of_times_is_refused(tmp_path):
+    """torch.save of one 5,000-token sample listed 2,000 times (a ~80 KB file): the importer made 2,000 copies, 10 M
+    token rows. Counted once per reference, the dump stands for far more than its size and is refused."""
+    from tests.fixtures.cli import assert_user_error, run_cli
+
+    sample = _slime_sample(list(range(10, 5010)), n=4990)
+    file = tmp_path / "dump.pt"
+    torch.save({"rollout_id": 0, "samples": [sample] * 2000}, file)
+    assert file.stat().st_size < 200_000
+    result = run_cli(["import", "slime", str(file), "--out", str(tmp_path / "run"), "--allow-pickle", "-q"])
+    assert_user_error(result, str(file), "again and again")
+    assert result.max_rss_mb is not None and result.max_rss_mb < RSS_MB, result.max_rss_mb

@@ -76,6 +76,10 @@ def command(
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Stop after stage 1.")] = False,
     rescore_only: Annotated[Path | None, typer.Option(
         "--rescore-only", metavar="RUN", help="Skip stage 1: rescore an existing run.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(
+        "--checkpoint", metavar="A,B,…", help="With --rescore-only: rescore a sample of each step with each "
+        "checkpoint (NAME=PATH names one; NAME an integer = its policy version) and name the one the rollout "
+        "log-probs match best, with the margin.", rich_help_panel=_TRAIN)] = None,
     rescore_both: Annotated[Path | None, typer.Option(
         "--rescore-both", metavar="RUN", help="Imported/retokenized run: replay its tokens through vLLM (--model, "
         "--temperature) for rollout_logprob, then rescore.")] = None,
@@ -113,6 +117,8 @@ def command(
 
         rcdiag score --rescore-both runs/trl --model ./model --temperature 0.7    # after `rcdiag import trl …`
 
+        rcdiag score --rescore-only runs/async --checkpoint 3=ckpt/step3,4=ckpt/step4    # which weights sampled?
+
         rcdiag score -m ./model -p prompts.jsonl -o s3://bucket/runs/q05 --ray auto --engines 8   # on a Ray cluster
     """
     set_vllm_logging(verbose)
@@ -125,6 +131,14 @@ def command(
     rescore = None if generate_only else RescoreConfig(
         train_model=train_model, train_dtype=train_dtype, device=device, token_budget=token_budget,
         chunk_tokens=chunk_tokens, attn=attn, trust_remote_code=trust_remote_code)
+    if checkpoint is not None:
+        if rescore_only is None or rescore is None:
+            raise UsageError("--checkpoint goes with --rescore-only RUN (it rescores an existing run's tokens).")
+        from rcdiag.score.checkpoint import attribute_checkpoints, parse_checkpoints, summary_lines
+
+        result = attribute_checkpoints(rescore_only, parse_checkpoints(checkpoint), rescore, silent=quiet)
+        typer.echo("\n".join(summary_lines(result)))
+        return
     if ray is not None:
         from rcdiag.distributed.score import score_command  # imports Ray
 

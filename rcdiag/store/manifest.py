@@ -30,6 +30,9 @@ from rcdiag.store.files import MANIFEST_NAME, now, write_json_atomic
 
 SCHEMA_VERSION = 1
 HASH_PREFIX = "sha256:"
+CHECKPOINTS_SECTION = "checkpoints"
+"""The manifest section `rcdiag score --checkpoint` writes (files under RUN/checkpoints/, each checkpoint's
+version label) and the lag split reads."""
 _BARE_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # field checks by annotation: (accepted types, what the error says). bool is refused where a number is meant.

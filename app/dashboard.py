@@ -26,6 +26,7 @@ PAGES = (
     ("simulator.py", "IS simulator", "simulator"),
     ("sequences.py", "Sequences", "sequences"),
     ("trends.py", "Trends", "trends"),
+    ("lag.py", "Policy lag", "lag"),
     ("compare.py", "Compare", "compare"),
     ("probes.py", "Probes", "probes"),
 )

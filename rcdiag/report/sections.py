@@ -23,6 +23,7 @@ from rcdiag.report.baseline import baseline_section
 from rcdiag.report.build import RunReport
 from rcdiag.report.context import context_line, run_context
 from rcdiag.report.correction_section import correction_blocks
+from rcdiag.report.lag_section import lag_section
 from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
@@ -298,9 +299,10 @@ def run_files(report: RunReport) -> dict[str, bytes]:
     section_figures = {**probe_figures, **trend_figures}
     more = figproc.submit(section_figures) if section_figures else dict  # dict(): no figures, no round trip
     base_blocks, base_data = baseline_section(report)
-    blocks[-1:-1] = base_blocks + trend_blocks + probe_blocks
+    lag_blocks, _, lag_data = lag_section(report)
+    blocks[-1:-1] = base_blocks + trend_blocks + lag_blocks + probe_blocks
     return render_files(blocks, {**images(), **more()},
-                        {**run_data(report), **probe_data, **trend_data, **base_data},
+                        {**run_data(report), **probe_data, **trend_data, **base_data, **lag_data},
                         f"rcdiag report — {report.name}")
 
 

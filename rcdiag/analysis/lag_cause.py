@@ -1,4 +1,4 @@
-"""`lag_cause`: the verdict's cause from policy lag — staleness over the engine floor, or weights that never changed.
+"""lag_cause: the verdict's cause from policy lag — staleness over the engine floor, or weights that never changed.
 
 For the report's verdict (rcdiag.report.recommend / analysis.causes call it): a record {cause, evidence, action,
 severity} naming what the lag split and the weights-unchanged check found, or None when neither says anything
@@ -19,12 +19,16 @@ STALE_TIMES = 2.0
 MIN_STALE_TOKENS = 100
 """Fewest lag ≥ 1 tokens before staleness is called."""
 STALENESS_ACTION = ("bound the policy lag or correct against the generating policy: verl fully-async "
-                    "`async_training.staleness_threshold` / `trigger_parameter_sync_step`, TRL AsyncGRPO "
-                    "`max_staleness`, prime-rl `orchestrator.max_off_policy_steps`, AReaL `max_head_offpolicyness`; "
+                    "async_training.staleness_threshold / trigger_parameter_sync_step, TRL AsyncGRPO "
+                    "max_staleness, prime-rl orchestrator.max_off_policy_steps, AReaL max_head_offpolicyness; "
                     "or decoupled PPO / IS with the behaviour policy's log-probs (AReaL π_behave)")
 UNCHANGED_ACTION = ("check the weight sync: that it runs every step (vLLM sleep mode, trl#5312), that the "
                     "prefix cache is reset after a refit (NeMo-RL#4018), and — an fp32 trainer with a bf16 engine — "
                     "that the updates are above bf16's resolution (lr × |grad| ≥ 2⁻⁸ of the weight)")
+
+
+REFERENCE_WORDS = {"trainer_version": "lags from the recorded trainer versions",
+                   "step_newest": "lags from each step's newest sample: the trainer's version is not recorded"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class LagCause:
 
 
 def _open(data: Any) -> Any:
-    """A Run from a Run, a run path, or anything with `.path` (a RunReport)."""
+    """A Run from a Run, a run path, or anything with .path (a RunReport)."""
     from rcdiag.store.run import Run, open_run
 
     if isinstance(data, Run):
@@ -66,7 +70,7 @@ def staleness_cause(split: LagSplit) -> LagCause | None:
         cause="staleness: samples from older policy versions carry most of the gap",
         evidence=(f"lag {int(worst['lag'])} tokens have mean |ℓ| {floor + worst['excess_mean_abs']:.3g} vs the lag-0 "
                   f"floor {floor:.3g} ({worst['times']:.3g}×); {tokens:,} tokens at lag ≥ 1; staleness is "
-                  f"{split.staleness_share:.0%} of the versioned tokens' mean |ℓ| ({split.reference})"),
+                  f"{split.staleness_share:.0%} of the versioned tokens' mean |ℓ| ({REFERENCE_WORDS[split.reference]})"),
         action=STALENESS_ACTION, severity="alarm" if split.staleness_share >= 0.5 else "warning")
 
 
@@ -82,7 +86,7 @@ def cause_of(split: LagSplit | None, unchanged: list[Unchanged]) -> LagCause | N
 
 def lag_cause(data: Any) -> dict[str, str] | None:
     """The lag cause of a run (a Run, a path, or a RunReport) as {cause, evidence, action, severity}, or None
-    (see `cause_of`)."""
+    (see cause_of)."""
     run = _open(data)
     found = cause_of(lag_split(run), weights_unchanged(run))
     return None if found is None else found.to_dict()

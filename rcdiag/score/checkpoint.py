@@ -80,7 +80,11 @@ def _sample(run: Any, per_step: int) -> tuple[list[tuple[np.ndarray, np.ndarray]
 
 
 def _score(path: Path, pairs: list[tuple[np.ndarray, np.ndarray]], config: RescoreConfig,
-           temperature: float) -> np.ndarray:
+           temperature: float, silent: bool) -> np.ndarray:
+    if silent:  # transformers' own "Loading weights" bar, under --quiet
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model = load_model(path, dtype=config.train_dtype, device=config.device, attn=config.attn,
                        trust_remote_code=config.trust_remote_code)
     scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
@@ -137,7 +141,7 @@ def attribute_checkpoints(run_path: str | Path, checkpoints: dict[str, tuple[Pat
     scores = {}
     for name, (path, _) in checkpoints.items():
         with phases(f"rescoring with {name}", f"{len(pairs)} sequences, {tokens.num_rows:,} tokens"):
-            scores[name] = _score(path, pairs, config, temperature)
+            scores[name] = _score(path, pairs, config, temperature, silent)
     rollout = np.asarray(tokens.column("rollout_logprob").to_numpy(zero_copy_only=False), dtype=np.float64)
     mask = np.asarray(tokens.column("mask").fill_null(True), dtype=bool)
     result = attribution(rollout, mask, steps, scores)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from app import charts, ui
+from rcdiag.probe.answer import divergence_rows, probe_answer
 from rcdiag.probe.files import list_probes
 from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
 
@@ -34,7 +36,16 @@ def render() -> None:
     st.caption(f"{sample['sequences']} sequences · {sample['valid_tokens']:,} valid tokens · temperature "
                f"{summary['temperature']:g} · observed gap mean |ℓ| {ui.fmt(gap['mean_abs'])}, "
                f"k3_kl {ui.fmt(gap['k3_kl'])}")
+    st.success(probe_answer(summary).top_line)
     budget = budget_frame(summary)
+    residual = budget.dropna(subset=["residual"]).sort_values("residual")
+    st.subheader("Residual gap if you change one setting")
+    st.dataframe(residual[["change", "residual_mean_abs", "residual", "removes", "factor", "setting"]],
+                 hide_index=True, key="probe_residual_table")
+    headers, div_rows = divergence_rows(summary)
+    if div_rows:
+        st.subheader("Whole next-token distributions (exact)")
+        st.dataframe(pd.DataFrame(div_rows, columns=headers), hide_index=True, key="probe_divergence_table")
     st.subheader("Mismatch budget")
     st.markdown("Share = mean |setting − baseline| ÷ mean |rollout − reference|: how far this factor alone moves "
                 "the log-probs, relative to the observed gap (not additive; can exceed 1).")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rcdiag.probe.answer import answer_lines
 from rcdiag.probe.factors import FACTORS
 from rcdiag.probe.run import ProbeConfig, run_probe
 from rcdiag.score.config import DEVICE_HELP
@@ -34,6 +35,11 @@ def command(
         "--train-model", help="Trainer model directory (default: the run's engine model).")] = None,
     device: Annotated[str, typer.Option("--device", help=f"Trainer device: {DEVICE_HELP}.")] = DEFAULTS.device,
     threads: Annotated[int | None, typer.Option("--threads", help="torch threads for the trainer side.")] = None,
+    grid: Annotated[str, typer.Option("--grid", help="quick (one setting per question) | full | auto: quick on "
+                                      "CPU, full on CUDA.")] = DEFAULTS.grid,
+    divergence_positions: Annotated[int, typer.Option(
+        "--divergence-positions", help="Positions whose whole next-token distributions are compared (exact KL "
+        "both ways, TV, JS, top-k overlap, kept mass); 0: off.")] = DEFAULTS.divergence_positions,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (default: warnings).")
                        ] = False,
@@ -60,19 +66,13 @@ def command(
         rcdiag probe runs/q05 --factors engine_numerics,decode_vs_prefill,batch_invariance --name engine
     """
     config = ProbeConfig(sample=sample, factors=_factors(factors), seed=seed, name=name, train_model=train_model,
-                         device=device, threads=threads)
+                         device=device, threads=threads, grid=grid, divergence_positions=divergence_positions)
     set_vllm_logging(verbose)
     start = time.perf_counter()
     result = run_probe(run, config, silent=quiet)
     if quiet:
         return
-    gap = result.summary["gap"]
-    typer.echo(f"observed gap (rollout vs float32 trainer): mean |ℓ| {gap['mean_abs']:.4g}, "
-               f"k3_kl {gap['k3_kl']:.4g}")
-    typer.echo(f"{'factor':<18} {'setting':<24} {'mean |Δ|':>10} {'share':>8}")
-    for row in result.summary["budget"]:
-        typer.echo(f"{row['factor']:<18} {row['setting']:<24} {row['mean_abs']:>10.3g} {row['share']:>8.1%}")
-    for note in result.summary["notes"]:
-        typer.echo(f"note: {note}")
+    for line in answer_lines(result.summary):
+        typer.echo(line)
     typer.echo(f"Wrote {', '.join(str(f) for f in result.files)} in {time.perf_counter() - start:.1f} s")
     typer.echo(f"Next: rcdiag report {run}   (its probe section shows this budget; or rcdiag dashboard {run})")

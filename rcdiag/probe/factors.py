@@ -75,7 +75,8 @@ _REF = TrainSetting(REFERENCE, "reference")
 FACTORS: dict[str, tuple[Setting, ...]] = {
     "train_dtype": (TrainSetting("train_bf16", "train_dtype", dtype="bfloat16"),
                     TrainSetting("train_fp16", "train_dtype", dtype="float16")),
-    "attention": (TrainSetting("attn_sdpa", "attention", attn="sdpa", token_budget=1024),
+    "attention": (TrainSetting("attn_sdpa_alone", "attention", attn="sdpa"),
+                  TrainSetting("attn_sdpa", "attention", attn="sdpa", token_budget=1024),
                   TrainSetting("attn_eager", "attention", attn="eager", token_budget=1024)),
     "packing": (TrainSetting("packed_4096", "packing", token_budget=4096),
                 TrainSetting("train_bf16_packed_4096", "packing", baseline="train_bf16", dtype="bfloat16",
@@ -88,18 +89,29 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
     "prefix_caching": (EngineSetting("engine_cached_prompt", "prefix_caching", read_prefix_cache=True),),
     "batch_invariance": (EngineSetting("engine_alone", "batch_invariance", one_at_a_time=True),),
     "attention_flex": (TrainSetting("attn_flex", "attention_flex", attn="flex_attention", token_budget=1024),),
+    "divergence": (),  # exact divergences of whole distributions: engine replays and the reference's logits
 }
 """Every factor and its settings. `decode_vs_prefill` needs `engine_numerics` (its replay)."""
 DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numerics", "decode_vs_prefill",
-                   "engine_dtype", "batch_invariance")
+                   "engine_dtype", "batch_invariance", "divergence")
 """Left out by default: `prefix_caching` (experimental: a non-finite value was seen once on a bf16 engine at
 T = 0.9, not yet explained), `attention_flex` (flex attention compiles on first use, slow on CPU) and `packing_small`
 (a second token budget, 512)."""
 TRAINER_FACTORS = tuple(k for k, v in FACTORS.items() if all(isinstance(s, TrainSetting) for s in v) and v)
+QUICK_SETTINGS = frozenset({"train_bf16", "attn_sdpa_alone", "packed_4096", ENGINE_RUN, "engine_float32",
+                            "engine_bfloat16", "engine_alone"})
+"""The quick grid (the default on CPU): one setting per question. Left out: `train_fp16` (fp16 matmuls are
+emulated on CPU: the slowest setting, 11 tok/s on SmolLM2), `chunk_16` (13 tok/s; in float32 it moves log-probs
+by ~1e-6), the packed sdpa/eager kernels (the kernel alone is `attn_sdpa_alone`) and the bf16 packed setting
+(bf16 noise redrawn by another batch shape: it read as "packing is the biggest problem")."""
+GRIDS = ("auto", "quick", "full")
+"""--grid: auto = quick on CPU, full on CUDA."""
 
 
-def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str) -> list[Setting]:
-    """The reference plus the settings of `factors` (and the baselines they need), in a stable order.
+def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str, quick: bool = False
+                    ) -> list[Setting]:
+    """The reference plus the settings of `factors` (and the baselines they need), in a stable order; `quick`:
+    only QUICK_SETTINGS of them.
 
     `engine_dtype` compares against float32 unless the run already used float32 (then bfloat16). Unknown factor
     names raise ConfigError listing the known ones."""
@@ -107,12 +119,13 @@ def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str)
     if unknown:
         raise ConfigError(f"--factors: unknown factor(s) {', '.join(unknown)}; choose from {', '.join(FACTORS)}")
     wanted = set(factors)
-    if wanted & {"decode_vs_prefill", "engine_dtype", "prefix_caching", "batch_invariance"}:
+    if wanted & {"decode_vs_prefill", "engine_dtype", "prefix_caching", "batch_invariance", "divergence"}:
         wanted.add("engine_numerics")
     chosen: list[Setting] = [_REF]
     for factor, settings in FACTORS.items():
         if factor in wanted:
-            chosen.extend(_engine_dtype(s, run_engine_dtype) for s in settings)
+            chosen.extend(s for s in (_engine_dtype(s, run_engine_dtype) for s in settings)
+                          if not quick or s.name in QUICK_SETTINGS)
     by_name = {s.name: s for group in FACTORS.values() for s in group} | {REFERENCE: _REF}
     names = {s.name for s in chosen}
     for setting in list(chosen):  # a baseline that was not selected comes along (e.g. train_bf16 for packing)

@@ -87,3 +87,38 @@ def _generate(llm: Any, sequences: Sequence[tuple[int, ...]], params: Any) -> li
     if not sequences:
         return []
     return llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+
+
+def replay_distributions(llm: Any, pairs: Sequence[Pair], positions: Sequence[np.ndarray], temperature: float,
+                         out: np.ndarray, *, on_done: Callable[[int], None] | None = None) -> None:
+    """Fill `out` (`[K, V]` float32, K = total len(positions)) with the engine's full next-token log-probs at
+    `temperature` — log_softmax(raw / T) over the whole vocabulary — at the given response positions of each
+    pair (indices into its response, in order; pairs with no position are not sent).
+
+    vLLM returns prompt log-probs raw; with `flat_logprobs` they come as flat lists (a constant number of Python
+    objects whatever V), and `detokenize=False` spares decoding V strings per position."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=-1, flat_logprobs=True, detokenize=False)
+    vocab = out.shape[1]
+    row = 0
+    todo = [(pair, np.asarray(p, np.int64)) for pair, p in zip(pairs, positions, strict=True) if len(p)]
+    for start in range(0, len(todo), REQUESTS_PER_CALL // 4 or 1):
+        chunk = todo[start:start + (REQUESTS_PER_CALL // 4 or 1)]
+        outputs = _generate(llm, [(*map(int, p), *map(int, r)) for (p, r), _ in chunk], params)
+        for ((prompt, _), wanted), output in zip(chunk, outputs, strict=True):
+            flat = output.prompt_logprobs
+            ids, values = np.asarray(flat.token_ids, np.int64), np.asarray(flat.logprobs, np.float64)
+            starts, ends = flat.start_indices, flat.end_indices
+            for j in wanted:
+                q = len(prompt) + int(j)
+                raw = np.full(vocab, -np.inf)
+                sel = slice(starts[q], ends[q])
+                keep = ids[sel] < vocab
+                raw[ids[sel][keep]] = values[sel][keep]
+                z = raw / temperature
+                top = z.max()
+                out[row] = z - top - np.log(np.exp(z - top).sum())
+                row += 1
+        if on_done is not None:
+            on_done(sum(len(w) for _, w in chunk))

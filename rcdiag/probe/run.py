@@ -11,10 +11,11 @@ tokens with `rcdiag.probe.replay` (over `rcdiag.score.replay.replay_logprobs`). 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,11 @@ import numpy as np
 import pandas as pd
 
 from rcdiag.errors import ConfigError, RunDirError
+from rcdiag.probe.divergence import DivergenceCollector
 from rcdiag.probe.factors import (
     DEFAULT_FACTORS,
+    ENGINE_RUN,
+    GRIDS,
     REFERENCE,
     ROLLOUT,
     TRAINER_FACTORS,
@@ -59,6 +63,12 @@ class ProbeConfig:
     """Trainer device: auto (cuda when available) | cpu | cuda | cuda:N, resolved before any engine starts."""
     threads: int | None = None
     """torch threads for the trainer side (None: leave torch's default)."""
+    grid: str = "auto"
+    """quick | full | auto (quick for the default factors on CPU, full otherwise): rcdiag.probe.factors.
+    QUICK_SETTINGS."""
+    divergence_positions: int = 512
+    """Positions (whole sequences first, then a seeded sample) whose full distributions are compared by the
+    `divergence` factor; 0 turns it off."""
 
     def __post_init__(self) -> None:
         if int(self.sample) < 1:
@@ -67,6 +77,10 @@ class ProbeConfig:
             raise ConfigError(f"--name {self.name!r}: use a plain file name (no slashes, not starting with '.')")
         object.__setattr__(self, "factors", tuple(self.factors))
         object.__setattr__(self, "device", check_device_name(self.device))
+        if self.grid not in GRIDS:
+            raise ConfigError(f"--grid {self.grid!r} is not one of {', '.join(GRIDS)}")
+        if int(self.divergence_positions) < 0:
+            raise ConfigError(f"--divergence-positions must be ≥ 0, got {self.divergence_positions}")
 
 
 @dataclass
@@ -98,15 +112,18 @@ def sample_tokens(run: Run, n: int, seed: int, vocab_size: int, max_context: int
 
 # --------------------------------------------------------------------------------------------------- trainer side
 def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], temperature: float,
-                 bar: Any) -> np.ndarray:
-    """Flat float32 `[N]` log-probs of every response token under one trainer setting."""
+                 bar: Any, on_logits: Callable[[np.ndarray, Any], None] | None = None) -> np.ndarray:
+    """Flat float32 `[N]` log-probs of every response token under one trainer setting; `on_logits(flat
+    indices, logits)` sees the LM head's chunks (one-at-a-time settings only)."""
     from rcdiag.score.scoring import score_sequences
 
     if setting.token_budget is None:  # one sequence per forward
-        parts = []
+        parts, offset = [], 0
         for pair in pairs:
+            hook = None if on_logits is None else (lambda idx, logits, off=offset: on_logits(idx + off, logits))
             parts.append(score_sequences(model, [pair], temperature=temperature, token_budget=1 << 30,
-                                         chunk_tokens=setting.chunk_tokens).logprobs)
+                                         chunk_tokens=setting.chunk_tokens, on_logits=hook).logprobs)
+            offset += len(pair[1])
             bar.update(len(pair[1]))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
     scored = score_sequences(model, pairs, temperature=temperature, token_budget=setting.token_budget,
@@ -116,7 +133,8 @@ def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], tempe
 
 
 def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Sequence[Pair], temperature: float,
-                 device: str, silent: bool, say: Callable[[str], None]) -> dict[str, np.ndarray]:
+                 device: str, steps: Steps, collector: DivergenceCollector | None = None,
+                 ) -> dict[str, np.ndarray]:
     """Log-probs per trainer setting; one model load per dtype (freed before the next), its attention
     implementation switched in place between settings (the weights are the same tensors, so the numbers are those
     of a fresh load with that attention; a load per (dtype, attention) cost a load and a gc per switch)."""
@@ -133,17 +151,17 @@ def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Seque
     for dtype, members in groups.items():
         order = {attn: i for i, attn in enumerate(dict.fromkeys(s.attn for s in members))}
         members.sort(key=lambda s: order[s.attn])  # stable: one switch per attention implementation
-        say(f"trainer: loading {Path(model_path).name} in {dtype} with {members[0].attn} attention")
+        steps.say(f"trainer: loading {Path(model_path).name} in {dtype} with {members[0].attn} attention")
         model = load_model(model_path, dtype=dtype, device=device, attn=members[0].attn)
         for setting in members:
             impl = resolve_attention(setting.attn, device, model.config)
             if impl != attention_used(model):
-                say(f"trainer: {dtype} model switched to {setting.attn} attention")
+                steps.say(f"trainer: {dtype} model switched to {setting.attn} attention")
                 model.set_attn_implementation(impl)
-            with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar, \
-                    warnings.catch_warnings():
+            hook = collector.on_logits if collector is not None and setting.name == REFERENCE else None
+            with steps.bar(setting.name, n_tokens) as bar, warnings.catch_warnings():
                 warnings.simplefilter("ignore", RescoreWarning)
-                out[setting.name] = _score_train(model, setting, pairs, temperature, bar)
+                out[setting.name] = _score_train(model, setting, pairs, temperature, bar, hook)
         del model
         gc.collect()
     return out
@@ -160,12 +178,13 @@ def engine_model(run: Run) -> str:
 
 
 def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pair], temperature: float,
-                llm: Any, silent: bool, say: Callable[[str], None],
+                llm: Any, steps: Steps, collector: DivergenceCollector | None = None,
                 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
     """(replayed log-probs per engine setting, engine facts per setting: dtype, prefix caching, tokens and
     prefix-cache hits). One engine per (dtype, prefix caching), each closed before the next. `llm` (optional,
-    caller-owned) serves the settings matching the run's own engine."""
-    from rcdiag.probe.replay import replay_cached, replay_pairs
+    caller-owned) serves the settings matching the run's own engine. With a `collector`, the engine at the run's
+    settings and at the other dtype also return whole distributions at the collector's positions."""
+    from rcdiag.probe.replay import replay_cached, replay_distributions, replay_pairs
 
     engine = run.manifest.get("engine") or {}
     model = engine_model(run)
@@ -180,15 +199,15 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
     facts: dict[str, dict[str, Any]] = {}
     for (dtype, caching), members in groups.items():
         own = llm if (llm is not None and (dtype, caching) == (run_dtype, run_caching)) else None
-        say(f"engine: {'using the given' if own else 'building a'} vLLM engine ({dtype if dtype != 'auto' else resolved}"
-            f", prefix caching {'on' if caching else 'off'})")
+        steps.say(f"engine: {'using the given' if own else 'building a'} vLLM engine "
+                  f"({dtype if dtype != 'auto' else resolved}, prefix caching {'on' if caching else 'off'})")
         spec = EngineSettings(model=model, dtype=dtype, seed=int(engine.get("seed", 0)), enable_prefix_caching=caching,
                               max_model_len=engine.get("max_model_len"),
                               gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)))
         with engine_session(spec, own) as session:
             for setting in members:
                 stats: dict[str, Any] = {"tokens": sum(len(p) + len(r) for p, r in pairs), "cached_tokens": 0}
-                with progress(total=n_tokens, desc=setting.name, unit="tok", unit_scale=True, silent=silent) as bar:
+                with steps.bar(setting.name, n_tokens) as bar:
                     if setting.read_prefix_cache:
                         stats = {}
                         values = replay_cached(session, pairs, temperature, on_done=bar.update, stats=stats)
@@ -199,6 +218,10 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
                 facts[setting.name] = {**stats, "dtype": dtype if dtype != "auto" else resolved,
                                        "enable_prefix_caching": caching, "built": own is None,
                                        "block_size": _block_size(session)}
+                if collector is not None and setting.factor in ("engine_numerics", "engine_dtype"):
+                    with steps.bar(f"{setting.name} distributions", int(collector.flat.size)) as bar:
+                        replay_distributions(session, pairs, collector.per_pair, temperature,
+                                             collector.engine_rows(setting.name), on_done=bar.update)
         gc.collect()
     return out, facts
 
@@ -225,20 +248,30 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     started = time.time()
     device = resolve_device(config.device)  # before any engine starts
     run = open_run(run_path)
-    say = _say(silent)
     temperature = run_temperature(run.manifest)
     model_path = config.train_model or engine_model_path(run.manifest)
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no model; pass --train-model")
     vocab_size, max_context = model_limits(load_config(model_path))
-    run_dtype = str((run.manifest.get("engine") or {}).get("dtype_resolved") or "auto")
-    settings = select_settings(config.factors, run_dtype)
+    engine_section = run.manifest.get("engine") or {}
+    run_dtype = str(engine_section.get("dtype_resolved") or "auto")
+    quick = config.grid == "quick" or (config.grid == "auto" and device == "cpu"
+                                       and tuple(config.factors) == DEFAULT_FACTORS)  # chosen factors: all of them
+    settings = select_settings(config.factors, run_dtype, quick)
     engine = [s for s in settings if isinstance(s, EngineSetting)]
     if engine:
         engine_model(run)  # refuse before any model work
     frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
-    say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
-        f"{len(settings)} settings")
+    collector = None
+    if "divergence" in config.factors and config.divergence_positions and engine:
+        collector = DivergenceCollector(pairs, config.divergence_positions, config.seed, vocab_size,
+                                        top_p=float(engine_section.get("top_p") or 1.0),
+                                        top_k=engine_section.get("top_k"))
+    distributions = 0 if collector is None else sum(s.factor in ("engine_numerics", "engine_dtype") for s in engine)
+    steps = Steps(len(settings) + distributions, silent)
+    steps.say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
+              f"{len(settings)} settings ({'quick' if quick else 'full'} grid)"
+              + (f", whole distributions at {collector.flat.size:,} positions" if collector else ""))
     if config.threads:
         import torch
 
@@ -248,33 +281,64 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     # same order.
     values: dict[str, np.ndarray] = {}
     facts: dict[str, dict[str, Any]] = {}
-    if engine:
-        values, facts = engine_pass(run, engine, pairs, temperature, llm, silent, say)
-    train = [s for s in settings if isinstance(s, TrainSetting)]
-    values.update(trainer_pass(model_path, train, pairs, temperature, device, silent, say))
-    for setting in settings:
-        bad = int((~np.isfinite(values[setting.name])).sum())
-        if bad:
-            raise RuntimeError(f"probe setting {setting.name} produced {bad} non-finite log-prob(s) of "
-                               f"{len(frame):,}; please report it with the run's manifest")
-        frame[setting.name] = values[setting.name]
+    try:
+        if engine:
+            values, facts = engine_pass(run, engine, pairs, temperature, llm, steps, collector)
+        train = [s for s in settings if isinstance(s, TrainSetting)]
+        values.update(trainer_pass(model_path, train, pairs, temperature, device, steps, collector))
+        for setting in settings:
+            bad = int((~np.isfinite(values[setting.name])).sum())
+            if bad:
+                raise RuntimeError(f"probe setting {setting.name} produced {bad} non-finite log-prob(s) of "
+                                   f"{len(frame):,}; please report it with the run's manifest")
+            frame[setting.name] = values[setting.name]
+        divergence = None
+        if collector is not None:
+            divergence = collector.results(frame, {name: name for name in collector.engine})
+            if ENGINE_RUN in collector.engine:
+                for name, column in collector.columns(ENGINE_RUN, len(frame)).items():
+                    frame[name] = column
+    finally:
+        if collector is not None:
+            collector.close()
     summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,
-                        seconds=time.time() - started)
+                        seconds=time.time() - started, divergence=divergence, device=device,
+                        grid="quick" if quick else "full")
     result = ProbeResult(summary=summary, tokens=frame)
     if write:
         result.files = write_probe(run.path, config.name, frame, summary)
-        say(f"wrote {', '.join(str(f) for f in result.files)}")
+        steps.say(f"wrote {', '.join(str(f) for f in result.files)}")
     return result
 
 
-def _say(silent: bool) -> Callable[[str], None]:
-    def say(text: str) -> None:
-        if not silent:
+class Steps:
+    """The probe's overall progress: each setting's bar reads `[k/N] name`, and each finished step prints how long
+    it took and about how long the rest will take (the mean time per step so far × the steps left)."""
+
+    def __init__(self, total: int, silent: bool) -> None:
+        self.total, self.silent, self.k, self.started = total, silent, 0, time.perf_counter()
+
+    def say(self, text: str) -> None:
+        if not self.silent:
             from tqdm.auto import tqdm
 
             tqdm.write(text)
 
-    return say
+    @contextlib.contextmanager
+    def bar(self, name: str, total: int) -> Iterator[Any]:
+        self.k += 1
+        began = time.perf_counter()
+        with progress(total=total, desc=f"[{self.k}/{self.total}] {name}", unit="tok", unit_scale=True,
+                      silent=self.silent) as bar:
+            yield bar
+        elapsed = time.perf_counter() - self.started
+        left = max(self.total - self.k, 0) * elapsed / self.k
+        self.say(f"[{self.k}/{self.total}] {name}: {time.perf_counter() - began:.0f} s"
+                 + (f"; about {_duration(left)} left" if left else ""))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 __all__ = ["ProbeConfig", "ProbeResult", "run_probe", "sample_tokens", "Setting", "REFERENCE"]

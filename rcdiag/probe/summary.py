@@ -10,6 +10,11 @@ sequence at a time): G = mean |rollout − reference|. A setting's *share* is me
 the baseline differs from the setting in exactly one factor — "this factor alone moves log-probs by that fraction
 of the observed gap, per token on average". Shares are not additive (effects can cancel or compound, and |·| is
 sub-additive) and can exceed 1; `share_k3` does the same with k3_kl.
+
+**Residual gap if you change X** (what the probe answers with, `rcdiag.probe.answer`): the gap left if the run
+changed this one setting — for an engine setting, mean |setting − reference| (the engine so configured against the
+float32 trainer; measured by prefill, so decode-path differences are gone too), for a trainer setting, mean
+|rollout − setting| — as a fraction of G; `removes` = 1 − residual. Unlike shares these answer "what would I get".
 """
 from __future__ import annotations
 
@@ -24,6 +29,19 @@ import pandas as pd
 
 from rcdiag.probe.factors import ENGINE_RUN, REFERENCE, ROLLOUT, Setting, setting_record
 
+CHANGES = {"engine_replay": "engine scores by prefill (its own replay) instead of decode",
+           "engine_float32": "engine in float32", "engine_bfloat16": "engine in bfloat16",
+           "engine_alone": "engine with one request per batch", "engine_cached_prompt": "engine reads the prefix cache",
+           "train_bf16": "trainer in bfloat16", "train_fp16": "trainer in float16",
+           "attn_sdpa_alone": "trainer attention sdpa instead of sdpa_varlen", "attn_sdpa": "trainer packed, sdpa",
+           "attn_eager": "trainer packed, eager attention", "attn_flex": "trainer packed, flex attention",
+           "packed_4096": "trainer packs rows of 4096 tokens", "packed_512": "trainer packs rows of 512 tokens",
+           "train_bf16_packed_4096": "bf16 trainer packs rows of 4096 tokens", "chunk_16": "trainer LM head in chunks of 16"}
+"""What changing to each setting means, in the words of the budget's "residual gap if you change X" column."""
+KERNEL_FLOOR_SETTINGS = ("attn_sdpa_alone", "attn_sdpa", "attn_eager", "chunk_16")
+"""float32 trainer settings that change only summation order: their max |Δ| is the kernels' own noise floor."""
+LEAK_FACTOR = 10.0
+"""A packed float32 setting leaks across sequences when its max |Δ| exceeds this many times the kernel floor."""
 ABS_THRESHOLD = 0.1
 """|ℓ| above this counts in `frac_abs_gt_0.1` (a ratio outside about [0.905, 1.105])."""
 DISTANCE_NAMES = ("kl", "k3_kl", "mean_abs", "p99_abs", "max_abs", "frac_abs_gt_0.1")
@@ -66,8 +84,20 @@ def setting_rows(frame: pd.DataFrame, settings: Sequence[Setting]) -> list[dict[
     return records
 
 
+def residual(row: dict[str, Any]) -> float:
+    """The gap left if the run changed this one setting: an engine setting against the reference trainer
+    (mean |setting − reference|), a trainer setting against the rollout (mean |rollout − setting|)."""
+    if row["name"] in (REFERENCE, ROLLOUT):
+        return math.nan
+    against = row.get("vs_reference") if row["side"] == "engine" else row.get("vs_rollout")
+    return float((against or {}).get("mean_abs", math.nan))
+
+
 def budget(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """(the observed gap, one budget row per setting) — see the module doc. Shares are NaN when the gap is 0."""
+    """(the observed gap, one budget row per setting) — see the module doc. Each row has the factor's effect
+    (mean |setting − baseline|), its `share` of the gap, and the `residual` gap if the run changed this setting
+    (as a fraction of the gap; `removes` = 1 − residual; None for the rollout itself). Fractions are NaN when
+    the gap is 0."""
     rollout = next(r for r in rows if r["name"] == ROLLOUT)
     gap = {"mean_abs": rollout["vs_reference"]["mean_abs"], "k3_kl": rollout["vs_reference"]["k3_kl"],
            "kl": rollout["vs_reference"]["kl"]}
@@ -75,16 +105,44 @@ def budget(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], list[dict[
     for row in rows:
         if row["vs_baseline"] is None:
             continue
-        effect = row["vs_baseline"]
+        effect, left = row["vs_baseline"], residual(row)
+        fraction = _share(left, gap["mean_abs"])
+        finite = math.isfinite(fraction)
         out.append({"factor": row["factor"], "setting": row["name"], "baseline": row["baseline"],
-                    "side": row["side"], "mean_abs": effect["mean_abs"], "k3_kl": effect["k3_kl"],
+                    "side": row["side"], "change": CHANGES.get(row["name"], row.get("description", "")),
+                    "mean_abs": effect["mean_abs"], "k3_kl": effect["k3_kl"],
                     "share": _share(effect["mean_abs"], gap["mean_abs"]),
-                    "share_k3": _share(effect["k3_kl"], gap["k3_kl"])})
+                    "share_k3": _share(effect["k3_kl"], gap["k3_kl"]),
+                    "residual_mean_abs": left if finite else None, "residual": fraction if finite else None,
+                    "removes": 1 - fraction if finite else None})
     return gap, out
 
 
 def _share(value: float, total: float) -> float:
     return value / total if total > 0 and math.isfinite(total) else math.nan
+
+
+def kernel_floor(by_name: dict[str, dict[str, Any]]) -> tuple[str, float] | None:
+    """(setting, max |Δ| vs its baseline) of the largest float32 kernel-only change in the probe (attention
+    implementation, LM-head chunking): how far float32 summation order alone moves a log-prob on this model. None
+    when the probe ran none."""
+    found = [(n, by_name[n]["vs_baseline"]["max_abs"]) for n in KERNEL_FLOOR_SETTINGS if n in by_name]
+    found = [(n, v) for n, v in found if math.isfinite(v)]
+    return max(found, key=lambda item: item[1]) if found else None
+
+
+def packing_note(name: str, max_abs: float, floor: tuple[str, float] | None) -> str:
+    """Whether packing leaks across sequences, judged against the kernels' own noise floor on this model (a
+    30-layer model's float32 kernels differ by ~3e-5, a 4-layer one's by ~4e-6: a fixed 1e-6 cried wolf)."""
+    if floor is None:
+        return (f"float32 {name} vs alone: max |Δ| {max_abs:.3g} (no kernel-only setting in this probe to judge "
+                "it against; add --factors attention)")
+    setting, level = floor
+    if max_abs <= LEAK_FACTOR * max(level, 1e-7):
+        return (f"float32 {name} vs alone: max |Δ| {max_abs:.3g}, within the kernels' own noise on this model "
+                f"({setting} alone moves log-probs by up to {level:.3g}): packing does not leak across sequences")
+    return (f"float32 {name} vs alone: max |Δ| {max_abs:.3g}, {max_abs / max(level, 1e-12):.0f}× the kernels' own "
+            f"noise ({setting}: {level:.3g}): the packed path leaks across sequences — please report it")
 
 
 def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]]) -> list[str]:
@@ -97,11 +155,10 @@ def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]
         out.append(f"decode vs prefill: the run's sampled log-probs differ from the engine's own prefill replay at "
                    f"the run's settings by mean |ℓ| {d['mean_abs']:.3g}, max {d['max_abs']:.3g} "
                    f"(kl {d['kl']:.3g}); the replay is not the rollout")
+    floor = kernel_floor(by_name)
     for name in ("packed_512", "packed_4096"):
         if name in by_name:
-            d = by_name[name]["vs_baseline"]
-            out.append(f"float32 {name} vs alone: max |Δ| {d['max_abs']:.3g} (float32 rounding is ~1e-6; more "
-                       "means the packed path leaks across sequences)")
+            out.append(packing_note(name, by_name[name]["vs_baseline"]["max_abs"], floor))
     cached = engine_facts.get("engine_cached_prompt")
     if cached:
         out.append(f"prefix caching: vLLM never reads the prefix cache for prompt-log-prob requests, so "
@@ -113,8 +170,11 @@ def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]
 
 
 def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, config: Any, temperature: float,
-              seconds: float, engine_facts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The probe's JSON summary: what was probed, every setting's distances, the budget and notes."""
+              seconds: float, engine_facts: dict[str, dict[str, Any]] | None = None,
+              divergence: dict[str, Any] | None = None, device: str | None = None, grid: str | None = None,
+              ) -> dict[str, Any]:
+    """The probe's JSON summary: what was probed, every setting's distances, the budget, notes and the exact
+    divergences of whole distributions (rcdiag.probe.divergence; None when not measured)."""
     rows = setting_rows(frame, settings)
     gap, table = budget(rows)
     valid = frame["mask"].to_numpy(dtype=bool)
@@ -127,16 +187,21 @@ def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, con
                    ("model", "engine_dtype", "dtype_resolved", "enable_prefix_caching", "version")},
         "engine_settings": engine_facts or {},
         "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table,
-        "notes": notes(rows, engine_facts or {}),
-        "attribution": "share = mean |setting − baseline| / mean |rollout − reference| (see rcdiag.probe.summary)",
+        "notes": notes(rows, engine_facts or {}), "divergence": divergence, "device": device, "grid": grid,
+        "attribution": "residual = the gap left if the run changed this setting (engine setting vs the reference "
+                       "trainer, trainer setting vs the rollout) ÷ mean |rollout − reference|; share = mean "
+                       "|setting − baseline| ÷ the same gap (see rcdiag.probe.summary)",
         "seconds": round(seconds, 1),
     }
 
 
+BUDGET_COLUMNS = ["factor", "setting", "baseline", "side", "change", "mean_abs", "k3_kl", "share", "share_k3",
+                  "residual_mean_abs", "residual", "removes"]
+
+
 def budget_frame(summary: dict[str, Any]) -> pd.DataFrame:
-    """The budget as a DataFrame (factor, setting, baseline, side, mean_abs, k3_kl, share, share_k3)."""
-    return pd.DataFrame(summary.get("budget") or [],
-                        columns=["factor", "setting", "baseline", "side", "mean_abs", "k3_kl", "share", "share_k3"])
+    """The budget as a DataFrame (BUDGET_COLUMNS; NaN for the residual columns of probes made before them)."""
+    return pd.DataFrame(summary.get("budget") or [], columns=BUDGET_COLUMNS)
 
 
 def settings_frame(summary: dict[str, Any], against: str = "vs_reference") -> pd.DataFrame:

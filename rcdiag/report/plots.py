@@ -247,25 +247,26 @@ def trend_panels(frame: Any, drift: Mapping[str, Any] | None, panels: Sequence[t
 
 
 def budget_bars(summary: Mapping[str, Any]) -> Figure:
-    """A probe summary's horizontal bars: each setting's share of the observed gap (mean |Δ| vs its baseline /
-    mean |rollout − reference|), coloured by side, with the observed gap at 1. No budget rows → an empty axis with
-    a note."""
-    rows = [r for r in summary.get("budget") or [] if r["share"] is not None and math.isfinite(r["share"])]
+    """A probe summary's horizontal bars: the residual gap if the run changed each setting, as a share of the
+    observed gap (1 = unchanged; rcdiag.probe.summary.residual), coloured by side, best first. No finite row → an
+    empty axis with a note."""
+    rows = sorted((r for r in summary.get("budget") or [] if isinstance(r.get("residual"), int | float)
+                   and math.isfinite(r["residual"])), key=lambda r: r["residual"])
     fig = Figure(figsize=(6.4, 0.35 * max(len(rows), 3) + 1.2), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     if not rows:
-        ax.text(0.5, 0.5, "no finite shares (the observed gap is 0)", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no residual gaps (the observed gap is 0, or a probe made before them)", ha="center",
+                va="center", transform=ax.transAxes)
         return fig
-    labels = [f"{r['factor']}: {r['setting']}" for r in rows]
-    shares = [max(r["share"], 1e-6) for r in rows]
-    ax.barh(range(len(rows)), shares, color=[SIDE_COLORS.get(r["side"], "#555") for r in rows])
+    labels = [r.get("change") or r["setting"] for r in rows]
+    values = [max(r["residual"], 1e-6) for r in rows]
+    ax.barh(range(len(rows)), values, color=[SIDE_COLORS.get(r["side"], "#555") for r in rows])
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(1.0, color="#111", linewidth=1, linestyle="--")
     ax.set_xscale("log")
-    ax.set_xlabel("share of the observed gap (mean |Δ| vs baseline ÷ mean |rollout − reference|), log scale")
-    ax.set_title("Mismatch budget (blue: trainer, red: engine)", fontsize=10)
+    ax.set_xlabel("residual gap if you change this setting ÷ observed gap (log; dashed: unchanged)")
+    ax.set_title("What each change would leave of the gap (blue: trainer, red: engine)", fontsize=10)
     return fig
 
 

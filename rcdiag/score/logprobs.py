@@ -88,13 +88,16 @@ def logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor] | Non
 def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
                      temperature: float = 1.0, chunk_tokens: int = 1024, epilogue: Epilogue = epilogue_inplace,
                      transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     on_logits: Callable[[int, int, torch.Tensor], None] | None = None,
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log p(target) and entropy of softmax(lm_head(hidden) / temperature).
 
     hidden `[N, H]` (model dtype) holds the final hidden state of the position *before* each target; targets
     `[N]` int64. The LM head runs on `chunk_tokens` rows at a time, its output is cast to float32, transformed,
-    divided by `temperature`, and reduced by `epilogue`. Returns two float32 `[N]` tensors on hidden's device
-    (empty for N = 0).
+    divided by `temperature`, and reduced by `epilogue`. `on_logits(start, stop, logits)` sees each chunk's
+    float32 `[stop − start, V]` logits at the temperature before the epilogue overwrites them (the probe's exact
+    divergences read whole distributions there). Returns two float32 `[N]` tensors on hidden's device (empty
+    for N = 0).
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be ≥ 1, got {chunk_tokens}")
@@ -111,6 +114,8 @@ def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
             logits = transform(logits)
         if temperature != 1.0:
             logits.div_(temperature)
+        if on_logits is not None:
+            on_logits(start, stop, logits)
         logp[start:stop], entropy[start:stop] = epilogue(logits, targets[start:stop])
         del logits
     return logp, entropy

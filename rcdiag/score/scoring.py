@@ -151,12 +151,15 @@ def _row_gather(row_seqs: np.ndarray, row_cu: np.ndarray, prompt_lens: np.ndarra
 def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                     temperature: float = 1.0, token_budget: int = 4096, chunk_tokens: int = 1024,
                     epilogue: Epilogue = epilogue_inplace, on_row: Callable[[int], None] | None = None,
-                    source: str = "sequences") -> ScoredTokens:
+                    source: str = "sequences",
+                    on_logits: Callable[[np.ndarray, torch.Tensor], None] | None = None) -> ScoredTokens:
     """Log-prob and entropy of every response token under `model`, from packed rows of ≤ token_budget tokens.
 
     `sequences` holds (prompt ids, response ids) pairs; the model input is prompt + response[:-1] (the last
     response token needs no hidden state after it), and response token t is scored from the position before
-    it, with logits divided by `temperature`. `on_row(n_tokens)` is called after each row. An empty list gives
+    it, with logits divided by `temperature`. `on_row(n_tokens)` is called after each row; `on_logits(indices,
+    logits)` with each LM-head chunk's float32 logits at the temperature and the flat output index of each of its
+    rows (rcdiag.score.logprobs.chunked_logprobs). An empty list gives
     empty arrays and cu_seqlens `[0]`; pairs with an empty response contribute nothing.
     """
     vocab_size, max_context = model_limits(model.config)
@@ -184,9 +187,11 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
                       **packed_kwargs(packed.cu_seqlens, packed.max_len, device)).last_hidden_state[0]
         src, dest = _row_gather(packed.seq_index, packed.cu_seqlens.numpy().astype(np.int64), prompt_lens, out_cu)
         targets = torch.from_numpy(all_targets[dest])
+        hook = None if on_logits is None else (
+            lambda start, stop, logits, dest=dest: on_logits(dest[start:stop], logits))
         lp, ent = chunked_logprobs(hidden[torch.from_numpy(src).to(device)], head, targets,
                                    temperature=temperature, chunk_tokens=chunk_tokens, epilogue=epilogue,
-                                   transform=transform)
+                                   transform=transform, on_logits=hook)
         logprobs[dest], entropies[dest] = lp.cpu().numpy(), ent.cpu().numpy()
         if on_row is not None:
             on_row(packed.num_tokens)

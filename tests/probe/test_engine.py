@@ -92,3 +92,22 @@ def test_probe_engine_factors_with_shared_engine(vllm_engine: Any, generated: Ru
         assert rows[name]["vs_baseline"]["max_abs"] <= REPLAY_TOL, name
     engine_vs_trainer = rows["engine_replay"]["vs_reference"]["max_abs"]
     assert engine_vs_trainer <= 1e-3, "float32 vLLM vs float32 transformers on the same tokens"
+
+
+def test_exact_divergences_of_a_float32_engine_are_float32_noise(vllm_engine: Any, generated: Run) -> None:
+    """The `divergence` factor on the float32 engine against the float32 trainer: whole next-token distributions
+    (full-vocabulary prompt log-probs at T = 0.8) must agree to float32 noise (KL and TV < 1e-4, top-1 overlap 1),
+    the exact KL must be ≥ 0 everywhere, and the sampled k3 on the same positions must sit beside it."""
+    from rcdiag.probe.run import ProbeConfig, run_probe
+
+    config = ProbeConfig(sample=6, factors=("engine_numerics", "divergence"), name="div", threads=1,
+                         divergence_positions=40)
+    result = run_probe(generated.path, config, llm=vllm_engine, silent=True)
+    record = result.summary["divergence"]["engine_replay"]
+    assert record["positions"] == 40
+    assert 0 <= record["kl_mu_pi"] < 1e-4 and 0 <= record["kl_pi_mu"] < 1e-4 and record["tv"] < 1e-2
+    assert record["top1_overlap"] == 1.0 and record["kept_mass_mu"] == pytest.approx(1.0)
+    assert abs(record["k3_minus_exact"]) < 1e-4
+    frame = result.tokens
+    chosen = frame["exact_kl_mu_pi"].notna()
+    assert int(chosen.sum()) == 40 and (frame.loc[chosen, "exact_kl_mu_pi"] >= 0).all()

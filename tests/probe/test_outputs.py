@@ -27,6 +27,10 @@ def cli_probe(probe_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 
 def test_cli_probe_writes_files_and_prints_budget(cli_probe, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI prints the answer first, then the residual gap of each change (not shares over 100 %), with
+    the overall [k/N] progress of the grid."""
+    from rcdiag.probe.answer import probe_answer
+
     run, _ = cli_probe
     code = main(["probe", str(run.path), "--sample", "6", "--factors", "train_dtype,packing", "--name", "cli",
                  "--threads", "1"])
@@ -35,7 +39,8 @@ def test_cli_probe_writes_files_and_prints_budget(cli_probe, capsys: pytest.Capt
     summary = json.loads((run.path / "probes" / "cli.json").read_text())
     assert f"mean |ℓ| {summary['gap']['mean_abs']:.4g}" in out
     bf16 = next(r for r in summary["budget"] if r["setting"] == "train_bf16")
-    assert f"{'train_dtype':<18} {'train_bf16':<24} {bf16['mean_abs']:>10.3g} {bf16['share']:>8.1%}" in out
+    assert f"{bf16['change']:<58} {bf16['residual_mean_abs']:>12.3g} {bf16['removes']:>8.1%}" in out
+    assert out.index(probe_answer(summary).top_line) < out.index("if you change")
     assert "float32 packed_4096 vs alone: max |Δ| 0" in out
     assert (run.path / "probes" / "cli.parquet").is_file()
 
@@ -92,11 +97,13 @@ def test_report_includes_probe(cli_probe, tmp_path: Path) -> None:
     summary = json.loads((run.path / "probes" / "cli.json").read_text())
     result = make_report([run.path], tmp_path / "report")
     md = (result.out / "report.md").read_text()
-    assert "Mismatch budget (probe 'cli')" in md and "probe_budget.png" in md
+    assert "Where the gap comes from (probe 'cli')" in md and "probe_budget.png" in md
+    assert "| if you change | residual gap" in md
     assert (result.out / "probe_budget.png").read_bytes()[:4] == b"\x89PNG"
     data = json.loads((result.out / "metrics.json").read_text())
     assert data["probe"]["budget"] == summary["budget"]
-    assert "Mismatch budget" in (result.out / "report.html").read_text()
+    assert "Where the gap comes from" in (result.out / "report.html").read_text()
+    assert data["probe_answer"]["top_line"].split(" (mean")[0] in md
 
 
 def test_report_without_probe_is_unchanged(probe_run: Run, tmp_path: Path) -> None:
@@ -119,7 +126,13 @@ def test_dashboard_probes_page(cli_probe, monkeypatch: pytest.MonkeyPatch) -> No
     app.run()
     app.switch_page("views/probes.py").run()
     assert not app.exception and not app.error, [e.value for e in app.error]
-    budget = app.dataframe[0].value  # the budget table comes first
+    from rcdiag.probe.answer import probe_answer
+
+    assert probe_answer(summary).top_line in [m.value for m in app.success]  # the answer comes first
+    residual = app.dataframe[0].value  # then the residual gaps, the most helpful change first
+    rows = sorted((r for r in summary["budget"] if r["residual"] is not None), key=lambda r: r["residual"])
+    assert residual["setting"].tolist() == [r["setting"] for r in rows]
+    budget = app.dataframe[1].value  # the budget table
     assert budget["setting"].tolist() == [r["setting"] for r in summary["budget"]]
     assert budget["share"].tolist() == pytest.approx([r["share"] for r in summary["budget"]])
     assert any("decode" in i.value or "packed_4096" in i.value for i in app.info)

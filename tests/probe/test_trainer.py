@@ -156,8 +156,12 @@ def test_attention_switched_in_place_equals_a_fresh_load(probed, probe_run: Run,
     _, pairs = sample_tokens(probe_run, 10, 0, vocab, context)
     for setting in FACTORS["attention"]:
         fresh = load_model(probe_model, dtype=setting.dtype, attn=setting.attn)
-        expected = score_sequences(fresh, pairs, temperature=TEMPERATURE, token_budget=setting.token_budget,
-                                   chunk_tokens=setting.chunk_tokens).logprobs
+        if setting.token_budget is None:  # one sequence per forward, as the probe scores "alone" settings
+            expected = np.concatenate([score_sequences(fresh, [pair], temperature=TEMPERATURE, token_budget=1 << 30,
+                                                       chunk_tokens=setting.chunk_tokens).logprobs for pair in pairs])
+        else:
+            expected = score_sequences(fresh, pairs, temperature=TEMPERATURE, token_budget=setting.token_budget,
+                                       chunk_tokens=setting.chunk_tokens).logprobs
         assert frame[setting.name].to_numpy(np.float32).tobytes() == expected.astype(np.float32).tobytes()
 
 

@@ -3,6 +3,9 @@ loads, and whether the per-token results are the same bit for bit.
 
     python benchmarks/bench_probe.py RUN --baseline /tmp/base   # /tmp/base: `git worktree add /tmp/base 829959a`
 
+The two trees may run different grids (since the quick CPU grid, the default probes fewer settings): the
+per-token columns both have are compared bit for bit.
+
 Both sides run the real CLI as subprocesses (PYTHONPATH = the baseline tree, then this tree) on the same run;
 engine starts and trainer loads are counted from the probe's own "engine: building" / "trainer: loading" lines.
 CPU time (the children's user + system) is the figure to trust on a shared machine; the load average is printed.
@@ -61,11 +64,15 @@ def main() -> None:
           f"CPU {rows['after']['cpu'] / rows['before']['cpu']:.2f}×  (target: ≤ 90 s wall)")
     probes = Path(args.run) / "probes"
     before, after = (pq.read_table(probes / f"bench_{k}.parquet") for k in ("before", "after"))
-    same = before.column_names == after.column_names and all(_bytes(before, c) == _bytes(after, c)
-                                                             for c in before.column_names)
-    print(f"per-token results bit for bit equal: {same}  ({after.num_rows} rows × {after.num_columns} columns)")
+    common = [c for c in before.column_names if c in after.column_names]
+    same = all(_bytes(before, c) == _bytes(after, c) for c in common)
+    print(f"settings: before {len(before.column_names) - 5}, after {len(after.column_names) - 5} (the quick grid "
+          f"on CPU); only before: {sorted(set(before.column_names) - set(after.column_names))}; only after: "
+          f"{sorted(set(after.column_names) - set(before.column_names))}")
+    print(f"per-token results of the shared settings bit for bit equal: {same}  ({after.num_rows} rows × "
+          f"{len(common)} columns)")
     if not same:
-        for column in before.column_names:
+        for column in common:
             if _bytes(before, column) != _bytes(after, column):
                 print(f"  differs: {column}")
         sys.exit(1)

@@ -10,7 +10,8 @@ from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.analysis.trend import DEFAULT_MODE
 from rcdiag.errors import ConfigError
-from rcdiag.trackers.crosscheck import DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
+from rcdiag.trackers.crosscheck import COLUMNS, DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
+from rcdiag.trackers.export import check_table_dest
 
 SHOWN = 20
 """Disagreeing values printed (all are in --out)."""
@@ -49,6 +50,8 @@ def command(
     if len(given) != 1:
         raise ConfigError("give exactly one of --tensorboard LOGDIR, --wandb RUN_DIR, --csv FILE")
     kind, source = given[0]
+    if out is not None:  # before the pass: a file rcdiag did not write is never replaced
+        check_table_dest(out, "csv", COLUMNS, option="--out")
     result = crosscheck(run, source, kind, keys, mode=mode, threshold=threshold, lower=lower, rtol=rtol, atol=atol,
                         silent=quiet)
     if out is not None:

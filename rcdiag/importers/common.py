@@ -13,9 +13,15 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError, RunDirError
-from rcdiag.store.files import MANIFEST_NAME, PENDING_NAME
 from rcdiag.store.manifest import abs_path
-from rcdiag.store.outdir import exclusive, resolve_target, swap_in
+from rcdiag.store.outdir import (
+    check_outside_runs,
+    check_replaceable_run,
+    exclusive,
+    replaceable_run,
+    resolve_target,
+    swap_in,
+)
 
 
 @dataclass
@@ -333,18 +339,21 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
 
 
 def _check_target(out: Path, overwrite: bool) -> None:
-    """--out must be new or empty; with --overwrite it may also be a run (complete or interrupted) — never any other
-    directory, whose files `--overwrite` would otherwise delete."""
+    """--out must be new or empty, and outside any run's data; with --overwrite it may also be an rcdiag run
+    (complete or interrupted) holding only rcdiag's files — never any other directory, whose files `--overwrite`
+    would otherwise delete (rcdiag.store.outdir.check_replaceable_run)."""
+    check_outside_runs(out, "--out")
     if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
         raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
     if not out.exists() or not any(out.iterdir()):
         return
-    if not overwrite:
-        raise RunDirError(f"{out}: already exists and is not empty; pass --overwrite to replace it, or choose "
+    if overwrite:
+        check_replaceable_run(out)
+    elif replaceable_run(out) is None:
+        raise RunDirError(f"{out}: already exists and holds a run; pass --overwrite to replace it, or choose "
                           "another --out")
-    if not ((out / MANIFEST_NAME).is_file() or (out / PENDING_NAME).is_file()):
-        raise RunDirError(f"{out}: is not an rcdiag run (no {MANIFEST_NAME} or {PENDING_NAME}); --overwrite "
-                          "replaces only a run directory — choose another --out")
+    else:
+        raise RunDirError(f"{out}: already exists and is not empty ({replaceable_run(out)}); choose another --out")
 
 
 def summary_lines(imported: Imported, run: Any) -> list[str]:

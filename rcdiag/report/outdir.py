@@ -16,30 +16,36 @@ from pathlib import Path
 
 from rcdiag import __version__
 from rcdiag.errors import ConfigError
-from rcdiag.store.outdir import exclusive, resolve_target, swap_in
-
-MARKER = ".rcdiag-report"
-"""File every report directory carries: {"rcdiag_version": ..., "files": [relative paths the report wrote]}."""
+from rcdiag.store.files import REPORT_MARKER as MARKER
+from rcdiag.store.outdir import (
+    check_outside_runs,
+    exclusive,
+    report_files,
+    resolve_target,
+    shown,
+    swap_in,
+    unlisted,
+)
 
 
 def check_out_dir(target: str | os.PathLike) -> None:
     """Refuse a target that exists and is not a previous report holding only its own files (ConfigError)."""
     target = Path(target)
     resolve_target(target)
+    check_outside_runs(target, "--out")
     if not os.path.lexists(target):
         return
     if target.is_symlink() or not target.is_dir():
         raise ConfigError(f"{target}: exists and is not a directory; choose another --out")
     if not any(target.iterdir()):
         return
-    written = _marker_files(target)
+    written = report_files(target)
     if written is None:
         raise ConfigError(f"{target}: exists and is not an rcdiag report directory (no {MARKER} marker); choose "
                           "a new or empty --out (only a previous report there is replaced)")
-    foreign = _foreign(target, "", written | {MARKER})
+    foreign = unlisted(target, "", written | {MARKER})
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise ConfigError(f"{target}: holds files the previous report did not write ({shown}); move them out or "
+        raise ConfigError(f"{target}: holds files the previous report did not write ({shown(foreign)}); move them out or "
                           "choose another --out — a report replaces its directory only when nothing else is in it")
 
 
@@ -62,31 +68,4 @@ def write_files(out: str | os.PathLike, files: dict[str, bytes]) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return out
-
-
-def _marker_files(target: Path) -> set[str] | None:
-    """The relative paths a previous report listed in its marker; None without a readable marker."""
-    try:
-        data = json.loads((target / MARKER).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return None
-    return set(files)
-
-
-def _foreign(folder: Path, prefix: str, written: set[str]) -> list[str]:
-    """Entries under `folder` (relative names, folders with a trailing /) that no written path accounts for."""
-    out = []
-    for entry in sorted(folder.iterdir()):
-        rel = prefix + entry.name
-        if entry.is_dir() and not entry.is_symlink():
-            if any(w.startswith(rel + "/") for w in written):
-                out += _foreign(entry, rel + "/", written)
-            else:
-                out.append(rel + "/")
-        elif rel not in written:
-            out.append(rel)
     return out

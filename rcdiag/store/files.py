@@ -47,3 +47,10 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
+
+REPORT_DIR = "report"
+"""A run's own report directory (`rcdiag report RUN` writes RUN/report/)."""
+REPORT_MARKER = ".rcdiag-report"
+"""File every report directory carries: {"rcdiag_version": ..., "files": [relative paths the report wrote]}."""
+PROBES_DIR = "probes"
+"""A run's probes (`rcdiag probe RUN` writes RUN/probes/<name>.parquet and <name>.json)."""

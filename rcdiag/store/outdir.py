@@ -1,6 +1,14 @@
-"""Replacing an output directory safely, for every command that writes one (`import --out`, `report --out`).
+"""Replacing an output directory safely, for every command that writes one (`import --out`, `score --out`,
+`report --out`, `export`), and the one test of what in a directory rcdiag wrote.
 
-Three rules, because the output path is typed by a user and may hold anything:
+Rules, because the output path is typed by a user and may hold anything:
+
+- only rcdiag's own content is ever replaced: a run is a directory whose manifest (or an interrupted score's
+  pending file) parses as rcdiag's and that holds nothing but a run's files (`replaceable_run`); a directory
+  that merely holds a file named `manifest.json` — a web project, a model directory — is refused, however it is
+  asked (`--overwrite` used to delete a project's `src/` that way);
+- nothing is written into a run's data: its manifest, pending file, tokens/ and sequences/ (`check_outside_runs`;
+  `report --out RUN/tokens/x` used to leave a run that no longer opened);
 
 - one writer at a time: an exclusive `flock` on a lock file beside the target, taken without waiting, so a second
   writer fails at once with a clear error instead of interleaving renames with the first (which used to end in
@@ -12,12 +20,31 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from rcdiag.errors import RunDirError
+from rcdiag.errors import ConfigError, InputError, RunDirError
+from rcdiag.store.files import (
+    MANIFEST_NAME,
+    PENDING_NAME,
+    PROBES_DIR,
+    REPORT_DIR,
+    REPORT_MARKER,
+    SEQUENCES_DIR,
+    TOKENS_DIR,
+)
+from rcdiag.store.manifest import load_manifest
+
+RUN_DATA = (MANIFEST_NAME, PENDING_NAME, TOKENS_DIR, SEQUENCES_DIR)
+"""A run's data: nothing but rcdiag's writers of the run itself may write there."""
+_SHARD = re.compile(r"(part-\d{5,}\.parquet|\.part-\d{5,}\.parquet\.tmp)")
+_PROBE = re.compile(r"[^/]+\.(json|parquet)|\.[^/]+\.tmp")
+_TOP_TEMP = re.compile(r"\.(manifest|pending)\.json\.tmp")
+SHOWN = 5
 
 
 def resolve_target(out: str | os.PathLike, *, option: str = "--out") -> Path:
@@ -82,3 +109,132 @@ def swap_in(new: Path, target: Path) -> None:
         os.replace(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------- what is rcdiag's
+def looks_like_run(path: Path) -> bool:
+    """`path` holds a manifest or pending file (by name only: whether it is rcdiag's is replaceable_run's test)."""
+    return (path / MANIFEST_NAME).is_file() or (path / PENDING_NAME).is_file()
+
+
+def run_holding(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """(run directory, relative path) when `path` is or lies in a run's data (RUN_DATA) — a manifest, a pending
+    file, tokens/ or sequences/ of a directory that looks like a run; None otherwise."""
+    path = Path(os.path.abspath(path))
+    for parent in path.parents:
+        parts = path.relative_to(parent).parts
+        if parts and parts[0] in RUN_DATA and looks_like_run(parent):
+            return parent, "/".join(parts)
+    return None
+
+
+def check_outside_runs(path: str | os.PathLike, option: str) -> None:
+    """ConfigError when `path` (an output) is or lies inside a run's data: writing there would break the run."""
+    held = run_holding(path)
+    if held is not None:
+        run, rel = held
+        raise ConfigError(f"{option} {os.fspath(path)!r}: is {rel} of the run {run} — rcdiag never writes into a "
+                          f"run's data (its manifest, tokens/ and sequences/); choose a path outside them, e.g. "
+                          f"{run / REPORT_DIR}")
+
+
+def report_files(folder: Path) -> set[str] | None:
+    """The relative paths a report directory's marker lists; None without a readable marker."""
+    try:
+        data = json.loads((folder / REPORT_MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files)
+
+
+def unlisted(folder: Path, prefix: str, written: set[str]) -> list[str]:
+    """Entries under `folder` (relative names, folders with a trailing /) that no written path accounts for;
+    a symlink is never accounted for."""
+    out = []
+    for entry in sorted(folder.iterdir()):
+        rel = prefix + entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            if any(w.startswith(rel + "/") for w in written):
+                out += unlisted(entry, rel + "/", written)
+            else:
+                out.append(rel + "/")
+        elif rel not in written or entry.is_symlink():
+            out.append(rel)
+    return out
+
+
+def _foreign_in(folder: Path, name: str, pattern: re.Pattern) -> list[str]:
+    """Entries of a run's subfolder that are not regular files named as rcdiag names them there."""
+    return [f"{name}/{e.name}" + ("/" if e.is_dir() else "") for e in sorted(folder.iterdir())
+            if e.is_symlink() or not e.is_file() or not pattern.fullmatch(e.name)]
+
+
+def foreign_run_entries(path: Path) -> list[str]:
+    """What in the run directory `path` rcdiag did not write (relative names): anything but the manifest and
+    pending files, shards in tokens/ and sequences/, probes in probes/, a report in report/ holding only what
+    its marker lists, and rcdiag's own temporary files."""
+    out = []
+    for entry in sorted(path.iterdir()):
+        name = entry.name
+        if entry.is_symlink():
+            out.append(name)
+        elif name in (MANIFEST_NAME, PENDING_NAME) or _TOP_TEMP.fullmatch(name):
+            out += [] if entry.is_file() else [name + "/"]
+        elif name in (TOKENS_DIR, SEQUENCES_DIR, PROBES_DIR) and entry.is_dir():
+            out += _foreign_in(entry, name, _PROBE if name == PROBES_DIR else _SHARD)
+        elif name == REPORT_DIR and entry.is_dir():
+            written = report_files(entry)
+            out += [name + "/"] if written is None else [f"{name}/{r}" for r in
+                                                         unlisted(entry, "", written | {REPORT_MARKER})]
+        else:
+            out.append(name + ("/" if entry.is_dir() else ""))
+    return out
+
+
+def shown(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def replaceable_run(path: Path) -> str | None:
+    """None when the existing directory `path` may be replaced as a run (empty, or an rcdiag run — complete or
+    interrupted — holding only rcdiag's files); else why not, in words."""
+    if not any(path.iterdir()):
+        return None
+    if (path / MANIFEST_NAME).is_file():
+        try:
+            load_manifest(path)
+        except (RunDirError, InputError) as exc:
+            return f"its {MANIFEST_NAME} is not an rcdiag manifest ({str(exc)[:200]})"
+    elif (path / PENDING_NAME).is_file():
+        if not _pending_ok(path / PENDING_NAME):
+            return f"its {PENDING_NAME} is not an interrupted rcdiag score's"
+    else:
+        return f"it is not an rcdiag run (no {MANIFEST_NAME} or {PENDING_NAME})"
+    foreign = foreign_run_entries(path)
+    if foreign:
+        return f"it holds files rcdiag did not write ({shown(foreign)})"
+    return None
+
+
+def _pending_ok(file: Path) -> bool:
+    try:
+        data = json.loads(file.read_text()) if file.stat().st_size < 1 << 24 else None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "spec" in data and isinstance(data.get("started"), str)
+
+
+def check_replaceable_run(path: Path, option: str = "--out") -> None:
+    """RunDirError unless `path` is absent, empty, or an rcdiag run holding only rcdiag's files (see
+    replaceable_run): the test every `--overwrite` passes before anything is removed."""
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        raise RunDirError(f"{path}: exists and is not a directory; choose another {option}")
+    problem = replaceable_run(path)
+    if problem is not None:
+        raise RunDirError(f"{path}: {problem}; rcdiag replaces only its own runs, so nothing was removed — move "
+                          f"those files out, or choose another {option}")

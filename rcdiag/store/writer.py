@@ -23,6 +23,8 @@ from rcdiag.store.files import (
     DEFAULT_SHARD_TOKENS,
     MANIFEST_NAME,
     PENDING_NAME,
+    PROBES_DIR,
+    REPORT_DIR,
     SEQUENCES_DIR,
     TOKENS_DIR,
     now,
@@ -31,6 +33,7 @@ from rcdiag.store.files import (
     write_parquet_atomic,
 )
 from rcdiag.store.manifest import SCHEMA_VERSION, new_manifest, write_manifest
+from rcdiag.store.outdir import check_outside_runs, replaceable_run
 from rcdiag.store.run import Run
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, as_table, check_keys, conform
 
@@ -38,17 +41,24 @@ from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, as_table, check_k
 class RunWriter:
     """Writes a run directory shard by shard, resumably.
 
-    `spec` is the dict of settings that determine the run's content (model, prompts, sampling…). Opening a
-    directory that holds shards written with a different spec raises RunDirError unless `overwrite=True`, which
-    deletes the old run first. With the same spec, complete shards are kept (`complete_shards()`) so the caller
+    `spec` is the dict of settings that determine the run's content (model, prompts, sampling…). The directory
+    must be new, empty, or an rcdiag run holding only rcdiag's files (rcdiag.store.outdir.replaceable_run) — any
+    other directory is refused, `overwrite` or not. Opening a run written with a different spec raises
+    RunDirError unless `overwrite=True`, which deletes the old run's files first. With the same spec, complete shards are kept (`complete_shards()`) so the caller
     can skip them; leftover temporary files are removed.
     """
 
     def __init__(self, path: str | os.PathLike, spec: dict[str, Any] | None = None, *, overwrite: bool = False):
         self.path = Path(path)
         self.spec = spec or {}
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"{self.path}: exists and is not a directory")
+        check_outside_runs(self.path, "--out")
+        if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_dir()):
+            raise RunDirError(f"{self.path}: exists and is not a directory; choose another --out")
+        if self.path.is_dir() and any(self.path.iterdir()):
+            problem = replaceable_run(self.path)
+            if problem is not None:  # a run's resume or --overwrite may touch only rcdiag's own runs
+                raise RunDirError(f"{self.path}: {problem}; rcdiag writes a run only into a new or empty directory "
+                                  "or one of its own runs, so nothing was changed — choose another --out")
         if overwrite:
             self._clear()
         elif self._has_content():
@@ -83,7 +93,7 @@ class RunWriter:
     def _clear(self) -> None:
         for name in (MANIFEST_NAME, PENDING_NAME):
             (self.path / name).unlink(missing_ok=True)
-        for sub in (TOKENS_DIR, SEQUENCES_DIR):
+        for sub in (TOKENS_DIR, SEQUENCES_DIR, REPORT_DIR, PROBES_DIR):  # the old run's report and probes too
             shutil.rmtree(self.path / sub, ignore_errors=True)
 
     def complete_shards(self) -> list[int]:
@@ -198,7 +208,8 @@ def write_run(path: str | os.PathLike, tokens: object, sequences: object | None 
     """
     path = Path(path)
     if not overwrite and path.is_dir() and any(path.iterdir()):
-        raise RunDirError(f"{path}: exists and is not empty; pass overwrite=True to replace it")
+        hint = "pass overwrite=True to replace it" if replaceable_run(path) is None else "choose another path"
+        raise RunDirError(f"{path}: exists and is not empty; {hint}")
     token_table = prepare_tokens(tokens)
     sequence_table = prepare_sequences(sequences, token_table)
     base = new_manifest((manifest or {}).get("source", {}).get("kind", "manual")

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
-from rcdiag.analysis.keys import key_convention, tracker_table
+from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
 from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
+from rcdiag.store.names import safe_name
+from rcdiag.store.outdir import check_outside_runs
 from rcdiag.trackers.read import need_tracker, read_wandb
 
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
@@ -55,31 +57,53 @@ def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
     return rows
 
 
+EVENT_SUFFIX = ".rcdiag"
+"""Suffix of the event files rcdiag writes (TensorBoard reads any events.out.tfevents* file): a re-export replaces
+the files with this suffix in its run's folder and no others."""
+
+
 def write_tensorboard(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str) -> Path:
     """One TensorBoard event file for `rows` in `dest`/`name`/ (so TensorBoard lists it as run `name` next to the
-    trainer's runs in the same log directory), written in a temporary directory and moved in when complete.
-    Returns the event file's path."""
+    trainer's runs in the same log directory): written in a temporary directory beside the log directory (not in
+    it, where a watching TensorBoard would list it as a run) and moved in when complete; the event files an earlier
+    export left there (EVENT_SUFFIX) are removed then, so the run does not show two copies of every curve.
+    `name` is made directory-safe (a run called `..` never exports into the parent). Returns the file's path."""
     need_tracker("tensorboard")
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    dest = dest / name
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".rcdiag-export-", dir=dest))
+    _check_dir(dest, "tensorboard")
+    folder = dest / safe_name(name)
+    if os.path.lexists(folder) and (folder.is_symlink() or not folder.is_dir()):
+        raise ConfigError(f"DEST {os.fspath(dest)!r}: {folder.name} there is not a directory; the run's event file "
+                          "goes into the folder named after the run")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".rcdiag-export-", dir=Path(os.path.abspath(dest)).parent))
     try:
-        writer = EventFileWriter(str(tmp), filename_suffix=f".{name}")
+        writer = EventFileWriter(str(tmp), filename_suffix=EVENT_SUFFIX)
         wall = time.time()
         for step, values in rows:
             summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
             writer.add_event(Event(wall_time=wall, step=step, summary=summary))
         writer.close()
         (event,) = tmp.iterdir()
-        target = dest / event.name
+        target = folder / event.name
         os.replace(event, target)
-        return target
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for old in folder.glob(f"events.out.tfevents.*{EVENT_SUFFIX}"):
+        if old != target and old.is_file() and not old.is_symlink():
+            old.unlink()
+    return target
+
+
+def _check_dir(dest: Path, to: str) -> None:
+    """A --to tensorboard|wandb destination: a directory (or a new one), outside any run's data."""
+    check_outside_runs(dest, "DEST")
+    if os.path.lexists(dest) and not dest.is_dir():
+        raise ConfigError(f"DEST {os.fspath(dest)!r}: exists and is not a directory; --to {to} writes into a "
+                          "directory (a log directory for TensorBoard, the folder that gets wandb/ for W&B)")
 
 
 def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str, config: dict[str, Any]) -> Path:
@@ -87,10 +111,11 @@ def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str,
     need_tracker("wandb")
     import wandb
 
+    _check_dir(dest, "wandb")
     dest.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
     settings = wandb.Settings(mode="offline", silent=True, console="off", save_code=False, x_disable_stats=True)
-    run = wandb.init(dir=str(dest), project="rcdiag", name=name, config=config, settings=settings, reinit="create_new")
+    run = wandb.init(dir=str(dest), project="rcdiag", name=safe_name(name), config=config, settings=settings, reinit="create_new")
     try:
         for step, values in rows:
             run.log(values, step=step)
@@ -119,8 +144,11 @@ def _await_history(directory: Path, steps: set[int], timeout: float = WANDB_FLUS
 
 
 def _write_table(rows: list[tuple[int, dict[str, float]]], dest: Path, fmt: str) -> Path:
+    """The table as CSV or JSONL at `dest` (temporary name, then rename). An existing file is replaced only when it
+    is an earlier rcdiag export (exported_by_rcdiag); a file inside a run's data, never."""
     import pandas as pd
 
+    check_table_dest(dest, fmt)
     frame = pd.DataFrame([{"step": step, **values} for step, values in rows])
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp")
@@ -130,6 +158,37 @@ def _write_table(rows: list[tuple[int, dict[str, float]]], dest: Path, fmt: str)
         tmp.write_text("".join(json.dumps(r) + "\n" for r in frame.to_dict(orient="records")))
     os.replace(tmp, dest)
     return dest
+
+
+def check_table_dest(dest: Path, fmt: str, columns: tuple[str, ...] | None = None, option: str = "DEST") -> None:
+    """ConfigError unless `dest` may receive a table: outside any run's data, and new or an earlier rcdiag table
+    of the same kind (exported_by_rcdiag) — rcdiag never silently replaces a file it did not write."""
+    check_outside_runs(dest, option)
+    if os.path.lexists(dest):
+        if dest.is_symlink() or not dest.is_file():
+            raise ConfigError(f"{option} {os.fspath(dest)!r}: exists and is not a plain file; a {fmt} table is one file")
+        if not exported_by_rcdiag(dest, fmt, columns):
+            raise ConfigError(f"{option} {os.fspath(dest)!r}: exists and is not a table rcdiag wrote; rcdiag does not "
+                              "overwrite files it did not write — choose another file name or remove it first")
+
+
+def _known_keys() -> set[str]:
+    return {key for style in KEY_STYLES for key in export_table(style).values()}
+
+
+def exported_by_rcdiag(path: Path, fmt: str, columns: tuple[str, ...] | None = None) -> bool:
+    """Whether the file at `path` is a table rcdiag wrote: its first line (read up to 1 MiB) names `step` then only
+    tracker keys of some key style (or exactly `columns`, for another of rcdiag's tables) — a user's file never
+    looks like that by accident, and an unreadable one is not ours."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 20).split(b"\n", 1)[0].decode()
+        names = list(json.loads(head)) if fmt == "jsonl" else head.rstrip("\r").split(",")
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, RecursionError):
+        return False
+    if columns is not None:
+        return tuple(names) == columns
+    return bool(names) and names[0] == "step" and set(names[1:]) <= _known_keys()
 
 
 def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonical", *, mode: str = DEFAULT_MODE,
@@ -147,16 +206,21 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
         need_tracker(to)  # before the pass over the tokens
     from rcdiag.store.run import Run, open_run
 
+    path = Path(dest)
+    if to in ("tensorboard", "wandb"):  # the destination is checked before the pass over the tokens
+        _check_dir(path, to)
+    else:
+        check_table_dest(path, to)
     opened = run if isinstance(run, Run) else open_run(run)
     frame = trend(opened, convention, mode, threshold, lower, silent=silent)
     rows = tracker_rows(frame, keys)
-    path = Path(dest)
+    name = Path(os.path.abspath(opened.path)).name
     config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": convention, "mode": mode,
               "threshold": threshold, "lower": lower}
     if to == "tensorboard":
-        written = write_tensorboard(rows, path, opened.name)
+        written = write_tensorboard(rows, path, name)
     elif to == "wandb":
-        written = write_wandb(rows, path, opened.name, config)
+        written = write_wandb(rows, path, name, config)
     else:
         written = _write_table(rows, path, to)
     names = sorted({k for _, values in rows for k in values})

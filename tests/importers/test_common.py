@@ -73,12 +73,13 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
         real(table, path)
 
     records = [Record(response_ids=np.array([1, 2]), rollout_logprobs=np.zeros(2))]
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "keep.txt").write_text("old run")
-    (tmp_path / "out" / "manifest.json").write_text("{}")  # --overwrite replaces only a run
+    import pandas as pd
+
+    old = runstore.write_run(tmp_path / "out", pd.DataFrame({"seq_id": [0], "pos": [0], "rollout_logprob": [-1.0]}))
+    before = {p.name: p.read_bytes() for p in old.path.rglob("*") if p.is_file()}  # --overwrite replaces only a run
     monkeypatch.setattr(runstore, "write_parquet_atomic", failing)
     with pytest.raises(OSError, match="No space"):
         write_imported(Imported("jsonl", tmp_path / "src", records), tmp_path / "out", overwrite=True)
     assert len(calls) == 2 and "importing" in str(calls[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert (tmp_path / "out" / "keep.txt").read_text() == "old run"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()} == before

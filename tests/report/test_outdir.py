@@ -72,7 +72,7 @@ def _imported(tmp_path: Path) -> Imported:
 
 def test_import_overwrite_replaces_only_a_run(tmp_path):
     before = _mine(tmp_path / "work")
-    with pytest.raises(RunDirError, match="is not an rcdiag run .* --overwrite replaces only a run directory"):
+    with pytest.raises(RunDirError, match="is not an rcdiag run .* replaces only its own runs, so nothing was removed"):
         write_imported(_imported(tmp_path), tmp_path / "work", overwrite=True)
     assert _tree(tmp_path / "work") == before
     run = write_imported(_imported(tmp_path), tmp_path / "run")

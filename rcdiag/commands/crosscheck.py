@@ -30,13 +30,17 @@ def command(
     lower: Annotated[float | None, typer.Option("--lower", help="The trainer's lower bound L.")] = None,
     rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance.")] = DEFAULT_RTOL,
     atol: Annotated[float, typer.Option("--atol", help="Absolute tolerance.")] = DEFAULT_ATOL,
+    step_offset: Annotated[int, typer.Option(
+        "--step-offset", help="Logged step = run step + this (1 when the trainer counts steps from 1, as verl).")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Write every compared value as CSV here.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the verdict line.")] = False,
 ) -> None:
     """Read the trainer's logged rollout-correction scalars (rollout_corr/…, rollout_correction/…, sampling/…,
     also under a prefix such as actor/), recompute each from the run under that framework's convention step by
     step, and list where they disagree beyond |Δ| ≤ atol + rtol·|logged|. Exit 1 when any value disagrees
-    (a logging bug, a wrong temperature or mask shows up here first); 0 when all agree.
+    (a logging bug, a wrong temperature or mask shows up here first), when logged values are missing between
+    logged steps, or when the log is damaged (every record's checksum is verified); 0 when all agree. A curve
+    that fits one step over is named (verl counts steps from 1: --step-offset 1).
 
     Examples:
 
@@ -53,7 +57,7 @@ def command(
     if out is not None:  # before the pass: a file rcdiag did not write is never replaced
         check_table_dest(out, "csv", COLUMNS, option="--out")
     result = crosscheck(run, source, kind, keys, mode=mode, threshold=threshold, lower=lower, rtol=rtol, atol=atol,
-                        silent=quiet)
+                        step_offset=step_offset, silent=quiet)
     if out is not None:
         tmp = out.with_name(f".{out.name}.tmp")
         result.table.to_csv(tmp, index=False)
@@ -70,5 +74,5 @@ def command(
             typer.echo(f"  logged steps not in the run (not compared): {result.only_logged[:10]}")
         if result.not_recomputed:
             typer.echo(f"  logged keys rcdiag does not recompute: {', '.join(result.not_recomputed[:8])}")
-    if result.bad_steps or result.table.empty:
+    if result.failed:
         raise typer.Exit(1)

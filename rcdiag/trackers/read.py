@@ -3,25 +3,22 @@
 Every reader returns the same long pandas DataFrame — step (int64), key (str), value (float64) — so the cross-check
 does not care where the curves came from. TensorBoard files are read with TensorBoard's own EventAccumulator.
 wandb ≥ 0.2x has no Python reader of its `.wandb` transaction log any more (the public API needs a server), so the
-log is read here: W&B's documented LevelDB-log framing (32 KiB blocks, 7-byte record headers: crc32c, length, type
-FULL/FIRST/MIDDLE/LAST, after a 7-byte `:W&B` file header), each record parsed with wandb's own protobuf `Record`.
+log is read here (rcdiag.trackers.records: W&B's LevelDB-log framing, every record's checksum verified), each record
+parsed with wandb's own protobuf `Record`. Event files are checked record by record (crc32c) before TensorBoard's
+reader sees them: that reader stops silently at the first damaged record.
 """
 from __future__ import annotations
 
+import io
 import json
-import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.trackers.records import check_event_file, read_log, wandb_records
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "trainer/global_step")
 """Step columns a history CSV may have (W&B's export calls it _step, HF Trainer train/global_step)."""
-_BLOCK = 32768
-_HEADER = 7
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-_WANDB_MAGIC = b":W&B"
 TRACKERS_HINT = "install the trackers extra: pip install 'rcdiag[trackers]' (tensorboard, wandb)"
 
 
@@ -50,11 +47,14 @@ def read_tensorboard(logdir: str | Path) -> Any:
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     path = Path(logdir)
-    files = [path] if path.is_file() else sorted(path.rglob("events.out.tfevents*"))
+    if not path.exists():
+        raise InputError("no such file or directory", file=str(path))
+    files = [path] if not path.is_dir() else sorted(f for f in path.rglob("events.out.tfevents*") if f.is_file())
     if not files:
         raise InputError("no TensorBoard event files (events.out.tfevents*) here", file=str(path))
     records = []
     for file in files:
+        check_event_file(file)
         accumulator = EventAccumulator(str(file), size_guidance={SCALARS: 0})
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
@@ -76,37 +76,6 @@ def wandb_file(path: str | Path) -> Path:
     return found[-1]
 
 
-def wandb_records(file: Path) -> Iterator[bytes]:
-    """The raw record payloads of a `.wandb` LevelDB-style log (fragments joined)."""
-    data = file.read_bytes()
-    if data[:4] != _WANDB_MAGIC:
-        raise InputError("not a W&B run log (no :W&B header)", file=str(file))
-    offset, pending = _HEADER, b""
-    while offset + _HEADER <= len(data):
-        left = _BLOCK - offset % _BLOCK
-        if left < _HEADER:
-            offset += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[offset:offset + _HEADER])
-        if offset + _HEADER + length > len(data):
-            break  # a record still being written (the run is live): stop at the last complete one
-        body = data[offset + _HEADER:offset + _HEADER + length]
-        offset += _HEADER + length
-        if kind == 0 and length == 0:
-            continue
-        if kind == _FULL:
-            yield body
-        elif kind == _FIRST:
-            pending = body
-        elif kind == _MIDDLE:
-            pending += body
-        elif kind == _LAST:
-            yield pending + body
-            pending = b""
-        else:
-            raise InputError(f"corrupt W&B log: record type {kind} at byte {offset}", file=str(file))
-
-
 def read_wandb(path: str | Path) -> Any:
     """Every numeric history value of an offline W&B run (see wandb_file), at its `_step`."""
     wandb_internal_pb2 = need_tracker("wandb.proto.wandb_internal_pb2")
@@ -114,11 +83,18 @@ def read_wandb(path: str | Path) -> Any:
     records = []
     for payload in wandb_records(file):
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
+        try:
+            record.ParseFromString(payload)
+        except Exception:  # noqa: BLE001 — protobuf's DecodeError: a record whose checksum held but not its format
+            raise InputError("a record of the W&B log is not a wandb Record", file=str(file)) from None
         if record.WhichOneof("record_type") != "history":
             continue
-        items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
-        step = int(items.get("_step", record.history.step.num))
+        try:
+            items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+            step = int(items.get("_step", record.history.step.num))
+        except (ValueError, TypeError, RecursionError):
+            raise InputError("a history record of the W&B log holds a value or step that is not JSON numbers",
+                             file=str(file)) from None
         records += [(step, k, float(v)) for k, v in items.items()
                     if not k.startswith("_") and isinstance(v, int | float) and not isinstance(v, bool)]
     return _frame(records)
@@ -131,13 +107,20 @@ def read_history_csv(path: str | Path) -> Any:
     import pandas as pd
 
     file = Path(path)
+    data = read_log(file, "history CSV")
     try:
-        wide = pd.read_csv(file)
+        wide = pd.read_csv(io.BytesIO(data))
     except (OSError, ValueError) as exc:
-        raise InputError(f"unreadable CSV ({exc})", file=str(file)) from None
+        raise InputError(f"unreadable CSV ({str(exc)[:200]})", file=str(file)) from None
     step = next((c for c in STEP_COLUMNS if c in wide.columns), None)
     if step is None:
         raise InputError(f"no step column; name one of {', '.join(STEP_COLUMNS)}", file=str(file), field="step")
+    steps = pd.to_numeric(wide[step], errors="coerce")
+    bad = ~(steps.notna() & (steps == steps.round()) & (steps.abs() < 2 ** 53))
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise InputError(f"step {str(wide[step].iloc[row])[:40]!r} is not a whole number", file=str(file),
+                         row=row + 2, field=step, hint="each row's step must be the integer step it was logged at")
     long = wide.melt(id_vars=[step], var_name="key", value_name="value").dropna()
     long = long[pd.to_numeric(long["value"], errors="coerce").notna()]
     return _frame(list(zip(long[step].astype("int64"), long["key"].astype(str),

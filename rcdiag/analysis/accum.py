@@ -131,9 +131,13 @@ class Moments:
         self.n, self.mean, self.m2 = n, mean, m2
 
     def add(self, values: np.ndarray, mean: float | None = None) -> None:
-        """Add a batch of values (`mean`: their mean when the caller already knows it)."""
+        """Add a batch of values (`mean`: their mean when the caller already knows it). The mean is taken about
+        the first value (shift + mean of the offsets), so values that are all equal have exactly that mean and
+        an M2 of exactly 0 (numpy's rounded mean of equal values left ~1e-17 of variance)."""
         if values.size:
-            mean = float(values.mean()) if mean is None else mean
+            if mean is None:
+                shift = float(values[0])
+                mean = shift + float((values - shift).mean())
             dev = values - mean
             self.merge(Moments(int(values.size), mean, float(np.einsum("i,i->", dev, dev))))
 
@@ -141,7 +145,8 @@ class Moments:
         """Add each value `counts` times (e.g. one weight per sequence, repeated on its T_i tokens)."""
         n = int(counts.sum())
         if n:
-            mean = float(np.einsum("i,i->", values, counts.astype(np.float64))) / n
+            shift = float(values[np.flatnonzero(counts)[0]])  # about a counted value: equal values, M2 exactly 0
+            mean = shift + float(np.einsum("i,i->", values - shift, counts.astype(np.float64))) / n
             dev = values - mean
             self.merge(Moments(n, mean, float(np.einsum("i,i,i->", dev, dev, counts.astype(np.float64)))))
 

@@ -9,7 +9,8 @@ once per training step over the whole step batch, on the ORIGINAL response mask 
 normalisation; rcdiag pools the whole data set as one batch (a data set of one step reproduces verl's values).
 
 Differences kept on purpose (documented in METRICS.md): sums are exact float64 (verl float32); the `_std` values are
-the exact population std (verl float32 `sqrt(max(E[x²] − E[x]², 0))`, which is noise below ~1e-3); k3 is
+the two-pass float64 population std, exactly 0 for equal values (verl float32 `sqrt(max(E[x²] − E[x]², 0))`, which
+is noise below ~1e-3); k3 is
 `expm1(ℓ̂) − ℓ̂` (verl's float32 `exp(ℓ̂) − 1 − ℓ̂` is rounding noise for |ℓ| ≲ 1e-3); ties are decided exactly in
 float64 (conventions.py). Where verl raises (no valid token in the batch) every value is NaN.
 """

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.analysis.floor import NoiseEvidence
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.checks.evidence_kernel import KINDS, batch_evidence
 from rcdiag.store.batches import feed_batches
@@ -21,8 +22,6 @@ SEVERITIES = ("ok", "info", "warning", "error")
 SIDES = {"rollout_logprob": "rollout (engine) b", "train_logprob": "training a"}
 CHECK_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
 HUGE_NEGATIVE = -1e9
-SLOPE_TOLERANCE = 0.1
-"""|slope − 1| of the least-squares fit b ≈ slope·a + c above which the temperature check fires."""
 MIN_TOKENS = 50
 """Fewer valid tokens than this: the statistical checks (temperature, offset, quantisation) report 'info'."""
 
@@ -134,6 +133,8 @@ class CheckAccumulator:
         self.seq_ids: list[np.ndarray] = []
         self.seq_counts: list[np.ndarray] = []
         self.seq_maxpos: list[np.ndarray] = []
+        self.noise = NoiseEvidence()
+        """The noise floor's evidence and the temperature signature (rcdiag.analysis.floor)."""
 
     def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0, rows: BatchRows | None = None) -> None:
         """Add one record batch (CHECK_COLUMNS); `rows`: its columns already decoded by another pass."""
@@ -152,6 +153,7 @@ class CheckAccumulator:
         self.seq_ids.append(ids)
         self.seq_counts.append(counts)
         self.seq_maxpos.append(maxpos)
+        self.noise.update(a, b, valid)
 
     def merge(self, other: CheckAccumulator) -> CheckAccumulator:
         for name, side in self.sides.items():
@@ -164,6 +166,7 @@ class CheckAccumulator:
         self.seq_ids += other.seq_ids
         self.seq_counts += other.seq_counts
         self.seq_maxpos += other.seq_maxpos
+        self.noise.merge(other.noise)
         return self
 
     def per_sequence(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

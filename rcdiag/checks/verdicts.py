@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.floor import TEMPERATURE_TOLERANCE, temperature_ratio
 from rcdiag.checks.evidence import (
     MIN_TOKENS,
     SEVERITIES,
     SIDES,
-    SLOPE_TOLERANCE,
     CheckAccumulator,
     Finding,
     accumulate,
@@ -156,27 +156,44 @@ def check_shift(ctx: Context) -> Finding:
 
 
 def check_temperature(ctx: Context) -> Finding:
-    n, sa, sb, saa, sab, _ = ctx.acc.fit
+    """The temperature signature on confident tokens (rcdiag.analysis.floor): q = log(log(−b)/log(−a)) sits at
+    ≈ −log(T_engine/T_trainer) on every confident token when the temperatures differ, and at 0 ± noise otherwise —
+    numerical noise, however heavy, moves its median by < 0.01 (the least-squares slope of b on a, kept in the
+    evidence, is attenuated by noise on either side and read heavy MoE-like noise as a sharper engine)."""
     engine_t = _find(ctx.manifest, "temperature", "engine")
     trainer_t = _find(ctx.manifest, "temperature", "trainer")
-    if n < MIN_TOKENS or ctx.misaligned:
-        why = "misaligned data" if ctx.misaligned else f"only {int(n)} usable tokens"
-        return Finding("temperature", "info", f"temperature signature not tested ({why})", {"tokens": int(n)})
-    var_a = saa / n - (sa / n) ** 2
-    slope = ((sab / n - sa * sb / n**2) / var_a) if var_a > 0 else 1.0
-    intercept = sb / n - slope * sa / n
-    evidence = {"slope": slope, "intercept": intercept, "tokens": int(n), "implied_temperature_ratio": 1 / slope,
-                "manifest_engine_temperature": engine_t, "manifest_trainer_temperature": trainer_t}
-    if abs(slope - 1) <= SLOPE_TOLERANCE:
-        return _ok("temperature", f"b ≈ {slope:.3f}·a: both sides use the same temperature", **evidence)
-    sharper = "rollout" if slope > 1 else "training"
+    noise = ctx.acc.noise.finish()
+    n = noise.confident
+    if ctx.misaligned or ctx.truncated or not math.isfinite(noise.temperature_q):
+        why = ("misaligned data" if ctx.misaligned else "the engine renormalised over a top-p/top-k support, which "
+               "also sharpens its log-probs" if ctx.truncated else f"only {n} confident tokens (p ≥ ½ on both sides)")
+        return Finding("temperature", "info", f"temperature signature not tested ({why})", {"confident_tokens": n})
+    q = noise.temperature_q
+    evidence = {"confident_tokens": n, "median_q": q, "surprisal_exponent": temperature_ratio(q),
+                **_least_squares(ctx.acc.fit), "manifest_engine_temperature": engine_t,
+                "manifest_trainer_temperature": trainer_t}
+    if abs(q) <= TEMPERATURE_TOLERANCE:
+        return _ok("temperature", f"both sides use the same temperature: on {n:,} confident tokens the engine's "
+                   f"surprisal is the trainer's to the power {temperature_ratio(q):.3f} (median; 1 when equal)",
+                   **evidence)
+    sharper, lower = ("rollout", "below") if q > 0 else ("training", "above")
     return Finding("temperature", "error",
-                   f"b ≈ {slope:.3f}·a {intercept:+.3f}: the {sharper} log-probs are sharper, the signature of "
-                   f"different temperatures (ratio ≈ {1 / slope:.2f}; e.g. sampling at T={1 / slope:.2g} and scoring "
-                   f"at T=1). Manifest: engine T={engine_t}, trainer T={trainer_t}", evidence,
+                   f"the {sharper} log-probs are sharper: on {n:,} confident tokens (p ≥ ½ on both sides) the "
+                   f"engine's surprisal −log p is the trainer's to the power {temperature_ratio(q):.2f} (median; "
+                   f"1 when both use the same temperature, > 1 when the engine's distribution is sharper) — the "
+                   f"signature of the engine sampling at a temperature {lower} the one the trainer scores at. "
+                   f"Manifest: engine T={engine_t}, trainer T={trainer_t}", evidence,
                    "divide the trainer's logits by the sampling temperature, and have the engine return "
                    "post-temperature values (vLLM logprobs_mode=processed_logprobs; TRL/verl pass the rollout "
                    "temperature to the actor's log-prob computation)")
+
+
+def _least_squares(fit: np.ndarray) -> dict[str, float]:
+    """The least-squares line b ≈ slope·a + intercept over clean tokens (evidence only: see check_temperature)."""
+    n, sa, sb, saa, sab, _ = fit
+    var_a = saa / n - (sa / n) ** 2 if n else 0.0
+    slope = (sab / n - sa * sb / n**2) / var_a if var_a > 0 else 1.0
+    return {"slope": float(slope), "intercept": float(sb / n - slope * sa / n) if n else 0.0}
 
 
 def check_truncation(ctx: Context) -> Finding:
@@ -283,9 +300,10 @@ def check_manifest(ctx: Context) -> Finding:
 
 
 VERDICTS: tuple[Callable[[Context], Finding], ...] = (
-    check_counts, check_shift, check_temperature, check_truncation, check_placeholders, check_quantisation,
+    check_counts, check_shift, check_truncation, check_temperature, check_placeholders, check_quantisation,
     check_threshold_floor, check_manifest)
-"""Every check, in evaluation order: alignment gates the statistical checks; truncation explains b = 0 exactly."""
+"""Every check, in evaluation order: alignment gates the statistical checks; truncation explains b = 0 exactly and
+sharpens the engine's log-probs (so it gates the temperature signature)."""
 
 
 def findings(acc: CheckAccumulator, lengths: tuple[np.ndarray, np.ndarray], manifest: dict[str, Any],

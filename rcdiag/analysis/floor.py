@@ -1,0 +1,291 @@
+"""The run's own noise floor: how much of the mismatch the two sides' precision explains, which tokens no precision
+can explain, and the temperature signature that numerical noise cannot fake.
+
+**The floor model.** A small perturbation δ of the logits (rounding in bf16, another kernel, another batch
+shape) moves the sampled token's log-prob by δ_tok − Σ_j p_j δ_j. For perturbations of std σ, independent across
+the vocabulary, its std is σ·√(1 − 2p + Σ_j p_j²), which lies in [σ(1 − p), √2·σ(1 − p)] since
+Σ_{j≠tok} p_j² ≤ (1 − p)²: a near-certain token cannot move, a real choice moves by ≈ σ. So the *standardised*
+mismatch u = |ℓ| / (1 − p), with p = exp(min(a, b)) (the smaller probability: the larger scale, generous to
+numerics), is ≈ c·σ·|N(0, 1)| with c ∈ [1, √2] on every token of a numerically mismatched run, whatever its
+entropy. Its robust scale σ̂ = median(u) / 0.6745 is **the run's noise scale**, and the floor a dtype explains is
+σ_dtype·√(2/π)·E[1 − p] in mean |ℓ|. Checked on real runs (rcdiag's own measurements):
+- the shipped sample model, vLLM bf16 → transformers fp32 (45k tokens): σ̂ = 0.034, max u = 11σ̂, mean |ℓ| 0.0035;
+- SmolLM2-135M-Instruct, vLLM bf16 → fp32 (user review 3): mean |ℓ| 1.3e-4 on tokens with p ≥ 0.99 against
+  0.035–0.039 below p = 0.1, the (1 − p) scaling the model predicts (0.005·0.037 ≈ 1.9e-4).
+
+**What no precision explains** (`beyond_*` counts): numerical noise is a bulk whose u stays within ~10σ̂; a token
+far outside it needs another cause. Rules, each with its source:
+- on a known dense model, |ℓ| > DENSE_LIMIT nats (rcdiag's measurements: the worst token of a dense bf16 run moved
+  0.16 (sample model) and 0.21 nats (SmolLM2), 0.36 under any dtype/kernel the probe tried);
+- on any model, |ℓ| > ANY_LIMIT nats (beyond every published MoE mismatch: R3, arXiv 2510.11370, worst MoE
+  tokens 2–6 nats);
+- the engine confident (p ≥ ½) where the trainer is > FLIP_GAP nats lower (a confident token both stacks share
+  cannot be flipped by rounding on a dense model; MoE routing can — so it counts as evidence on dense models only).
+A heavy tail (more than TAIL_SHARE of tokens with u > TAIL_K·σ̂) is what MoE routing flips give; on a known dense
+model it is itself a sign that something other than rounding differs.
+
+**The temperature signature.** Sampling at T_e with scoring at T = 1 multiplies the logits' gaps by 1/T_e: on a
+confident token with surprisal s = −log p, the engine's surprisal is ≈ s^(1/T_e) (exactly so with one competitor),
+so q = log(log(−b) / log(−a)) sits at ≈ −log T_e on *every* confident token. Numerical noise moves q around 0 by
+noise/(s·log s), symmetrically, and a few large flips move the median not at all — unlike a least-squares slope of
+b on a, which noise on either side attenuates (regression dilution: heavy MoE-like noise read as "sharper").
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numba
+import numpy as np
+
+DENSE_LIMIT = 2.0
+"""|ℓ| (nats) beyond which a token of a known dense model is not numerical mismatch (see the module doc)."""
+ANY_LIMIT = 15.0
+"""|ℓ| (nats) beyond which no numerical effect explains a token, MoE included (see the module doc)."""
+FLIP_GAP = 2.0
+"""The engine at p ≥ ½ and the trainer this many nats lower: a confident flip (evidence on dense models)."""
+TAIL_K = 10.0
+"""A token is an outlier of the noise bulk when u > TAIL_K·σ̂ (a Gaussian bulk puts 1e-23 there; the sample
+model's bf16 run has none beyond 11σ̂)."""
+TAIL_SHARE = 1e-3
+"""More outliers than this share of scored tokens make the mismatch heavy-tailed (MoE-like)."""
+CERTAIN = 1e-7
+"""1 − p below this on both sides: a certain token (float32 cannot show its mismatch); not scored for u."""
+MIN_SCORED = 200
+"""Fewer scored tokens than this: no noise scale (too few to judge)."""
+CONFIDENT = (math.log(0.5), -1e-4)
+"""The window of log-probs (both sides) whose surprisal ratio carries the temperature signature."""
+TEMPERATURE_TOLERANCE = 0.1
+"""|q| above this (exp(q) outside [0.90, 1.11]) is a temperature signature (rcdiag's choice: noise-only runs,
+MoE-like included, give |q| < 0.005; T_e = 0.9 gives ≈ 0.2)."""
+MIN_CONFIDENT = 50
+"""Fewer confident tokens than this: the temperature signature is not tested."""
+
+U_LOG10 = (-9.0, 3.0)
+U_BINS = 480
+Q_RANGE = (-3.0, 3.0)
+Q_BINS = 1200
+_NORMAL_MAD = 0.6744897501960817
+"""The median of |N(0, 1)|."""
+
+DTYPE_SIGMA: dict[str, tuple[float, float]] = {
+    "bfloat16": (0.035, 0.10),
+    "float16": (0.0045, 0.0125),
+    "float32": (1e-5, 1e-4),
+}
+"""(typical, largest plausible) noise scale σ when the coarser side computes in this dtype. bf16: rcdiag's sample
+model, vLLM bf16 → fp32 (σ̂ = 0.034); the largest plausible is ~3× (deep models, long contexts). fp16: 3 more
+mantissa bits (÷8). fp32 on both sides: kernel differences only (the probe's vLLM fp32 → transformers fp32 on
+SmolLM2: mean |Δ| 8.6e-6)."""
+NOISE_NAMES = ("noise_sigma", "noise_tail_share", "noise_mean_gap", "noise_scored", "noise_certain", "beyond_dense",
+               "beyond_any", "confident_flips", "noise_tokens", "noise_max_abs", "noise_mean_abs")
+"""NoiseSummary.values' names: per step in rcdiag.trend's frame, and among the verdict's headline values."""
+ASSUMED_DTYPE = "bfloat16"
+"""The dtype a run is judged against when its manifest records none (the usual engine dtype in RL)."""
+
+
+@numba.njit(cache=True, nogil=True)
+def noise_evidence(a, b, valid, temperature, u_hist, q_hist, counts, sums):
+    """Add one batch (a, b float64 [n], valid bool [n]) to the histograms and counters, in place.
+
+    u_hist int64 [U_BINS + 2]: log10(u) bins over U_LOG10 (first/last cell: under/overflow); q_hist int64 [Q_BINS + 2]
+    the same for q (only when `temperature`); counts int64 [7]: clean, certain, scored, beyond DENSE_LIMIT,
+    beyond ANY_LIMIT, confident flips, confident (q) tokens; sums float64 [3]: Σ|ℓ| (clean), Σ(1 − p) (scored),
+    max |ℓ|. Clean: valid with both sides finite, < 0 and > −1e9 (the checks report the rest)."""
+    lo, hi = U_LOG10
+    u_scale = U_BINS / (hi - lo)
+    q_lo, q_hi = Q_RANGE
+    q_scale = Q_BINS / (q_hi - q_lo)
+    c_lo, c_hi = CONFIDENT
+    log_half = math.log(0.5)
+    for i in range(a.size):
+        x, y = a[i], b[i]
+        if not valid[i] or not (math.isfinite(x) and math.isfinite(y)) or x >= 0.0 or y >= 0.0 \
+                or x <= -1e9 or y <= -1e9:
+            continue
+        counts[0] += 1
+        d = abs(x - y)
+        sums[0] += d
+        if d > sums[2]:
+            sums[2] = d
+        counts[3] += d > DENSE_LIMIT
+        counts[4] += d > ANY_LIMIT
+        counts[5] += (y >= log_half) and (x < y - FLIP_GAP)
+        gap = -math.expm1(min(x, y))  # 1 − p_min, exact near p = 1
+        if gap < CERTAIN:
+            counts[1] += 1
+        else:
+            counts[2] += 1
+            sums[1] += gap
+            u = d / gap
+            k = 0 if u <= 0.0 else int(math.floor((math.log10(u) - lo) * u_scale)) + 1
+            u_hist[min(max(k, 0), U_BINS + 1)] += 1
+        if temperature and c_lo <= x <= c_hi and c_lo <= y <= c_hi:
+            q = math.log(math.log(-y) / math.log(-x))
+            k = int(math.floor((q - q_lo) * q_scale)) + 1
+            q_hist[min(max(k, 0), Q_BINS + 1)] += 1
+            counts[6] += 1
+
+
+def _quantile(hist: np.ndarray, lo: float, width: float, share: float) -> float:
+    """The `share` quantile of a histogram whose first and last cells are the under/overflow of the bins
+    [lo + k·width, lo + (k + 1)·width): linear inside the bin that crosses it, the range's edge for the outer cells;
+    NaN when empty."""
+    total = int(hist.sum())
+    if total == 0:
+        return math.nan
+    cum = np.cumsum(hist)
+    k = int(np.searchsorted(cum, share * total, side="left"))
+    if k == 0:
+        return lo
+    if k == hist.size - 1:
+        return lo + (hist.size - 2) * width
+    inside = (share * total - cum[k - 1]) / hist[k]
+    return lo + (k - 1 + inside) * width
+
+
+@dataclass
+class NoiseEvidence:
+    """Mergeable evidence for the noise floor, the tokens beyond it and the temperature signature
+    (fresh → update → merge → finish). `temperature=False` skips the signature's histogram (per-step copies)."""
+
+    temperature: bool = True
+    u_hist: np.ndarray = field(default_factory=lambda: np.zeros(U_BINS + 2, np.int64))
+    q_hist: np.ndarray = field(default_factory=lambda: np.zeros(Q_BINS + 2, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(7, np.int64))
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(3, np.float64))
+
+    def fresh(self) -> NoiseEvidence:
+        return NoiseEvidence(self.temperature)
+
+    def update(self, a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> None:
+        """Add rows: a, b float64 [n] (train, rollout log-probs), valid bool [n]."""
+        noise_evidence(a, b, valid, self.temperature, self.u_hist, self.q_hist, self.counts, self.sums)
+
+    def merge(self, other: NoiseEvidence) -> NoiseEvidence:
+        self.u_hist += other.u_hist
+        self.q_hist += other.q_hist
+        self.counts += other.counts
+        self.sums[:2] += other.sums[:2]
+        self.sums[2] = max(self.sums[2], other.sums[2])
+        return self
+
+    def finish(self) -> NoiseSummary:
+        clean, certain, scored, dense, any_, flips, confident = (int(c) for c in self.counts)
+        width = (U_LOG10[1] - U_LOG10[0]) / U_BINS
+        sigma = math.nan
+        tail = math.nan
+        if scored >= MIN_SCORED:
+            sigma = 10 ** _quantile(self.u_hist, U_LOG10[0], width, 0.5) / _NORMAL_MAD
+            edge = math.log10(TAIL_K * sigma) if sigma > 0 else U_LOG10[0]
+            k = int(math.floor((edge - U_LOG10[0]) / width)) + 1
+            tail = float(self.u_hist[min(max(k + 1, 0), U_BINS + 1):].sum() / scored)
+        q = math.nan
+        if self.temperature and confident >= MIN_CONFIDENT:
+            q = _quantile(self.q_hist, Q_RANGE[0], (Q_RANGE[1] - Q_RANGE[0]) / Q_BINS, 0.5)
+        return NoiseSummary(tokens=clean, certain=certain, scored=scored, sigma=sigma, tail_share=tail,
+                            mean_abs=self.sums[0] / clean if clean else math.nan,
+                            mean_gap=self.sums[1] / scored if scored else math.nan, max_abs=float(self.sums[2]),
+                            beyond_dense=dense, beyond_any=any_, confident_flips=flips, confident=confident,
+                            temperature_q=q)
+
+
+@dataclass(frozen=True)
+class NoiseSummary:
+    """What NoiseEvidence found (see the module doc): `sigma` the run's noise scale σ̂ (NaN with fewer than
+    MIN_SCORED scored tokens), `tail_share` the share of scored tokens beyond TAIL_K·σ̂, `mean_gap` E[1 − p],
+    `beyond_dense` / `beyond_any` / `confident_flips` the counts of tokens no precision explains, and
+    `temperature_q` the median of log(log(−b)/log(−a)) over `confident` tokens (NaN when too few)."""
+
+    tokens: int
+    certain: int
+    scored: int
+    sigma: float
+    tail_share: float
+    mean_abs: float
+    mean_gap: float
+    max_abs: float
+    beyond_dense: int
+    beyond_any: int
+    confident_flips: int
+    confident: int
+    temperature_q: float
+
+    @property
+    def heavy_tail(self) -> bool:
+        return self.tail_share > TAIL_SHARE
+
+    def floor(self, dtype: str | None) -> Floor:
+        """The floor the coarser side's `dtype` explains at this run's token probabilities."""
+        known = dtype in DTYPE_SIGMA
+        typical, largest = DTYPE_SIGMA[dtype if known else ASSUMED_DTYPE]
+        scale = math.sqrt(2 / math.pi) * (self.mean_gap if math.isfinite(self.mean_gap) else 0.0)
+        scored_share = self.scored / self.tokens if self.tokens else 0.0
+        return Floor(dtype if known else ASSUMED_DTYPE, known, typical, largest,
+                     typical * scale * scored_share, largest * scale * scored_share)
+
+    def values(self) -> dict[str, float]:
+        """The summary as flat NOISE_NAMES values (a trend row's or the verdict's headline values)."""
+        return {"noise_sigma": self.sigma, "noise_tail_share": self.tail_share, "noise_mean_gap": self.mean_gap,
+                "noise_scored": float(self.scored), "noise_certain": float(self.certain),
+                "beyond_dense": float(self.beyond_dense), "beyond_any": float(self.beyond_any),
+                "confident_flips": float(self.confident_flips), "noise_tokens": float(self.tokens),
+                "noise_max_abs": self.max_abs, "noise_mean_abs": self.mean_abs}
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> NoiseSummary | None:
+        """The summary back from NOISE_NAMES values (None when they are absent: a run judged without them)."""
+        if "noise_sigma" not in values:
+            return None
+        get = values.get
+        return cls(tokens=int(get("noise_tokens", 0)), certain=int(get("noise_certain", 0)),
+                   scored=int(get("noise_scored", 0)), sigma=float(get("noise_sigma")),
+                   tail_share=float(get("noise_tail_share", math.nan)), mean_abs=float(get("noise_mean_abs", math.nan)),
+                   mean_gap=float(get("noise_mean_gap", math.nan)), max_abs=float(get("noise_max_abs", math.nan)),
+                   beyond_dense=int(get("beyond_dense", 0)), beyond_any=int(get("beyond_any", 0)),
+                   confident_flips=int(get("confident_flips", 0)), confident=0, temperature_q=math.nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"heavy_tail": self.heavy_tail}
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The noise a dtype explains: σ typical / largest plausible, and the mean |ℓ| they give at the run's token
+    probabilities (mean_abs_typical / mean_abs_largest). `recorded`: the dtype came from the manifest (else
+    ASSUMED_DTYPE)."""
+
+    dtype: str
+    recorded: bool
+    sigma_typical: float
+    sigma_largest: float
+    mean_abs_typical: float
+    mean_abs_largest: float
+
+    def explains(self, summary: NoiseSummary) -> bool:
+        """Whether the run's noise scale is within what this dtype can give."""
+        return math.isfinite(summary.sigma) and summary.sigma <= self.sigma_largest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+DTYPE_ORDER = ("float32", "float16", "bfloat16")
+"""Finer to coarser; the coarser side of a run sets its floor."""
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+            "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
+
+
+def coarser_dtype(*dtypes: Any) -> str | None:
+    """The coarsest of the recorded dtypes (None when none is a known dtype: 'auto', missing)."""
+    known = [_ALIASES.get(str(d).lower(), str(d).lower()) for d in dtypes if d is not None]
+    known = [d for d in known if d in DTYPE_ORDER]
+    return max(known, key=DTYPE_ORDER.index) if known else None
+
+
+def temperature_ratio(q: float) -> float:
+    """exp(q): the typical ratio of the engine's to the trainer's surprisal exponent on confident tokens (1 for
+    equal temperatures; > 1 when the engine is sharper, i.e. sampled at a lower temperature)."""
+    return math.exp(q)

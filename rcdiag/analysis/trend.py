@@ -22,6 +22,7 @@ from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
+from rcdiag.analysis.floor import NOISE_NAMES, NoiseEvidence
 from rcdiag.analysis.isstats import IS_METRIC_NAMES
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES, MetricsAccumulator
 from rcdiag.errors import InputError
@@ -33,7 +34,7 @@ ABS_NAMES = ("abs_log_ratio_mean", "abs_log_ratio_max")
 INTERVAL_NAMES = ("kl", "k3_kl", "chi2_token", "chi2_seq", "log_ppl_abs_diff", "abs_log_ratio_mean", "ess")
 """Metrics with bootstrap columns NAME_low, NAME_high, NAME_se (`ess` is token_truncate at the threshold, as in
 rcdiag.analysis.bootstrap)."""
-TREND_COLUMNS = ("step", *COUNT_NAMES, *METRIC_NAMES, *ABS_NAMES, *IS_METRIC_NAMES)
+TREND_COLUMNS = ("step", *COUNT_NAMES, *METRIC_NAMES, *ABS_NAMES, *IS_METRIC_NAMES, *NOISE_NAMES)
 
 
 # ----------------------------------------------------------------------------------------------- steps
@@ -86,15 +87,18 @@ def subset(chunk: TokenChunk, keep: np.ndarray) -> TokenChunk:
 # ----------------------------------------------------------------------------------------------- accumulator
 @dataclass
 class StepParts:
-    """One step's accumulators: every metric, the one IS mode, and the per-sequence sums for the bootstrap."""
+    """One step's accumulators: every metric, the one IS mode, the per-sequence sums for the bootstrap and the
+    noise floor's evidence (rcdiag.analysis.floor: the robust per-step level the step-change test reads)."""
 
     metrics: MetricsAccumulator
     correction: ISAccumulator
     sums: SequenceSums
+    noise: NoiseEvidence = field(default_factory=lambda: NoiseEvidence(temperature=False))
 
     def update_chunk(self, chunk: TokenChunk) -> None:
         self.metrics.update_chunk(chunk)
         self.correction.update_chunk(chunk)
+        self.noise.update(chunk.train, chunk.rollout, chunk.mask)
         mask = chunk.mask
         seq = chunk.per_row(chunk.seq_ids)
         self.sums.update(seq[mask], chunk.a[mask].astype(np.float64), chunk.b[mask].astype(np.float64))
@@ -103,6 +107,7 @@ class StepParts:
         self.metrics.merge(other.metrics)
         self.correction.merge(other.correction)
         self.sums.merge(other.sums)
+        self.noise.merge(other.noise)
         return self
 
 
@@ -174,6 +179,7 @@ class TrendAccumulator:
             tokens = sums[:, 0].sum()
             row["abs_log_ratio_mean"] = float(sums[:, 4].sum() / tokens) if tokens else float("nan")
             row["abs_log_ratio_max"] = float(sums[sums[:, 0] > 0, 5].max()) if tokens else float("nan")
+            row.update(part.noise.finish().values())
             intervals = bootstrap(sums, self.convention, replicates=replicates, level=level, seed=seed + int(step))
             for name in INTERVAL_NAMES:
                 for bound in ("low", "high", "se"):
@@ -203,8 +209,8 @@ def trend(run: Any, convention: str = DEFAULT_CONVENTION, mode: str = DEFAULT_MO
     """Every metric per training step of a Run, in one pass over its token rows.
 
     Returns a pandas DataFrame, one row per `step` of the sequences table, sorted: step, the counts tokens /
-    sequences / empty_sequences, every METRICS.md metric under `convention`, abs_log_ratio_mean/max (mean and max
-    |ℓ| over valid tokens), the IS metrics of `mode` at `threshold` (and `lower`), and percentile bootstrap
+    sequences / empty_sequences, every metric under `convention`, abs_log_ratio_mean/max (mean and max
+    |ℓ| over valid tokens), the noise floor's evidence (rcdiag.analysis.floor.NOISE_NAMES), the IS metrics of `mode` at `threshold` (and `lower`), and percentile bootstrap
     intervals at `level` (NAME_low, NAME_high, NAME_se for INTERVAL_NAMES; Poisson bootstrap over the step's
     sequences, seeded `seed + step`; NaN with fewer than 2 sequences). A run without steps is one row, step 0.
     `frame.attrs` records convention, mode, threshold, lower, level and replicates.

@@ -214,14 +214,13 @@ def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
 
 
 def _verdict_html(run: Any, max_tokens: int) -> str:
-    """The run's verdict as a coloured line (rcdiag.analysis.health), for runs of at most `max_tokens` rows."""
+    """The run's verdict as a coloured banner (rcdiag.analysis.verdict), for runs of at most `max_tokens` rows."""
     if run.num_tokens > max_tokens:
         return ""
     from rcdiag.report.build import run_verdict
-    from rcdiag.report.context import verdict_html
 
     try:
-        return verdict_html(run_verdict(run), max_reasons=5)
+        return run_verdict(run).html(max_reasons=5)
     except RcdiagError as exc:
         return f"<p>Verdict unavailable: {html.escape(str(exc))}</p>"
 
@@ -382,6 +381,13 @@ def _cached_scan(run: Any) -> Any:
 class Run(store_run.Run):
     """A run directory with notebook conveniences (rcdiag.store.Run plus metrics, simulate, sweep, worst
     sequences, one sequence, plots and an HTML card)."""
+
+    def verdict(self) -> Any:
+        """The verdict `rcdiag report RUN` gives (rcdiag.analysis.verdict.Verdict: status, cause with evidence and
+        action, reasons; shown as the coloured banner in Jupyter), from the report's cached pass."""
+        from rcdiag.report.build import run_verdict
+
+        return run_verdict(self)
 
     def metrics(self, convention: str | None = None, **kwargs: Any) -> Result:
         """Every METRICS.md diagnostic (rcdiag.compute_metrics) as a dict that renders in Jupyter."""

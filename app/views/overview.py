@@ -10,7 +10,7 @@ import streamlit as st
 from app import bands, charts, data, distview, judged, ui, warm
 from app.text import md
 from rcdiag.analysis import health
-from rcdiag.report.context import context_line, verdict_html
+from rcdiag.report.context import context_line
 
 # A coloured severity word, no icon: ":material/…:" icons load an icon font, and emoji show as empty boxes where
 # the machine has no emoji font (headless servers, many Linux desktops).
@@ -22,7 +22,7 @@ FACT_SECTIONS = ("source", "engine", "trainer", "models", "counts")
 def render(ref: data.RunRef) -> None:
     st.caption(md(context_line(ref.manifest)))
     report = judged.report(*ref.key)
-    st.html(verdict_html(report.verdict))
+    st.html(report.verdict.html())
     values = None
     if report.metrics_error:  # bad values on valid positions: the checks below say where they come from
         st.error(f"No metrics for this run: {md(report.metrics_error)}")

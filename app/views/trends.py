@@ -1,6 +1,7 @@
-"""Trends page: the mismatch per training step with intervals, the drift verdict and the steps where the health
-verdict changes (points coloured by the library's bands, rcdiag.analysis.health); click a step (or pick it) to see
-that step's verdict and cards, its ℓ distribution against the first step and its worst sequences."""
+"""Trends page: the mismatch per training step with intervals, the timeline (a step change or a drift:
+rcdiag.analysis.drift) and the steps where the verdict changes (points coloured by the library's bands,
+rcdiag.analysis.health; heavy-tailed metrics on log axes); click a step (or pick it) to see that step's verdict and
+cards, its ℓ distribution against the first step and its worst sequences."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +10,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import streamlit as st
 
-from app import bands, charts, data, state, ui
+from app import bands, charts, data, judged, state, ui
 from rcdiag.analysis import health
-from rcdiag.analysis.drift import ADVICE, drifts
-from rcdiag.report.context import verdict_html
+from rcdiag.analysis.drift import timeline
+from rcdiag.analysis.verdict import Verdict, status_changes, step_verdicts
+from rcdiag.report.plots import LOG_PANELS
 from rcdiag.report.options import CONVENTIONS, ReportOptions
 from rcdiag.report.render import md_escape
 from rcdiag.report.trend_section import PANELS, changes_text
@@ -57,17 +59,19 @@ def render(ref: data.RunRef) -> None:
                 "per-step dumps (verl rollout_data_dir, slime rollout ids, TRL / ms-swift logs with a step) "
                 "have one row per step.")
         return
-    found = [d for d in drifts(frame).values() if d.detected]
-    if found:
-        st.warning("**Drift (warning).** " + " ".join(d.text for d in found) + " " + ADVICE)
+    found = timeline(frame)
+    if found.change is not None:  # a warning box: st.error is kept for pages that failed
+        st.warning(f"**Step change** (the run's verdict: Overview). {md_escape(found.text)}")
+    elif found.drift is not None:
+        st.warning(f"**Drift (warning).** {md_escape(found.text)}")
     else:
-        st.success("**No drift (healthy).** No metric rises steadily above its first steps beyond the bootstrap "
-                   "noise (CUSUM of the per-step excess in units of its bootstrap error).")
-    judged = health.step_verdicts(frame.to_dict(orient="records"))
-    frame = frame.assign(status=[v.status for v in judged])
+        st.success(md_escape(found.text))
+    context = judged.report(*ref.key).context
+    verdicts = step_verdicts(frame.to_dict(orient="records"), context)
+    frame = frame.assign(status=[v.status for v in verdicts])
     records = frame.to_dict(orient="records")
-    st.markdown(md_escape(changes_text(records, health.status_changes(records))))
-    start = min((d.start_step for d in found), default=None)
+    st.markdown(md_escape(changes_text(records, status_changes(records, context))))
+    start = found.change.step if found.change else found.drift.start_step if found.drift else None
     picked = _charts(frame, start)
     steps = frame["step"].astype(int).tolist()
     state.bind("trend_step", "step", int, steps.__contains__)
@@ -77,7 +81,7 @@ def render(ref: data.RunRef) -> None:
     st.session_state.setdefault("trend_step", start if start in steps else steps[-1])
     step = int(st.selectbox("Step (or click a point above)", steps, key="trend_step"))
     state.publish("step", step)
-    _step_detail(ref, frame, judged[steps.index(step)], step)
+    _step_detail(ref, frame, verdicts[steps.index(step)], step)
 
 
 def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
@@ -91,7 +95,7 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
         rows["band"] = [band.classify(v) for v in rows["value"]] if band else frame["status"]
         if f"{column}_low" in frame:
             rows = rows.assign(low=frame[f"{column}_low"], high=frame[f"{column}_high"])
-        event = cols[i % 3].vega_lite_chart(panel_spec(rows, title, start), width="stretch",
+        event = cols[i % 3].vega_lite_chart(panel_spec(rows, title, start, column in LOG_PANELS), width="stretch",
                                             key=f"trend_chart_{column}", on_select="rerun", selection_mode="pick")
         chosen = (event.selection.get("pick") or [{}])[0] if event and event.selection else {}
         if "step" in chosen:
@@ -100,13 +104,19 @@ def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
+def panel_spec(rows: pd.DataFrame, title: str, start: int | None, log: bool = False) -> dict:
     """One panel's Vega-Lite spec, written as JSON (Altair took ~0.1 s a panel): rows (step, value, band[, low,
-    high]); `start` the drift's first step (dashed red rule) or None; clicking a point selects `pick`. The panel
-    title names the metric, so the y axis has none (a long vertical axis title pushed the panel's title out of
-    view)."""
+    high]); `start` the step change's (or the drift's first) step (dashed red rule) or None; `log` a log y axis
+    (heavy-tailed metrics: a jump must not flatten the other steps; non-positive values are left out, a gap);
+    clicking a point selects `pick`. The panel title names the metric, so the y axis has none (a long vertical axis
+    title pushed the panel's title out of view); tick labels are in SI form so a 1e11 fits."""
     x = {"field": "step", "type": "quantitative", "title": "step"}
-    y = {"field": "value", "type": "quantitative", "title": None, "scale": {"zero": False}}
+    scale = {"type": "log"} if log else {"zero": False}
+    y = {"field": "value", "type": "quantitative", "title": None, "scale": scale, "axis": {"format": "~s"}}
+    if log:
+        rows = rows[rows["value"] > 0]
+        if "low" in rows:
+            rows = rows.assign(low=rows["low"].where(rows["low"] > 0, rows["value"]))
     colour = {"field": "band", "type": "nominal", "legend": None,
               "scale": {"domain": list(bands.COLOURS), "range": list(bands.COLOURS.values())}}
     tooltip = [{"field": f, "type": "nominal" if f == "band" else "quantitative"}
@@ -124,16 +134,16 @@ def panel_spec(rows: pd.DataFrame, title: str, start: int | None) -> dict:
                                                                        "strokeDash": [4, 3]},
                        "encoding": {"x": {"field": "step", "type": "quantitative"}}})
     return {"$schema": "https://vega.github.io/schema/vega-lite/v6.json", "config": charts.VIEW,
-            **charts.table(rows), "title": title, "height": 200, "layer": layers}
+            **charts.table(rows), "title": title + (" (log)" if log else ""), "height": 200, "layer": layers}
 
 
-def _step_detail(ref: data.RunRef, frame: pd.DataFrame, judged: health.Verdict, step: int) -> None:
+def _step_detail(ref: data.RunRef, frame: pd.DataFrame, verdict: Verdict, step: int) -> None:
     """The chosen step: its verdict and band-coloured cards, its ℓ histogram over the first step's, its worst
     sequences."""
     row = frame[frame["step"] == step].iloc[0]
     first = int(frame["step"].iloc[0])
     st.subheader(f"Step {step}")
-    st.html(verdict_html(judged))
+    st.html(verdict.html())
     cols = st.columns(4)
     shown = [b for b in bands.BANDS if b.metric in row]
     for i, band in enumerate(shown):
@@ -164,13 +174,14 @@ def _log_ratios(ref: data.RunRef, rows: pd.DataFrame) -> np.ndarray:
 
 
 def _histograms(values: dict[str, np.ndarray]) -> pd.DataFrame:
-    """(lo, hi, count, run) on one set of bins for all labels, so the curves compare bin by bin; an empty bin is
-    drawn at the log axis' floor (0.8, charts.histogram's domainMin) instead of log 0 = −∞."""
+    """(lo, hi, count, run) on one set of bins for all labels, so the curves compare bin by bin; empty bins are
+    left out (a gap: drawn at the log axis' floor they read as a tail the step does not have)."""
     limit = max((float(np.abs(v).max()) for v in values.values() if v.size), default=1e-6)
     frames = []
     for label, v in values.items():
         counts, edges = np.histogram(v, bins=HIST_BINS, range=(-limit, limit))
-        frames.append(pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": np.where(counts > 0, counts, 0.8),
+        keep = counts > 0
+        frames.append(pd.DataFrame({"lo": edges[:-1][keep], "hi": edges[1:][keep], "count": counts[keep],
                                     "run": label}))
     return pd.concat(frames, ignore_index=True)
 

@@ -1,7 +1,5 @@
-"""Health bands of the headline metrics and the run's verdict: healthy / warning / alarm, with the reasons.
-
-One table for every reader (report, `rcdiag report` summary and --fail-on, metrics.json, dashboard Overview,
-notebook card). Where each band comes from:
+"""Health bands of the headline metrics: healthy / warning / alarm, one table for every reader (the verdict,
+rcdiag.analysis.verdict; the report's cards; the dashboard's Overview and Compare). Where each band comes from:
 
 | metric | healthy | warning | alarm | source |
 |---|---|---|---|---|
@@ -14,17 +12,14 @@ notebook card). Where each band comes from:
 | `ess` (TIS, C) | ≥ 0.99 | ≥ 0.3 | < 0.3 | alarm: verl's warning ESS < 0.3; healthy: rcdiag (dense ≈ 0.9996) |
 | `is_weight_mean` (TIS, C) | 0.95–1.05 | 0.5–2 | outside 0.5–2 | alarm: verl's warning outside [0.5, 2]; healthy: rcdiag |
 
-They are sanity ranges, not targets: a MoE run sits in "warning" by nature. A failed input check (error) makes
-the verdict an alarm and a check warning a warning, whatever the metrics say: the numbers then measure the defect.
-
-Across training, `step_verdicts` judges each step's numbers (rcdiag.trend rows) and `status_changes` names the
-steps where that verdict changes: the report's trend section, metrics.json's by_step `status`, the Trends page.
+They are sanity ranges for the size of an effect, not its cause: the verdict (rcdiag.analysis.verdict) names the
+cause, and judges mean |ℓ| against the run's own noise floor (rcdiag.analysis.floor) instead of the fixed band.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
@@ -33,8 +28,6 @@ HEALTHY, WARNING, ALARM, UNKNOWN = "healthy", "warning", "alarm", "n/a"
 STATUSES = (HEALTHY, WARNING, ALARM)
 """In increasing severity (UNKNOWN, a missing value, counts as healthy for the verdict)."""
 COLOURS = {HEALTHY: "#1a7f37", WARNING: "#b7791f", ALARM: "#c62828", UNKNOWN: "#6b7280"}
-CHECK_STATUS = {"error": ALARM, "warning": WARNING}
-"""A check's severity → the verdict it forces (ok / info force nothing)."""
 INF = math.inf
 
 
@@ -130,111 +123,8 @@ def statuses(values: Mapping[str, Any]) -> dict[str, str]:
     return {b.metric: b.classify(values.get(b.metric)) for b in BANDS if b.metric in values}
 
 
-@dataclass
-class Verdict:
-    """The run's status and why: reasons are plain sentences, checks first (most severe first), then metrics."""
-
-    status: str
-    reasons: list[str] = field(default_factory=list)
-    metric_status: dict[str, str] = field(default_factory=dict)
-    first_check: str | None = None
-
-    def line(self) -> str:
-        """One line for a terminal or a heading: 'ALARM — reason; reason'."""
-        why = "; ".join(self.reasons[:3]) + (f"; +{len(self.reasons) - 3} more" if len(self.reasons) > 3 else "")
-        return f"{self.status.upper()}" + (f" — {why}" if why else " — every headline metric inside its healthy band")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "reasons": list(self.reasons), "metric_status": dict(self.metric_status)}
-
-
-def _field(check: Any, name: str) -> Any:
-    return check.get(name) if isinstance(check, Mapping) else getattr(check, name, None)
-
-
-def verdict(values: Mapping[str, Any], checks: Iterable[Any] = ()) -> Verdict:
-    """The verdict of a run from its headline `values` (metrics, tails, and `ess` / `is_weight_mean` of
-    VERDICT_MODE) and its input `checks` (Findings or their dicts: name, severity, message).
-
-    Check errors and warnings come first among the reasons, then the metrics in alarm, then those in warning.
-    """
-    check_reasons: list[tuple[int, str, str]] = []
-    for check in checks:
-        status = CHECK_STATUS.get(_field(check, "severity"))
-        if status is not None:
-            check_reasons.append((STATUSES.index(status), str(_field(check, "name")),
-                                  f"check {_field(check, 'name')} ({_field(check, 'severity')}): "
-                                  f"{_field(check, 'message')}"))
-    check_reasons.sort(key=lambda r: -r[0])
-    per_metric = statuses(values)
-    if values.get("tokens") == 0:  # a framework's no-data values (swift's 0 / −1 / 1e10, TRL's 0.0) measure nothing
-        per_metric = dict.fromkeys(per_metric, UNKNOWN)
-    metric_reasons = []
-    for level in (ALARM, WARNING):
-        for metric, status in per_metric.items():
-            if status == level:
-                band = BY_METRIC[metric]
-                metric_reasons.append(f"{metric} = {_num(values[metric])} ({level}: {band.limit(level)}; "
-                                      f"{band.source})")
-    status = worst([STATUSES[r[0]] for r in check_reasons] + list(per_metric.values()))
-    if not check_reasons and not any(s in STATUSES for s in per_metric.values()):
-        # no valid token (every metric NaN) is not "no mismatch": there is nothing to judge
-        return Verdict(UNKNOWN, ["no metric could be computed (no valid token): nothing to judge — check the "
-                                 "run's mask and log-prob columns"], per_metric, None)
-    return Verdict(status, [r[2] for r in check_reasons] + metric_reasons, per_metric,
-                   check_reasons[0][1] if check_reasons else None)
-
-
-def _num(value: float) -> str:
+def num(value: float) -> str:
+    """A metric value in a reason: 3 significant digits below 1e-3 or from 1e5, else 4."""
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3g}"
     return f"{value:.4g}"
-
-
-# ----------------------------------------------------------------------------------------------- across steps
-@dataclass(frozen=True)
-class StatusChange:
-    """The verdict of one step differs from the step before: `before` → `after`, with the metrics whose band
-    changed ({metric: (before, after)}) and, for those now in the new status, why ('k3_kl = 0.02, outside
-    |value| ≤ 0.01')."""
-
-    step: int
-    before: str
-    after: str
-    metrics: dict[str, tuple[str, str]]
-    reasons: list[str]
-
-    def text(self) -> str:
-        """'step 6: healthy → warning (k3_kl = 0.0213, outside |value| ≤ 0.01)' — the metrics that moved into the
-        new status and the band edge they crossed (on a recovery, the healthy range they are back in)."""
-        why = "; ".join(self.reasons) or ", ".join(f"{m} {a} → {b}" for m, (a, b) in self.metrics.items())
-        return f"step {self.step}: {self.before} → {self.after}" + (f" ({why})" if why else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "from": self.before, "to": self.after, "text": self.text(),
-                "metrics": {m: {"from": a, "to": b} for m, (a, b) in self.metrics.items()}}
-
-
-def step_verdicts(rows: Iterable[Mapping[str, Any]]) -> list[Verdict]:
-    """The verdict of each per-step row (rcdiag.trend's; ess / is_weight_mean of its IS mode), from its numbers
-    alone: input checks are run-wide, so they judge the run, not a step."""
-    return [verdict(row) for row in rows]
-
-
-def status_changes(rows: Iterable[Mapping[str, Any]]) -> list[StatusChange]:
-    """The steps whose verdict differs from the previous judged step's, in step order (the first step is the start,
-    not a change). A metric sitting on a band edge flips back and forth: each flip is a change, as the trainer saw
-    it. A step with nothing to judge (every value NaN: UNKNOWN) is no change: the next judged step compares with
-    the last judged one."""
-    rows = list(rows)
-    changes = []
-    judged = [(row, v) for row, v in zip(rows, step_verdicts(rows), strict=True) if v.status != UNKNOWN]
-    for (_, prev), (row, now) in zip(judged[:-1], judged[1:], strict=False):
-        if now.status == prev.status:
-            continue
-        moved = {m: (prev.metric_status.get(m, UNKNOWN), s) for m, s in now.metric_status.items()
-                 if s != prev.metric_status.get(m, UNKNOWN)}
-        reasons = [f"{m} = {_num(row[m])}, {BY_METRIC[m].limit(s)}" for m, (_, s) in moved.items()
-                   if s == now.status]
-        changes.append(StatusChange(int(row["step"]), prev.status, now.status, moved, reasons))
-    return changes

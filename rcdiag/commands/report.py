@@ -47,7 +47,7 @@ def command(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
     fail_on: Annotated[str | None, typer.Option(
         "--fail-on", metavar="warning|alarm",
-        help="Exit 1 when a run's verdict is this level or worse (rcdiag.analysis.health).")] = None,
+        help="Exit 1 when a run's verdict is this level or worse (n/a, nothing judged, meets every level).")] = None,
     baseline: Annotated[Path | None, typer.Option(
         "--baseline", help='A run to compare with (e.g. the old stack); --fail-if "k3_kl>2x" gates on the ratio.'
     )] = None,
@@ -131,17 +131,19 @@ def command(
 
 
 def summary_line(report: RunReport) -> str:
-    """The terminal summary of one run: its verdict, what to do, the input checks that need attention."""
+    """The terminal summary of one run: its verdict with the cause, what to do, the evidence, and the input checks
+    that need attention."""
     from rcdiag.report.sections import checks_line  # loaded with the report (matplotlib); --help stays light
 
-    rec = report.recommendation
+    rec, v = report.recommendation, report.verdict
     bad = [f for f in report.checks if f.severity in ("warning", "error")]
-    what = {"none": "no correction needed", "fix_check": "fix the failed input check first",
-            "fix_source": "fix the source of the mismatch", "unavailable": "no recommendation"}.get(
-        rec.get("kind"), f"use {rec.get('mode')} at C={rec.get('threshold') or 0:g}")
-    reasons = "".join(f"\n  {r}" for r in report.verdict.reasons[:4])
-    return (f"{report.name}: {report.verdict.status.upper()}: {what} "
-            f"(kl={report.metrics.get('kl', float('nan')):.4g}; {checks_line(report)}){reasons}"
+    what = f" — correct with {rec.get('mode')} at C={rec.get('threshold') or 0:g}" if rec.get("kind") == "correct" \
+        else " — reweighting cannot absorb it; fix its source" if rec.get("kind") == "fix_source" else ""
+    reasons = "".join(f"\n  {r}" for r in v.reasons[:4])
+    action = f"\n  What to do: {v.cause.action}" if v.cause.action else ""
+    caveats = "".join(f"\n  Note: {c}" for c in v.caveats)
+    return (f"{report.name}: {v.headline()}{what} "
+            f"(kl={report.metrics.get('kl', float('nan')):.4g}; {checks_line(report)}){reasons}{action}{caveats}"
             + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad if f.message not in reasons))
 
 

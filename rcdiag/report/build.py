@@ -19,7 +19,11 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.correction import IS_METRIC_NAMES
-from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE, Verdict, verdict
+from rcdiag.analysis.causes import Context
+from rcdiag.analysis.drift import Timeline, timeline
+from rcdiag.analysis.floor import NoiseSummary, coarser_dtype
+from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE
+from rcdiag.analysis.verdict import Verdict, verdict
 from rcdiag.analysis.threads import in_background
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
@@ -29,6 +33,7 @@ from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library
 from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
+from rcdiag.report.context import architecture, engine_replayed, side_dtypes
 from rcdiag.report.trend_section import report_trend
 from rcdiag.store.run import read_columns
 from rcdiag.tokenizers import fast_tokenizer, run_tokenizer
@@ -62,8 +67,10 @@ class RunReport:
     gate_sweep: Any = None  # pandas DataFrame (analysis.gates: gate × δ) or None
     recommendation: dict[str, Any] = field(default_factory=dict)
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
+    noise: NoiseSummary | None = None  # the noise floor's evidence (rcdiag.analysis.floor)
+    context: Context = field(default_factory=Context)  # what the verdict knew besides the numbers
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
-    drift: dict[str, Any] = field(default_factory=dict)  # {metric: Drift} (rcdiag.analysis.drift)
+    timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.drift), multi-step only
     baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
 
     @property
@@ -102,8 +109,8 @@ def build_report(run: Any, options: ReportOptions = ReportOptions(), map_files: 
 
 def finish_report(report: RunReport, run: Any) -> RunReport:
     """What a judged report (`judge`) still lacks: the bootstrap intervals (started on a thread of their own), the
-    worst tokens, sequences and prompts, the recommendation and the trend. `rcdiag report` sends the figures the
-    passes alone decide to the figure process in between (rcdiag.report.sections.send_scan_figures)."""
+    worst tokens, sequences and prompts, and the recommendation. `rcdiag report` sends the figures the passes alone
+    decide to the figure process in between (rcdiag.report.sections.send_scan_figures)."""
     options, scan = report.options, report.scan
     ids, sums = scan.sums.table(scan.info.seq_id)
     # no interval around numbers the metrics refused or withheld: it would look like a result
@@ -114,14 +121,14 @@ def finish_report(report: RunReport, run: Any) -> RunReport:
     report.worst_sequences = _worst_sequences(run, ids, sums)
     report.prompts = worst_prompts(scan.info.prompt_id, sums)
     report.recommendation = recommend(report)
-    report.trend, report.drift = report_trend(run, options)
     return report
 
 
 def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = None) -> RunReport:
     """The part of the report the verdict needs — the passes (cached: rcdiag.report.cache), the input checks, the
-    tails, strata, metrics, IS modes and the verdict — without the bootstrap, worst items, recommendation or trend
-    (finish_report). The notebook card calls it too, so its verdict is the report's, from the same one pass."""
+    tails, strata, metrics, IS modes, the noise floor, the per-step trend of a multi-step run (one more pass) and
+    the verdict — without the bootstrap, worst items or recommendation (finish_report). The notebook card calls it
+    too, so its verdict is the report's."""
     validate(options)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
@@ -135,15 +142,29 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     except InputError as exc:
         report.metrics_error = str(exc)
     _suppress_invalidated(report)
-    report.verdict = verdict(headline_values(report), report.checks)
+    report.noise = scan.checks.noise.finish()
+    report.trend = report_trend(run, options)
+    report.timeline = None if report.trend is None else timeline(report.trend)
+    report.context = verdict_context(report)
+    report.verdict = verdict(headline_values(report), report.checks, report.context)
     return report
 
 
+def verdict_context(report: RunReport) -> Context:
+    """What the verdict knows besides the numbers: the coarser dtype of the two sides, the architecture, whether
+    the rollout side is a replay, the timeline, and whether the metrics refused the data."""
+    return Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
+                   replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
+                   refused=report.metrics_error)
+
+
 def headline_values(report: RunReport) -> dict[str, float]:
-    """What the verdict judges: the metrics, the tail statistics, and ESS / IS weight mean of token_truncate at
-    --threshold (health.VERDICT_MODE)."""
+    """What the verdict judges: the metrics, the tail statistics, ESS / IS weight mean of token_truncate at
+    --threshold (health.VERDICT_MODE) and the noise floor's evidence."""
     point = report.is_modes.get(VERDICT_MODE, {})
-    return {**report.tails, **report.metrics, **{k: point[k] for k in ("ess", "is_weight_mean") if k in point}}
+    noise = report.noise.values() if report.noise is not None else {}
+    return {**report.tails, **report.metrics, **{k: point[k] for k in ("ess", "is_weight_mean") if k in point},
+            **noise}
 
 
 def run_verdict(run: Any) -> Verdict:

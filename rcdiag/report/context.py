@@ -1,16 +1,15 @@
 """The one-line context of a run, from its manifest: engine (vLLM version, dtype, temperature, top-p/top-k,
 logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source.
 
-`verdict_html` is the verdict banner of the dashboard and the notebook card. All manifest reading of the
-verdict's surfaces (report, dashboard Overview, notebook card) is in `run_context`,
-read defensively with .get, so that a typed manifest reader (rcdiag.store.manifest) can replace it in one place.
+All manifest reading of the verdict's surfaces (report, dashboard Overview, notebook card) is here — `run_context`,
+`side_dtypes`, `engine_replayed`, `architecture` — read defensively with .get, so that a typed manifest reader
+(rcdiag.store.manifest) can replace it in one place.
 """
 from __future__ import annotations
 
-import html
+import json
+from pathlib import Path
 from typing import Any
-
-from rcdiag.analysis.health import COLOURS, Verdict
 
 
 def _section(manifest: Any, name: str) -> dict[str, Any]:
@@ -89,12 +88,46 @@ def measured_note(manifest: Any) -> str:
     return "".join(f" · {n}" for n in notes)
 
 
-def verdict_html(verdict: Verdict, max_reasons: int | None = None) -> str:
-    """The verdict as a coloured banner with its reasons (health.COLOURS), escaped: the dashboard Overview's and
-    the notebook card's (the report's own is its template's)."""
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in verdict.reasons[:max_reasons])
-    return (f'<div class="rcdiag-verdict" data-status="{verdict.status}" style="background:'
-            f'{COLOURS[verdict.status]};color:#fff;border-radius:8px;padding:8px 14px;margin:6px 0">'
-            f'<div style="font-size:1.3em;font-weight:700">{verdict.status.upper()}</div>'
-            + (f'<ul style="margin:4px 0 0 18px">{reasons}</ul>' if reasons else
-               "<div>every headline metric inside its healthy band; input checks pass</div>") + "</div>")
+def side_dtypes(manifest: Any) -> tuple[Any, Any]:
+    """(engine dtype, trainer dtype) as resolved where recorded (the engine's `dtype_resolved` before a requested
+    'auto'); None where not recorded."""
+    engine, trainer = _section(manifest, "engine"), _section(manifest, "trainer")
+    return (engine.get("dtype_resolved") or engine.get("dtype") or engine.get("engine_dtype"),
+            trainer.get("dtype_resolved") or trainer.get("dtype"))
+
+
+def engine_replayed(manifest: Any) -> bool:
+    """Whether the rollout log-probs are a prefill replay of given tokens (`rcdiag score --rescore-both`), not what
+    the rollout sampled with."""
+    engine, measured = _section(manifest, "engine"), _section(manifest, "measured")
+    return measured.get("rollout") == "prefill_replay" or bool(engine.get("replayed"))
+
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+"""config.json keys that make a model a mixture of experts (Qwen2/3-MoE, Mixtral, DeepSeek, OLMoE …)."""
+CONFIG_LIMIT = 1 << 20
+"""A config.json larger than this is not read (a manifest may point anywhere)."""
+
+
+def architecture(manifest: Any) -> str | None:
+    """'moe' or 'dense' for the run's model — from the manifest where it records it, else from the model
+    directory's config.json (a regular file under CONFIG_LIMIT bytes); None when unknown (most imports)."""
+    for name in ("engine", "trainer", "models", "spec"):
+        recorded = _section(manifest, name).get("architecture")
+        if recorded in ("moe", "dense"):
+            return recorded
+    for name in ("trainer", "engine", "spec"):
+        model = _section(manifest, name).get("model")
+        if not isinstance(model, str) or not model:
+            continue
+        config = Path(model) / "config.json"
+        try:
+            if not config.is_file() or config.stat().st_size > CONFIG_LIMIT:
+                continue
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(data, dict):
+            inner = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+            return "moe" if any(isinstance(inner.get(k), int) and inner[k] > 1 for k in MOE_KEYS) else "dense"
+    return None

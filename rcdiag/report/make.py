@@ -34,7 +34,8 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     """Report one run (into `out`, default RUN/report/) or compare several (default ./rcdiag-report/, each run's
     own report under runs/<name>/). `fail_if` conditions are checked for syntax and names before any work.
     `baseline`: a run every report is compared with (a section, and `--fail-if "k3_kl>2x"` ratios);
-    `fail_on_drift`: a drift found in a multi-step run (rcdiag.analysis.drift) is a failure too."""
+    `fail_on_drift`: a step change or a drift found in a multi-step run (rcdiag.analysis.drift) is a failure
+    too."""
     if not runs:
         raise ConfigError("give at least one run directory")
     figproc.prestart()  # its matplotlib import runs beside the passes
@@ -59,5 +60,6 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
     failures = [f"{r.name}: {line}" for r in reports
                 for line in gate.evaluate(conditions, gate.gate_values(r), base_values)]
     if fail_on_drift:
-        failures += [f"{r.name}: drift: {d.text}" for r in reports for d in r.drift.values() if d.detected]
+        failures += [f"{r.name}: {r.timeline.text}" for r in reports
+                     if r.timeline is not None and (r.timeline.change or r.timeline.drift)]
     return ReportResult(reports, written, failures)

@@ -216,33 +216,45 @@ def sweep_curves(sweep: Any | Mapping[str, Any], recommended: tuple[str, float] 
     return fig
 
 
-def trend_panels(frame: Any, drift: Mapping[str, Any] | None, panels: Sequence[tuple[str, str]]) -> Figure:
+LOG_PANELS = ("abs_log_ratio_mean", "k3_kl", "chi2_token", "noise_sigma", "abs_log_ratio_max")
+"""Trend columns drawn on a log axis: positive and heavy-tailed, so a jump does not flatten the other steps."""
+
+
+def trend_panels(frame: Any, marks: Sequence[tuple[int, str]], panels: Sequence[tuple[str, str]]) -> Figure:
     """Panels of per-step values, `panels` = (trend column, title) each (the report's six: trend_section.PANELS),
-    with their bootstrap intervals as bars and a dashed line at the step where the earliest drift starts."""
+    with their bootstrap intervals as bars, log axes for LOG_PANELS, and a dashed line at each (step, label) of
+    `marks` (the step change, or where a drift starts)."""
     fig = Figure(figsize=(10.5, 5.6), dpi=110, layout="constrained")
     axes = fig.subplots(2, (len(panels) + 1) // 2, sharex=True, squeeze=False)
     steps = frame["step"].to_numpy()
-    starts = sorted({d.start_step for d in (drift or {}).values() if d.detected})[:1]  # the earliest start
     for ax, (column, title) in zip(axes.flat, panels, strict=True):
-        values = frame[column].to_numpy(dtype=float)
+        values = frame[column].to_numpy(dtype=float) if column in frame else np.full(steps.size, np.nan)
+        log = column in LOG_PANELS
+        if log:
+            values = np.where(values > 0, values, np.nan)  # a gap, not a floor, where a step has nothing
         if f"{column}_low" in frame:
             low = frame[f"{column}_low"].to_numpy(dtype=float)
             high = frame[f"{column}_high"].to_numpy(dtype=float)
             err = np.vstack([np.clip(values - low, 0, None), np.clip(high - values, 0, None)])
             err = np.where(np.isfinite(err), err, 0.0)
+            if log:
+                err[0] = np.minimum(err[0], values * 0.999)  # a log axis cannot draw a bar below 0
             ax.errorbar(steps, values, yerr=err, color=COLORS[0], marker="o", ms=3, lw=1.2, capsize=2)
         else:
             ax.plot(steps, values, color=COLORS[0], marker="o", ms=3, lw=1.2)
         if column in BY_METRIC:  # each point in its health band's colour
             ax.scatter(steps, values, c=[COLOURS[BY_METRIC[column].classify(v)] for v in values], s=18, zorder=3)
-        for start in starts:
-            ax.axvline(start, color=COLORS[1], ls="--", lw=1)
-        ax.set_title(title, fontsize=10)
+        if log and np.isfinite(values).any():
+            ax.set_yscale("log")
+        for step, label in marks:
+            ax.axvline(step, color=COLORS[1], ls="--", lw=1, label=label)
+        ax.set_title(title + (" (log)" if log else ""), fontsize=10)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    fig.suptitle("Mismatch per training step (bars: bootstrap interval; points: health band green / amber / red; "
-                 "dashed: drift starts)", fontsize=11)
+    mark = f"; dashed: {marks[0][1]} at step {marks[0][0]}" if marks else ""
+    fig.suptitle("Mismatch per training step (bars: bootstrap interval; points: health band green / amber / red"
+                 f"{mark})", fontsize=11)
     return fig
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis.conventions import get_convention
-from rcdiag.analysis.health import HEALTHY
+from rcdiag.analysis.health import HEALTHY, UNKNOWN
 from rcdiag.analysis.tails import EDGES, TailAccumulator
 from rcdiag.report.options import ESS_TARGET, MODES
 from rcdiag.report.settings import trainer_settings
@@ -27,9 +27,10 @@ EXTREME_RATIO = 2.0
 HEAVY_SHARE = 1e-3
 """A token tail is heavy when more than this share of tokens has a ratio beyond EXTREME_RATIO (the healthy edge
 of health's frac_outside_0.5_2 band)."""
-KINDS = ("fix_check", "none", "correct", "fix_source", "unavailable")
-"""Recommendation classes: a failed check first; no correction needed; a correction; reweighting cannot absorb
-the mismatch (fix its source); no data to recommend from."""
+KINDS = ("fix_check", "fix_cause", "none", "correct", "fix_source", "unavailable")
+"""Recommendation classes: a failed check first; a cause a correction would hide (not numerics, a step change the
+dtypes do not explain: the verdict's cause says what to check); no correction needed; a correction; reweighting
+cannot absorb the mismatch (fix its source); no data to recommend from."""
 ACTION_RANK = {"truncate": 0, "mask": 1}
 LEVEL_RANK = {"token": 0, "sequence": 1}
 
@@ -137,6 +138,12 @@ def recommend(report: Any) -> dict[str, Any]:
                        + (f"Fix: {_sentence(first.fix)} " if first.fix else "")
                        + "No recommendation until then: the numbers below measure that defect, not numerical "
                          "mismatch. Re-run the report once it is fixed."), "settings": []}
+    verdict = report.verdict
+    if verdict.status != UNKNOWN and not verdict.correct:
+        cause = verdict.cause
+        return {**done("fix_cause", f"No correction: {_sentence(cause.title[0].upper() + cause.title[1:])} "
+                       f"{cause.action} An IS correction here would bound the symptom and keep training on data "
+                       "from another policy."), "settings": [], "cause": cause.kind}
     frame = report.sweep
     if frame is None or len(frame) == 0 or not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
         why = report.metrics_error or ("no valid token has a weight (the run has no valid tokens)"
@@ -145,7 +152,6 @@ def recommend(report: Any) -> dict[str, Any]:
     rows = _weigh(report)
     share2, mass2 = token_tail(report.scan.tails, EXTREME_RATIO)
     heavy = bool(share2 > HEAVY_SHARE)
-    verdict = report.verdict
     tis = next((r for r in rows if r["mode"] == "token_truncate" and r["threshold"] == o.threshold), None)
     if verdict.status == HEALTHY:
         evidence = (f"{share2:.3%} of tokens have a ratio above {EXTREME_RATIO:g}, carrying {mass2:.2%} of the "
@@ -153,9 +159,9 @@ def recommend(report: Any) -> dict[str, Any]:
         if tis is not None:
             evidence += (f"; TIS at C={o.threshold:g} would keep ESS {tis['ess']:.4f} and add a bias "
                          f"|E[w]−1| = {tis['bias']:.2%} while bounding {tis['clipped_frac']:.3%} of tokens")
-        return done("none", f"No correction needed: every headline metric is inside its healthy band and no "
-                    f"input check failed ({evidence}). Keep logging the mismatch metrics; a default correction "
-                    "(e.g. TRL's sequence_mask at C=3) is harmless here.")
+        return done("none", f"No correction needed: {verdict.cause.title} ({evidence}). Keep logging the mismatch "
+                    "metrics (the settings below); a default correction (e.g. TRL's sequence_mask at C=3) is harmless "
+                    "here.")
     candidates = [r for r in rows if r["clipped_frac"] > 0] if heavy else rows
     good = sorted((r for r in candidates if _acceptable(r)), key=_preference)
     alternatives = []
@@ -188,12 +194,12 @@ def recommend(report: Any) -> dict[str, Any]:
             "Why this one: a C at or below the extreme ratio bounds the extreme tokens, truncation keeps every "
             "token, token-level weights do not compound over a long sequence, and the largest such C adds the "
             "least bias.")
-    if best["clipped_frac"] == 0:
-        text = (f"No correction is needed for the tail (verdict: {verdict.status}): {tail}, and every "
-                f"acceptable setting clips nothing. If you keep one, {best['mode']} at C={best['threshold']:g} "
-                f"keeps ESS {best['ess']:.4f} and adds a bias of {best['bias']:.2%}.")
     for alt in alternatives:
         if alt["mode"] == best["mode"] and alt["threshold"] == best["threshold"]:
             alt["why"] = "recommended"
-    return done("none" if best["clipped_frac"] == 0 else "correct", text, best, meets_target=True,
-                alternatives=alternatives)
+    if best["clipped_frac"] == 0:  # nothing to bound: paste the monitoring settings, not a correction
+        text = (f"No correction is needed for the tail (verdict: {verdict.status}, {verdict.cause.title}): {tail}, "
+                f"and every acceptable setting clips nothing (e.g. {best['mode']} at C={best['threshold']:g} keeps "
+                f"ESS {best['ess']:.4f}, bias {best['bias']:.2%}). {verdict.cause.action}")
+        return done("none", text, meets_target=True, alternatives=alternatives)
+    return done("correct", text, best, meets_target=True, alternatives=alternatives)

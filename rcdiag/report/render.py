@@ -32,6 +32,7 @@ class Block:
     headers: list[str] = field(default_factory=list)
     image: str = ""  # PNG file name (md link; html embeds the bytes from `images`)
     status: str = ""  # verdict: healthy | warning | alarm
+    notes: list[str] = field(default_factory=list)  # verdict: what to do, the rule's source, caveats (labelled)
 
 
 def slug(text: str) -> str:
@@ -96,7 +97,8 @@ def _md_settings(snippets: Sequence[dict[str, Any]]) -> str:
 
 
 def _md_verdict(b: Block) -> str:
-    return f"> **{md_escape(b.text)}**" + "".join(f"\n> - {md_escape(r)}" for r in b.rows)
+    return (f"> **{md_escape(b.text)}**" + "".join(f"\n> - {md_escape(r)}" for r in b.rows)
+            + "".join(f"\n>\n> {md_escape(n)}" for n in b.notes))
 
 
 MD: dict[str, Callable[[Block], str]] = {
@@ -140,6 +142,7 @@ def _prepare(b: Block, images: dict[str, bytes]) -> dict[str, Any]:
         item["anchor"] = slug(b.text)
     elif b.kind == "verdict":
         item["reasons"] = [str(r) for r in b.rows]
+        item["notes"] = [str(n) for n in b.notes]
     elif b.kind in ("toc", "links"):
         item["links"] = b.rows
     elif b.kind == "cards":

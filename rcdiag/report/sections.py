@@ -140,19 +140,25 @@ def _summary(report: RunReport) -> str:
 
 
 def verdict_blocks(report: RunReport) -> list[Block]:
-    """The context line and the coloured verdict (shared by the report's top and the comparison)."""
+    """The context line and the coloured verdict — its cause, the evidence, what to do, the rule's source and any
+    caveat (shared by the report's top and the comparison)."""
     v = report.verdict
+    notes = [f"What to do: {v.cause.action}"] if v.cause.action else []
+    notes += [f"Why we think so: {v.cause.source}"] if v.cause.source else []
+    notes += [f"Note: {c}" for c in v.caveats]
     return [Block("context", context_line(report.manifest)),
-            Block("verdict", f"{v.status.upper()}: " + _verdict_phrase(report), rows=v.reasons, status=v.status)]
+            Block("verdict", v.headline() + _verdict_phrase(report), rows=v.reasons, status=v.status, notes=notes)]
 
 
 def _verdict_phrase(report: RunReport) -> str:
-    kind = report.recommendation.get("kind")
-    return {"fix_check": "fix the failed input check first", "none": "no correction needed",
-            "correct": f"correct with {report.recommendation.get('mode')} at "
-                       f"C={report.recommendation.get('threshold') or 0:g}",
-            "fix_source": "reweighting cannot absorb this mismatch; fix its source",
-            "unavailable": "no metrics"}.get(kind, "")
+    """What the recommendation adds to the headline: the correction, when it is one."""
+    rec = report.recommendation
+    kind = rec.get("kind")
+    if kind == "correct":
+        return f" — correct with {rec.get('mode')} at C={rec.get('threshold') or 0:g}"
+    if kind == "fix_source":
+        return " — reweighting cannot absorb it; fix its source"
+    return ""
 
 
 def run_blocks(report: RunReport) -> list[Block]:
@@ -300,6 +306,11 @@ def run_files(report: RunReport) -> dict[str, bytes]:
     more = figproc.submit(section_figures) if section_figures else dict  # dict(): no figures, no round trip
     base_blocks, base_data = baseline_section(report)
     lag_blocks, _, lag_data = lag_section(report)
+    timeline = report.timeline
+    if timeline is not None and (timeline.change or timeline.drift):  # what changed across training is news: first
+        at = next(i for i, b in enumerate(blocks) if b.kind == "h" and b.text == "Headline")
+        blocks[at:at] = trend_blocks
+        trend_blocks = []
     blocks[-1:-1] = base_blocks + trend_blocks + lag_blocks + probe_blocks
     return render_files(blocks, {**images(), **more()},
                         {**run_data(report), **probe_data, **trend_data, **base_data, **lag_data},

@@ -16,7 +16,7 @@ padding-bottom:4px}h3{font-size:16px;margin:22px 0 8px}.context{color:#4b5563;fo
 .verdict{border-radius:12px;padding:14px 18px;margin:14px 0;color:#fff}.verdict .status{font-size:24px;
 font-weight:700;letter-spacing:.03em}.verdict ul{margin:6px 0 0 18px;padding:0}.verdict li{margin:2px 0}
 .verdict.healthy{background:#1a7f37}.verdict.warning{background:#b7791f}.verdict.alarm{background:#c62828}
-.verdict.n\\/a{background:#6b7280}
+.verdict.n\\/a{background:#6b7280}.verdict .note{margin:6px 0 0;font-size:14px}
 .toc{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:8px 16px;font-size:14px}
 .toc a{margin-right:14px;white-space:nowrap}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(190px,1fr));gap:12px}
@@ -58,7 +58,7 @@ TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
 {%- elif b.kind == "callout" %}<div class="callout">{{ b.text }}</div>
 {%- elif b.kind == "verdict" %}<div class="verdict {{ b.status }}" data-status="{{ b.status }}">
 <div class="status">{{ b.text }}</div>{% if b.reasons %}<ul>{% for r in b.reasons %}<li>{{ r }}</li>{% endfor %}
-</ul>{% endif %}</div>
+</ul>{% endif %}{% for n in b.notes %}<p class="note">{{ n }}</p>{% endfor %}</div>
 {%- elif b.kind == "toc" %}<nav class="toc"><b>Contents</b> {% for label, anchor in b.links %}
 <a href="#{{ anchor }}">{{ label }}</a>{% endfor %}</nav>
 {%- elif b.kind == "cards" %}<div class="cards">{% for c in b.cards %}<div class="card {{ c.status }}">

@@ -1,8 +1,10 @@
-"""The across-training part of `rcdiag report`: per-step numbers, drift, figures with intervals, and by_step JSON.
+"""The across-training part of `rcdiag report`: per-step numbers, the timeline (a step change or a drift:
+rcdiag.analysis.drift), figures with intervals, and by_step JSON.
 
 `report_trend(run, options)` makes the trend (one extra pass, only for a run with more than one step; a one-step
 run gets its single by_step row from the report's own numbers, no pass); `trend_section(report)` returns
-`(blocks, images, data)` like probe_section, so a one-step run's report reads as before plus `by_step`/`drift`.
+`(blocks, images, data)` like probe_section, so a one-step run's report reads as before plus `by_step`/`timeline`.
+The report puts the section right after the recommendation when the timeline found something.
 """
 from __future__ import annotations
 
@@ -11,40 +13,46 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.drift import ADVICE, DRIFT_METRICS, Drift, drifts
-from rcdiag.analysis.health import StatusChange, status_changes, step_verdicts
+from rcdiag.analysis.causes import Context
+from rcdiag.analysis.drift import Timeline
+from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
 from rcdiag.report.figproc import FigureSpec
 from rcdiag.report.render import Block, fmt
 from rcdiag.store.run import Run
 
 FIGURE = "trend.png"
-PANELS = (("kl", "kl (k1)"), ("k3_kl", "k3_kl"), ("chi2_token", "χ² (token)"), ("ess", "ESS (token_truncate)"),
-          ("clipped_frac", "clipped share"), ("abs_log_ratio_mean", "mean |ℓ|"))
-"""(trend column, panel title) of the trend figure, in order."""
+PANELS = (("abs_log_ratio_mean", "mean |ℓ|"), ("k3_kl", "k3_kl"), ("chi2_token", "χ² (token)"),
+          ("noise_sigma", "noise scale σ̂"), ("ess", "ESS (token_truncate)"), ("clipped_frac", "clipped share"))
+"""(trend column, panel title) of the trend figure, in order (the positive, heavy-tailed ones on a log axis)."""
 TABLE_COLUMNS = ("step", "sequences", "tokens", "kl", "k3_kl", "chi2_token", "ess", "clipped_frac",
                  "abs_log_ratio_mean", "status")
 SHOWN_CHANGES = 20
 """Verdict changes listed in the report (all are in metrics.json's status_changes)."""
 
 
-def report_trend(run: Any, options: Any) -> tuple[Any, dict[str, Drift]]:
-    """(trend DataFrame, {metric: Drift}) of a multi-step run at the report's convention and threshold, with the
-    token_truncate mode (the one whose ESS the headline shows); (None, {}) for a run with one step."""
+def report_trend(run: Any, options: Any) -> Any:
+    """The trend DataFrame of a multi-step run at the report's convention and threshold, with the token_truncate
+    mode (the one whose ESS the headline shows); None for a run with one step."""
     if not has_steps(run):
-        return None, {}
-    frame = trend(run, options.convention, "token_truncate", options.threshold, options.lower,
-                  replicates=options.replicates, level=options.level, seed=options.seed, silent=options.silent)
-    return frame, drifts(frame)
+        return None
+    return trend(run, options.convention, "token_truncate", options.threshold, options.lower,
+                 replicates=options.replicates, level=options.level, seed=options.seed, silent=options.silent)
 
 
 def by_step(report: Any) -> list[dict[str, Any]]:
-    """metrics.json's by_step: one dict per step, with `status`, the verdict of that step's numbers
-    (health.step_verdicts); a one-step run's single row from the report's own numbers."""
+    """metrics.json's by_step: one dict per step, with `status` and `cause`, the verdict of that step's numbers
+    (rcdiag.analysis.verdict.step_verdicts); a one-step run's single row from the report's own numbers."""
     rows = _rows(report)
-    for row, judged in zip(rows, step_verdicts(rows), strict=True):
+    for row, judged in zip(rows, step_verdicts(rows, _step_context(report)), strict=True):
         row["status"] = judged.status
+        row["cause"] = judged.cause.kind
     return rows
+
+
+def _step_context(report: Any) -> Context:
+    """The run's verdict context (dtype, architecture) for judging its steps."""
+    return report.context
 
 
 def _rows(report: Any) -> list[dict[str, Any]]:
@@ -54,6 +62,7 @@ def _rows(report: Any) -> list[dict[str, Any]]:
         return []
     row: dict[str, Any] = {"step": _only_step(report), **report.metrics}
     row.update({k: report.tails.get(k, math.nan) for k in ("abs_log_ratio_mean", "abs_log_ratio_max")})
+    row.update(report.noise.values() if report.noise is not None else {})
     row.update(report.is_modes.get("token_truncate", {}))
     for name in INTERVAL_NAMES:
         for bound in ("low", "high", "se"):
@@ -75,13 +84,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def drift_text(drift: dict[str, Drift]) -> str:
-    """One callout: the drifting metrics first, in words, or that none drifts."""
-    found = [d for d in drift.values() if d.detected]
-    if found:
-        return "Drift (warning): " + " ".join(d.text for d in found) + " " + ADVICE
-    names = ", ".join(drift) or ", ".join(DRIFT_METRICS)
-    return f"No drift (healthy): none of {names} rises steadily above its first steps beyond the bootstrap noise."
+def timeline_text(timeline: Timeline | None) -> str:
+    """One callout: the step change or the drift, in words, with its status — or that the run is steady."""
+    if timeline is None:
+        return ""
+    if timeline.change is not None:
+        return "Step change (see the verdict): " + timeline.text
+    if timeline.drift is not None:
+        return "Drift (warning): " + timeline.text
+    return timeline.text
 
 
 def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str:
@@ -98,23 +109,27 @@ def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str
 
 def trend_section(report: Any) -> tuple[list[Block], dict[str, FigureSpec], dict[str, Any]]:
     """(blocks, figures to draw, data) of the trend: blocks and the figure only for a multi-step run; data carries
-    by_step with each step's status, status_changes, and drift ({} for one step)."""
+    by_step with each step's status, status_changes, and the timeline (None for one step)."""
     steps = by_step(report)
-    changes = status_changes(steps)
+    changes = status_changes(steps, _step_context(report))
+    timeline = report.timeline
     data = {"by_step": steps, "status_changes": [c.to_dict() for c in changes],
-            "drift": {k: d.to_dict() for k, d in report.drift.items()}}
+            "timeline": timeline and timeline.to_dict()}
     frame = report.trend
     if frame is None:
         return [], {}, data
     rows = [[fmt(r[c]) if c != "status" else r[c] for c in TABLE_COLUMNS] for r in steps]
     level = frame.attrs.get("level", 0.95)
+    marks = [] if timeline is None else [(timeline.change.step, "step change")] if timeline.change else \
+        [(timeline.drift.start_step, "drift starts")] if timeline.drift else []
     blocks = [Block("h", "Across training"),
               Block("p", f"{len(frame)} steps ({int(frame['step'].iloc[0])}–{int(frame['step'].iloc[-1])}); "
-                         f"bars are {level:.0%} bootstrap intervals over each step's sequences. Drift: one-sided "
-                         "CUSUM of each step's excess over the first steps, in units of its bootstrap error "
-                         "(K=0.5, H=5); the drift starts where the sum last left zero."),
-              Block("callout", drift_text(report.drift)),
+                         f"bars are {level:.0%} bootstrap intervals over each step's sequences. Changes are judged "
+                         "on a log scale from per-step statistics a heavy tail cannot dominate (mean |ℓ|, the noise "
+                         "scale σ̂ — a median — and the share of outlier tokens): a step change is a jump between "
+                         "two plateaus, a drift a steady rise (docs/metrics.md, 'Across training')."),
+              Block("callout", timeline_text(timeline)),
               Block("p", changes_text(steps, changes)),
               Block("image", "mismatch per step", image=FIGURE),
               Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
-    return blocks, {FIGURE: ("trend_panels", (frame, report.drift, PANELS))}, data
+    return blocks, {FIGURE: ("trend_panels", (frame, marks, PANELS))}, data

@@ -1,4 +1,5 @@
-"""Health bands and the verdict: band edges, direction, checks before metrics, --fail-on ordering."""
+"""Health bands and the verdict on bands alone (no noise evidence): band edges, direction, checks before metrics,
+--fail-on ordering."""
 from __future__ import annotations
 
 import math
@@ -13,9 +14,9 @@ from rcdiag.analysis.health import (
     UNKNOWN,
     WARNING,
     at_least,
-    verdict,
     worst,
 )
+from rcdiag.analysis.verdict import verdict
 
 
 @pytest.mark.parametrize("metric,value,status", [
@@ -39,17 +40,19 @@ def test_checks_come_first_and_set_the_floor():
     v = verdict({"kl": 1e-4}, [{"name": "ok_one", "severity": "ok", "message": ""},
                                {"name": "storage_precision", "severity": "warning", "message": "bf16"},
                                {"name": "temperature", "severity": "error", "message": "T differs"}])
-    assert v.status == ALARM and v.first_check == "temperature"
-    assert v.reasons == ["check temperature (error): T differs", "check storage_precision (warning): bf16"]
+    assert v.status == ALARM and v.first_check == "temperature" and v.cause.kind == "input_defect"
+    assert not v.correct and v.headline() == "ALARM: fix the failed input check temperature first"
+    assert v.reasons == ["check temperature: T differs", "warning: input check storage_precision needs attention"]
     assert v.metric_status == {"kl": HEALTHY}
 
 
 def test_metric_reasons_name_value_and_band():
     v = verdict({"chi2_token": 5.35e13, "kl": -0.04, "ess": 0.9999})
-    assert v.status == ALARM
+    assert v.status == ALARM and v.cause.kind == "bands"
     assert v.reasons[0].startswith("chi2_token = 5.35e+13 (alarm: outside value ≤ 1; verl warns")
     assert v.reasons[1].startswith("kl = -0.04 (warning: outside |value| ≤ 0.01")
-    assert v.to_dict()["metric_status"]["ess"] == HEALTHY and v.line().startswith("ALARM — chi2_token")
+    assert v.to_dict()["metric_status"]["ess"] == HEALTHY
+    assert v.line().startswith("ALARM: the mismatch is outside the health bands — chi2_token")
 
 
 def test_levels_order():

@@ -9,7 +9,8 @@ import re
 import pytest
 
 import rcdiag
-from rcdiag.analysis.health import ALARM, HEALTHY, UNKNOWN, WARNING, verdict
+from rcdiag.analysis.health import ALARM, HEALTHY, UNKNOWN, WARNING
+from rcdiag.analysis.verdict import verdict
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
@@ -31,21 +32,25 @@ def reports(tmp_path_factory):
 
 
 def test_verdicts(reports):
-    assert reports["healthy"][1].verdict.status == HEALTHY
-    assert reports["healthy"][1].verdict.reasons == []
+    healthy = reports["healthy"][1].verdict
+    assert healthy.status == HEALTHY and healthy.cause.kind == "floor" and healthy.correct
+    assert healthy.reasons[0].startswith("noise scale σ̂ = 0.03")  # its size against the bf16 floor
     heavy = reports["heavy"][1].verdict
-    assert heavy.status == ALARM
+    assert heavy.status == ALARM and heavy.cause.kind == "heavy_tail" and heavy.correct
+    assert heavy.cause.title.startswith("heavy-tailed mismatch: 1.9")
     assert any(r.startswith("chi2_token = ") for r in heavy.reasons)
     assert any(r.startswith("frac_outside_0.5_2 = 0.019") for r in heavy.reasons)
+    assert heavy.metric_status["abs_log_ratio_mean"] == WARNING  # the tail, not the bulk, is off the floor
     temp = reports["temperature"][1].verdict
-    assert temp.status in (ALARM, WARNING)
-    assert temp.first_check == "temperature" and temp.reasons[0].startswith("check temperature (error)")
+    assert temp.status == ALARM and not temp.correct
+    assert temp.first_check == "temperature" and temp.reasons[0].startswith("check temperature: the rollout")
+    assert not any("floor" in r for r in temp.reasons)  # behind a failed check the numbers measure the defect
 
 
 def test_recommendation_classes(reports):
     healthy = reports["healthy"][1].recommendation
-    assert healthy["kind"] == "none" and healthy["text"].startswith("No correction needed")
-    assert "ESS" in healthy["text"] and "bias" in healthy["text"]
+    assert healthy["kind"] == "none" and healthy["text"].startswith("No correction needed: numerical mismatch at")
+    assert "ESS" in healthy["text"] and "bias" in healthy["text"] and healthy["mode"] is None
     heavy = reports["heavy"][1].recommendation
     assert heavy["kind"] == "correct" and heavy["clipped_frac"] > 0.01  # it acts on the 1.9 % tail
     assert heavy["mode"].startswith("token") and heavy["threshold"] <= 2
@@ -134,13 +139,15 @@ def test_fail_on_rejects_unknown_level(reports, tmp_path, capsys):
 def test_cli_summary_line_is_the_verdict(reports, tmp_path, capsys):
     assert main(["report", str(reports["heavy"][0].path), "--out", str(tmp_path / "r")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert re.match(r"heavy: ALARM: use token_truncate at C=2 \(kl=.*; input checks pass\)", first), first
+    assert re.match(r"heavy: ALARM: heavy-tailed mismatch: 1\.9\d% of tokens .* — correct with token_truncate at C=2 "
+                    r"\(kl=.*; input checks pass\)", first), first
 
 
 def test_verdict_from_check_dicts_and_values():
     v = verdict({"kl": 0.05, "ess": 0.2}, [{"name": "placeholders", "severity": "warning", "message": "m"}])
-    assert v.status == ALARM and v.reasons[0] == "check placeholders (warning): m"
-    assert v.reasons[1].startswith("ess = 0.2 (alarm") and v.reasons[2].startswith("kl = 0.05 (warning")
+    assert v.status == ALARM and v.cause.kind == "bands"
+    assert v.reasons[0].startswith("ess = 0.2 (alarm") and v.reasons[1].startswith("kl = 0.05 (warning")
+    assert v.reasons[2] == "warning: input check placeholders needs attention"
     assert verdict({"kl": float("nan")}).status == UNKNOWN  # no data is not "no mismatch"
 
 
@@ -159,4 +166,4 @@ def test_notebook_card_shows_the_verdict_and_context(reports):
     run = notebook.Run(reports["heavy"][0].path) if hasattr(notebook, "Run") else reports["heavy"][0]
     card = notebook.run_html(run)
     assert 'data-status="alarm"' in card and "engine synthetic (bfloat16, T=1" in card
-    assert "chi2_token = 5.35e+13" in card
+    assert "heavy-tailed mismatch" in card and "chi2_token = 38.4" in card and "What to do:" in card

@@ -11,12 +11,14 @@ from tests.fixtures.runs import SyntheticSpec, build_run, defect_manifest, synth
 
 TAIL_SHARE = 0.019
 """Share of valid tokens given a ratio above 2 in the MoE-like run (the issue's 1.9 %)."""
-WORST_LOG_RATIO = 22.6
+WORST_LOG_RATIO = 6.0
+"""The worst token: the top of the published MoE range (R3: 2–6 nats), so the tail stays a correctable numerical one;
+beyond 15 nats the verdict calls it not numerics (tests/report/test_scenarios.py)."""
 
 
 def heavy_tailed_run(path: str | Path, seed: int = 3, share: float = TAIL_SHARE) -> Run:
     """A clean dense-like run whose tail is made MoE-like: `share` of the valid tokens get
-    ℓ ~ U(0.8, 3) nats (ratio 2.2 … 20, the rollout log-prob lowered), one of them ℓ = 22.6 (χ² and k3 huge)."""
+    ℓ ~ U(0.8, 3) nats (ratio 2.2 … 20, the rollout log-prob lowered), one of them ℓ = 6 (χ² and k3 large)."""
     tokens, sequences = synthetic_frames(SyntheticSpec(n_seq=160, seed=seed))
     rng = np.random.default_rng(seed)
     valid = np.flatnonzero(tokens["mask"].to_numpy())

@@ -22,13 +22,17 @@ def test_drifting_run_fails_on_drift_and_reports_the_trend(drifting_run, tmp_pat
     code, err = report([str(drifting_run.path), "--out", str(tmp_path / "r"), "--fail-on-drift"], capsys)
     assert code == 1
     assert err.splitlines()[0] == "Failed --fail-if / --fail-on-drift conditions:"
-    assert f"drift: k3_kl drifts up from step {CHANGE} " in err
+    assert f"drifting: The mismatch drifts up from step {CHANGE}: mean |ℓ| ×" in err
     data = json.loads((tmp_path / "r" / "metrics.json").read_text())
     assert [row["step"] for row in data["by_step"]] == list(range(STEPS))
-    assert data["drift"]["k3_kl"]["start_step"] == CHANGE
+    assert data["timeline"]["drift"]["start_step"] == CHANGE and data["timeline"]["change"] is None
+    assert data["verdict"]["causes"][0]["kind"] in ("drift", "heavy_tail", "above_floor")
+    assert any(c["kind"] == "drift" and c["step"] == CHANGE for c in data["verdict"]["causes"])
     assert (tmp_path / "r" / "trend.png").stat().st_size > 10_000
     md = (tmp_path / "r" / "report.md").read_text()
-    assert "## Across training" in md and "Drift (warning): k3_kl drifts up from step 6" in md
+    assert "## Across training" in md and f"Drift (warning): The mismatch drifts up from step {CHANGE}" in md
+    # what changed across training is news: the section comes before the headline cards
+    assert md.index("## Across training") < md.index("## Headline")
     # the per-step numbers are the library's
     frame = rcdiag.trend(drifting_run, replicates=10)
     assert [row["k3_kl"] for row in data["by_step"]] == pytest.approx(frame["k3_kl"].tolist(), rel=1e-12)
@@ -37,7 +41,8 @@ def test_drifting_run_fails_on_drift_and_reports_the_trend(drifting_run, tmp_pat
 def test_flat_run_passes_the_drift_gate(flat_run, tmp_path, capsys):
     code, err = report([str(flat_run.path), "--out", str(tmp_path / "r"), "--fail-on-drift"], capsys)
     assert code == 0 and err == ""
-    assert "No drift (healthy)" in (tmp_path / "r" / "report.md").read_text()
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Steady across training: no step change" in md and md.index("## Headline") < md.index("## Across")
 
 
 def test_one_step_run_has_one_by_step_row_and_no_trend_section(tmp_path, capsys):
@@ -46,7 +51,7 @@ def test_one_step_run_has_one_by_step_row_and_no_trend_section(tmp_path, capsys)
     code, _ = report([str(run.path), "--fail-on-drift"], capsys)
     data = json.loads((run.path / "report" / "metrics.json").read_text())
     assert code == 0 and len(data["by_step"]) == 1 and data["by_step"][0]["step"] == 0
-    assert data["by_step"][0]["kl"] == data["metrics"]["kl"] and data["drift"] == {}
+    assert data["by_step"][0]["kl"] == data["metrics"]["kl"] and data["timeline"] is None
     assert "Across training" not in (run.path / "report" / "report.md").read_text()
 
 

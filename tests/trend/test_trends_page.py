@@ -15,7 +15,7 @@ from tests.trend.conftest import CHANGE
 def test_drifting_run_warns_and_shows_the_drift_step(make_app, drifting_run):  # noqa: F811
     app = make_app(drifting_run, page="trends")
     assert_clean(app)
-    assert app.warning and app.warning[0].value.startswith("**Drift (warning).** k3_kl drifts up from step 6")
+    assert app.warning and app.warning[0].value.startswith("**Drift (warning).** The mismatch drifts up from step 6")
     assert app.selectbox(key="trend_step").value == CHANGE  # opens at the step where the drift starts
     frame = trend(drifting_run, replicates=10)
     card = next(h.proto.body for h in app.get("html") if "· k3_kl<" in h.proto.body)  # the band-coloured card

@@ -14,8 +14,8 @@ from app import bands, charts, data, judged, state, ui
 from rcdiag.analysis import health
 from rcdiag.analysis.drift import timeline
 from rcdiag.analysis.verdict import Verdict, status_changes, step_verdicts
-from rcdiag.report.plots import LOG_PANELS
 from rcdiag.report.options import CONVENTIONS, ReportOptions
+from rcdiag.report.plots import LOG_PANELS
 from rcdiag.report.render import md_escape
 from rcdiag.report.trend_section import PANELS, changes_text
 from rcdiag.store.run import open_run

@@ -77,20 +77,40 @@ def _field(check: Any, name: str) -> Any:
     return check.get(name) if isinstance(check, Mapping) else getattr(check, name, None)
 
 
+CHECK_TITLES = {
+    "count_mismatch": "the two sides were not cut at the same tokens",
+    "alignment_shift": "the two sides are shifted by one position",
+    "temperature": "the two sides use different temperatures",
+    "truncation_offset": "the engine renormalised over a top-p/top-k support",
+    "placeholders": "placeholder or impossible log-probs on valid positions",
+    "storage_precision": "the log-probs were stored at a lower precision",
+    "threshold_floor": "a threshold lies within storage rounding",
+    "manifest_flags": "the run's settings record a convention problem",
+}
+"""What each input check's failure means, in a few words (the banner's title)."""
+CONVENTION_WARNINGS = ("truncation_offset", "manifest_flags")
+"""Check warnings that are convention defects: the fix is a setting, and a correction would only bound the
+symptom, so none is advised (storage precision, a threshold in rounding or a few placeholders are not)."""
+
+
 def input_defects(checks: Iterable[Any]) -> list[Cause]:
     """A failed check (error) → alarm, no correction; a check warning → a warning with its fix."""
     found = []
     for check in checks:
         severity, name = _field(check, "severity"), str(_field(check, "name"))
         message, fix = str(_field(check, "message")), str(_field(check, "fix") or "")
+        means = CHECK_TITLES.get(name)
         if severity == "error":
-            found.append(Cause("input_defect", ALARM, f"fix the failed input check {name} first",
+            found.append(Cause("input_defect", ALARM, f"fix the failed input check {name} first"
+                               + (f": {means}" if means else ""),
                                (f"check {name}: {message}",), fix + (" " if fix else "") +
                                "The numbers measure that defect, not numerical mismatch: re-run the report once "
                                "it is fixed.", CHECKS_SOURCE, correct=False))
         elif severity == "warning":
-            found.append(Cause("input_warning", WARNING, f"input check {name} needs attention",
-                               (f"check {name}: {message}",), fix, CHECKS_SOURCE))
+            found.append(Cause("input_warning", WARNING, f"{means} (input check {name})" if means else
+                               f"input check {name} needs attention",
+                               (f"check {name}: {message}",), fix, CHECKS_SOURCE,
+                               correct=name not in CONVENTION_WARNINGS))
     return found
 
 
@@ -159,7 +179,8 @@ def drift(ctx: Context) -> Cause | None:
                  step=found.start_step)
 
 
-def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor | None) -> Cause:
+def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor | None,
+             ctx: Context = Context()) -> Cause:
     """Numerical mismatch, sized against the floor; the fixed bands (but mean |ℓ|, which the floor judges) keep
     their say on the size of the effect."""
     bands = {m: s for m, s in statuses(values).items() if m != FLOOR_BAND or noise is None}
@@ -181,8 +202,9 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
                      f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (sizes, *band_reasons),
                      "This is what MoE routing flips give: a token-level correction bounds these tokens (the "
-                     "recommendation below) and routing replay (R3) removes them at the source. On a dense model "
-                     "nothing numerical does: check the weight sync and the policy version instead.",
+                     "recommendation below) and routing replay (R3) removes them at the source."
+                     + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check the "
+                        "weight sync and the policy version instead."),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")
     if noise.sigma > floor.sigma_largest:
         return Cause("above_floor", worst([WARNING, band_status]),
@@ -218,8 +240,13 @@ def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> 
         return [*errors, Cause("no_data", UNKNOWN, f"nothing judged: {why}", (),
                                "Fix the data the checks and the message point at, then re-run the report.",
                                CHECKS_SOURCE, correct=False), *warnings]
-    found = [*errors, not_numerics(noise, ctx), step_change(ctx, floor), *ctx.extra, drift(ctx), *warnings,
-             numerics(values, noise, floor)]
+    bug, change = not_numerics(noise, ctx), step_change(ctx, floor)
+    if bug is not None and change is not None:  # the step names when the tokens no precision explains appeared
+        change = Cause("step_change", ALARM, f"{change.title}: not numerical mismatch",
+                       change.evidence + bug.evidence, f"{CHANGE_ADVICE} {bug.action.split('. ', 1)[1]}",
+                       f"{change.source}; {bug.source}", correct=False, step=change.step)
+        bug = None
+    found = [*errors, bug, change, *ctx.extra, drift(ctx), *warnings, numerics(values, noise, floor, ctx)]
     return [c for c in found if c is not None]
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.analysis import peer_logs
 from rcdiag.analysis.accum import ExactSum, Extremum, add_range, merge_ranges, ratio
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe, stream
-from rcdiag.analysis import peer_logs
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.verlstats import VerlProbStats
 

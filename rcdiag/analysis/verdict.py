@@ -20,6 +20,8 @@ from rcdiag.analysis.causes import FLOOR_BAND, Cause, Context, diagnose, primary
 from rcdiag.analysis.floor import NoiseSummary
 from rcdiag.analysis.health import BY_METRIC, COLOURS, HEALTHY, UNKNOWN, WARNING, num, statuses
 
+NUMERICAL_KINDS = ("heavy_tail", "above_floor", "bands", "floor")
+"""Causes that size numerical mismatch (rcdiag.analysis.causes.numerics)."""
 REPLAY_CAVEAT = ("the rollout side is a prefill replay of the text (vLLM re-reading the tokens), not the log-probs "
                  "the rollout sampled with: decode-time effects (batch composition, KV cache, the trainer's TP "
                  "layout and vLLM version) are not in these numbers")
@@ -89,9 +91,9 @@ def verdict(values: Mapping[str, Any], checks: Iterable[Any] = (), context: Cont
         context = replace(context, noise=NoiseSummary.from_values(values))
     causes = diagnose(values, checks, context)
     cause = primary(causes)
-    # behind a failed input check the other numbers measure the defect: only the other checks are worth listing
+    # behind a defect or a bug the numerical causes measure its symptoms: they are not worth listing beside it
     others = [c for c in causes if c is not cause and c.status != HEALTHY
-              and (cause.kind != "input_defect" or c.kind.startswith("input"))]
+              and (cause.correct or c.kind not in NUMERICAL_KINDS)]
     reasons = [*cause.evidence, *(f"{c.status}: {c.title}" for c in others)]
     caveats = [REPLAY_CAVEAT] if context.replay else []
     return Verdict(cause.status, cause, causes, reasons, _metric_status(values, context), caveats)

@@ -133,12 +133,14 @@ def command(
 def summary_line(report: RunReport) -> str:
     """The terminal summary of one run: its verdict with the cause, what to do, the evidence, and the input checks
     that need attention."""
-    from rcdiag.report.sections import checks_line  # loaded with the report (matplotlib); --help stays light
+    from rcdiag.report.sections import (  # loaded with the report; --help stays light
+        checks_line,
+        verdict_phrase,
+    )
 
-    rec, v = report.recommendation, report.verdict
+    v = report.verdict
     bad = [f for f in report.checks if f.severity in ("warning", "error")]
-    what = f" — correct with {rec.get('mode')} at C={rec.get('threshold') or 0:g}" if rec.get("kind") == "correct" \
-        else " — reweighting cannot absorb it; fix its source" if rec.get("kind") == "fix_source" else ""
+    what = verdict_phrase(report)
     reasons = "".join(f"\n  {r}" for r in v.reasons[:4])
     action = f"\n  What to do: {v.cause.action}" if v.cause.action else ""
     caveats = "".join(f"\n  Note: {c}" for c in v.caveats)

@@ -18,22 +18,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
-from rcdiag.analysis.correction import IS_METRIC_NAMES
 from rcdiag.analysis.causes import Context
+from rcdiag.analysis.correction import IS_METRIC_NAMES
 from rcdiag.analysis.drift import Timeline, timeline
 from rcdiag.analysis.floor import NoiseSummary, coarser_dtype
 from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE
-from rcdiag.analysis.verdict import Verdict, verdict
 from rcdiag.analysis.threads import in_background
+from rcdiag.analysis.verdict import Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
 from rcdiag.report.cache import cached_passes
+from rcdiag.report.context import architecture, engine_replayed, side_dtypes
 from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library
 from rcdiag.report.recommend import recommend
 from rcdiag.report.scan import Scan
-from rcdiag.report.context import architecture, engine_replayed, side_dtypes
 from rcdiag.report.trend_section import report_trend
 from rcdiag.store.run import read_columns
 from rcdiag.tokenizers import fast_tokenizer, run_tokenizer

@@ -141,9 +141,10 @@ def recommend(report: Any) -> dict[str, Any]:
     verdict = report.verdict
     if verdict.status != UNKNOWN and not verdict.correct:
         cause = verdict.cause
+        why = ("An IS correction would only bound the symptom of that setting." if cause.kind.startswith("input")
+               else "An IS correction here would bound the symptom and keep training on data from another policy.")
         return {**done("fix_cause", f"No correction: {_sentence(cause.title[0].upper() + cause.title[1:])} "
-                       f"{cause.action} An IS correction here would bound the symptom and keep training on data "
-                       "from another policy."), "settings": [], "cause": cause.kind}
+                       f"{_sentence(cause.action)} {why}"), "settings": [], "cause": cause.kind}
     frame = report.sweep
     if frame is None or len(frame) == 0 or not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
         why = report.metrics_error or ("no valid token has a weight (the run has no valid tokens)"

@@ -147,13 +147,15 @@ def verdict_blocks(report: RunReport) -> list[Block]:
     notes += [f"Why we think so: {v.cause.source}"] if v.cause.source else []
     notes += [f"Note: {c}" for c in v.caveats]
     return [Block("context", context_line(report.manifest)),
-            Block("verdict", v.headline() + _verdict_phrase(report), rows=v.reasons, status=v.status, notes=notes)]
+            Block("verdict", v.headline() + verdict_phrase(report), rows=v.reasons, status=v.status, notes=notes)]
 
 
-def _verdict_phrase(report: RunReport) -> str:
+def verdict_phrase(report: RunReport) -> str:
     """What the recommendation adds to the headline: the correction, when it is one."""
     rec = report.recommendation
     kind = rec.get("kind")
+    if report.verdict.cause.kind.startswith("input"):  # the check's fix is the action
+        return ""
     if kind == "correct":
         return f" — correct with {rec.get('mode')} at C={rec.get('threshold') or 0:g}"
     if kind == "fix_source":

@@ -15,8 +15,8 @@ import numpy as np
 
 from rcdiag.analysis.causes import Context
 from rcdiag.analysis.drift import Timeline
-from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
+from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
 from rcdiag.report.figproc import FigureSpec
 from rcdiag.report.render import Block, fmt
 from rcdiag.store.run import Run

@@ -41,8 +41,10 @@ def test_checks_come_first_and_set_the_floor():
                                {"name": "storage_precision", "severity": "warning", "message": "bf16"},
                                {"name": "temperature", "severity": "error", "message": "T differs"}])
     assert v.status == ALARM and v.first_check == "temperature" and v.cause.kind == "input_defect"
-    assert not v.correct and v.headline() == "ALARM: fix the failed input check temperature first"
-    assert v.reasons == ["check temperature: T differs", "warning: input check storage_precision needs attention"]
+    assert not v.correct and v.headline() == ("ALARM: fix the failed input check temperature first: the two sides use "
+                                         "different temperatures")
+    assert v.reasons == ["check temperature: T differs", "warning: the log-probs were stored at a lower precision (input check "
+                                                        "storage_precision)"]
     assert v.metric_status == {"kl": HEALTHY}
 
 

@@ -1,17 +1,17 @@
-"""Trends page on the multi-step heavy-tailed run: the drift verdict, and its state in the URL."""
+"""Trends page on the multi-step heavy-tailed run: the timeline (step change or drift), and its state in the URL."""
 from __future__ import annotations
 
 import sys
 
 from streamlit.testing.v1 import AppTest
 
-from rcdiag.analysis.drift import drifts
+from rcdiag.analysis.drift import timeline
 from rcdiag.analysis.trend import trend
 from tests.dashboard.conftest import APP, HEAVY_STEPS, assert_clean
 
 
 def test_trends_link_reopens_step_and_settings(heavy_run, monkeypatch):
-    """?convention=verl&threshold=3&step=2 opens Trends on step 2 with those settings, and the drift verdict is
+    """?convention=verl&threshold=3&step=2 opens Trends on step 2 with those settings, and the timeline is
     rcdiag's (rcdiag.analysis.drift over rcdiag.trend with the same settings)."""
     monkeypatch.setattr(sys, "argv", [str(APP), str(heavy_run.path)])
     app = AppTest.from_file(str(APP), default_timeout=120)
@@ -24,6 +24,8 @@ def test_trends_link_reopens_step_and_settings(heavy_run, monkeypatch):
     assert any(h.value == "Step 2" for h in app.subheader)
     frame = trend(heavy_run, "verl", "token_truncate", 3.0, replicates=200)
     assert len(frame) == HEAVY_STEPS
-    detected = [d for d in drifts(frame).values() if d.detected]
+    found = timeline(frame)
     shown = " ".join(w.value for w in app.warning) + " ".join(s.value for s in app.success)
-    assert ("Drift (warning)" in shown) == bool(detected), shown
+    assert ("Drift (warning)" in shown) == (found.drift is not None), shown
+    assert ("Step change" in shown) == (found.change is not None), shown
+    assert found.text.split(":")[0].replace("|", "\\|") in shown

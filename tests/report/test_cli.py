@@ -33,7 +33,8 @@ def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
     code, stdout, stderr = _run(capsys, "report", str(run.path), "--out", str(out), "--thresholds", "1.5,2,4",
                                 "--convention", "verl")
     assert code == 0, stderr
-    assert stdout.splitlines()[0].startswith("temperature: ALARM: fix the failed input check temperature first (kl=0.02")
+    assert stdout.splitlines()[0].startswith("temperature: ALARM: fix the failed input check temperature first: the two "
+                                             "sides use different temperatures (kl=0.02")
     assert stdout.splitlines()[1].startswith("  check temperature: the rollout log-probs are sharper: on ")
     assert stdout.strip().splitlines()[-2] == f"Wrote {out}/report.html, report.md, metrics.json"
     assert stdout.strip().splitlines()[-1].startswith(f"Next: open {out}/report.html")

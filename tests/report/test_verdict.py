@@ -147,7 +147,8 @@ def test_verdict_from_check_dicts_and_values():
     v = verdict({"kl": 0.05, "ess": 0.2}, [{"name": "placeholders", "severity": "warning", "message": "m"}])
     assert v.status == ALARM and v.cause.kind == "bands"
     assert v.reasons[0].startswith("ess = 0.2 (alarm") and v.reasons[1].startswith("kl = 0.05 (warning")
-    assert v.reasons[2] == "warning: input check placeholders needs attention"
+    assert v.reasons[2] == ("warning: placeholder or impossible log-probs on valid positions (input check "
+                            "placeholders)")
     assert verdict({"kl": float("nan")}).status == UNKNOWN  # no data is not "no mismatch"
 
 

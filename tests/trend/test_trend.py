@@ -2,9 +2,6 @@
 one pass whatever the file/chunk boundaries; a mismatch growing from a known step is found at that step."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pandas as pd
 import pytest
 

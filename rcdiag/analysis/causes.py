@@ -26,8 +26,9 @@ from typing import Any
 from rcdiag.analysis.drift import ADVICE, CHANGE_ADVICE, Timeline
 from rcdiag.analysis.floor import ANY_LIMIT, DENSE_LIMIT, FLIP_GAP, TAIL_K, TAIL_SHARE, Floor, NoiseSummary
 from rcdiag.analysis.health import ALARM, BY_METRIC, HEALTHY, STATUSES, UNKNOWN, WARNING, num, statuses, worst
+from rcdiag.analysis.lag_cause import LagCause
 
-CAUSE_KINDS = ("input_defect", "not_numerics", "step_change", "extra", "drift", "input_warning", "heavy_tail",
+CAUSE_KINDS = ("input_defect", "not_numerics", "step_change", "weights_unchanged", "staleness", "extra", "drift", "input_warning", "heavy_tail",
                "above_floor", "bands", "floor", "no_data")
 """Every kind of cause, in order of precedence."""
 FLOOR_BAND = "abs_log_ratio_mean"
@@ -166,6 +167,19 @@ def step_change(ctx: Context, floor: Floor | None) -> Cause | None:
                                                    explained else ""),
                  "rcdiag: a two-segment median test on a log scale (docs/metrics.md, 'Across training')",
                  correct=explained, step=change.step)
+
+
+def from_lag(found: LagCause | None) -> Cause | None:
+    """The lag split's cause (rcdiag.analysis.lag_cause): weights that never changed — a broken sync, no correction —
+    or staleness, which a correction against the generating policy (decoupled PPO, IS on the behaviour policy's
+    log-probs) legitimately handles."""
+    if found is None:
+        return None
+    unchanged = found.cause.startswith("weights not updated")
+    return Cause("weights_unchanged" if unchanged else "staleness", ALARM if found.severity == "alarm" else WARNING,
+                 found.cause, (found.evidence,), found.action[0].upper() + found.action[1:] + ".",
+                 "rcdiag: the lag split and the weights-unchanged check (docs/metrics.md, 'Policy lag')",
+                 correct=not unchanged)
 
 
 def drift(ctx: Context) -> Cause | None:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.bootstrap import bootstrap
-from rcdiag.analysis.causes import Context
+from rcdiag.analysis.causes import Context, from_lag
 from rcdiag.analysis.correction import IS_METRIC_NAMES
 from rcdiag.analysis.drift import Timeline, timeline
 from rcdiag.analysis.floor import NoiseSummary, coarser_dtype
@@ -30,6 +30,7 @@ from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
 from rcdiag.report.cache import cached_passes
 from rcdiag.report.context import architecture, engine_replayed, side_dtypes
+from rcdiag.report.lag_section import LagFindings, lag_findings
 from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
 from rcdiag.report.passes import Library
 from rcdiag.report.recommend import recommend
@@ -71,6 +72,7 @@ class RunReport:
     context: Context = field(default_factory=Context)  # what the verdict knew besides the numbers
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
     timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.drift), multi-step only
+    lag: LagFindings = field(default_factory=LagFindings)  # policy lag split, weights unchanged (report.lag_section)
     baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
 
     @property
@@ -145,6 +147,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     report.noise = scan.checks.noise.finish()
     report.trend = report_trend(run, options)
     report.timeline = None if report.trend is None else timeline(report.trend)
+    report.lag = lag_findings(run, options.threshold)
     report.context = verdict_context(report)
     report.verdict = verdict(headline_values(report), report.checks, report.context)
     return report
@@ -155,7 +158,7 @@ def verdict_context(report: RunReport) -> Context:
     the rollout side is a replay, the timeline, and whether the metrics refused the data."""
     return Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
                    replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
-                   refused=report.metrics_error)
+                   refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c))
 
 
 def headline_values(report: RunReport) -> dict[str, float]:

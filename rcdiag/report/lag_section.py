@@ -7,12 +7,13 @@ repeated contexts across versions and without `rcdiag score --checkpoint` adds n
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag.analysis.lag import REFERENCES, lag_split
-from rcdiag.analysis.lag_cause import cause_of
-from rcdiag.analysis.unchanged import MIN_PAIRS, weights_unchanged
+from rcdiag.analysis.lag import REFERENCES, LagSplit, lag_split
+from rcdiag.analysis.lag_cause import LagCause, cause_of
+from rcdiag.analysis.unchanged import MIN_PAIRS, Unchanged, weights_unchanged
 from rcdiag.errors import RcdiagError
 from rcdiag.report.render import Block, fmt
 from rcdiag.store.manifest import CHECKPOINTS_SECTION
@@ -72,20 +73,43 @@ def _attribution_blocks(result: dict[str, Any]) -> list[Block]:
             Block("table", headers=["step", "tokens", "matches", "margin", "× closer", *names], rows=rows)]
 
 
-def lag_section(report: Any) -> tuple[list[Block], dict[str, Any], dict[str, Any]]:
-    """(blocks, {}, {"lag": data}) of the report's run; three empties when there is nothing to say."""
+@dataclass(frozen=True)
+class LagFindings:
+    """The lag split and the weights-unchanged check of a run (computed once, in rcdiag.report.build.judge, for the
+    verdict and this section), or the error that stopped them."""
+
+    split: LagSplit | None = None
+    unchanged: tuple[Unchanged, ...] = ()
+    error: str | None = None
+
+    @property
+    def cause(self) -> LagCause | None:
+        return None if self.error else cause_of(self.split, list(self.unchanged))
+
+
+def lag_findings(run: Any, threshold: float) -> LagFindings:
+    """LagFindings of `run` (a Run): nothing read beyond the sequences table for a run without versions or repeated
+    contexts."""
     try:
-        run = open_run(report.path)
-        split = lag_split(run, threshold=report.options.threshold)
-        unchanged = weights_unchanged(run)
+        return LagFindings(lag_split(run, threshold=threshold), tuple(weights_unchanged(run)))
     except RcdiagError as exc:
-        return [Block("h", "Policy lag"), Block("callout", f"Lag split not computed: {exc}")], {}, \
-            {"lag": {"error": str(exc)}}
+        return LagFindings(error=str(exc))
+
+
+def lag_section(report: Any) -> tuple[list[Block], dict[str, Any], dict[str, Any]]:
+    """(blocks, {}, {"lag": data}) of the report's run (report.lag: LagFindings); three empties when there is
+    nothing to say."""
+    found = report.lag
+    if found.error:
+        return [Block("h", "Policy lag"), Block("callout", f"Lag split not computed: {found.error}")], {}, \
+            {"lag": {"error": found.error}}
+    split, unchanged = found.split, list(found.unchanged)
+    run = open_run(report.path)
     attribution = _attribution(run)
     tested = [u for u in unchanged if u.pairs >= MIN_PAIRS]
     if split is None and not any(u.fires for u in unchanged) and attribution is None:
         return [], {}, {}  # nothing lag-related to say (a healthy weights check alone is not worth a section)
-    cause = cause_of(split, unchanged)
+    cause = found.cause
     blocks = [Block("h", "Policy lag: engine mismatch vs staleness")]
     if cause is not None:
         blocks.append(Block("callout", f"{cause.severity.upper()}: {cause.cause} — {cause.evidence}. "

@@ -14,6 +14,8 @@ import numpy as np
 from rcdiag.analysis.conventions import get_convention
 from rcdiag.analysis.health import HEALTHY, UNKNOWN
 from rcdiag.analysis.tails import EDGES, TailAccumulator
+from rcdiag.analysis.gate_defs import GATES
+from rcdiag.report.gate_advice import gate_reasons, gate_rows
 from rcdiag.report.options import ESS_TARGET, MODES
 from rcdiag.report.settings import trainer_settings
 
@@ -109,12 +111,21 @@ def _why_not(row: dict[str, Any] | None, mode: str, heavy: bool) -> str:
 def _numbers(row: dict[str, Any]) -> dict[str, Any]:
     keys = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq_frac", "fraction_high",
             "beyond_share", "beyond_mass", "bias", "thrown")
-    return {k: float(row[k]) for k in keys}
+    return {k: float(row.get(k, float("nan"))) for k in keys}
 
 
 def _sentence(text: str) -> str:
     text = text.strip()
     return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def gate_fits(report: Any) -> list[dict[str, Any]]:
+    """Each gate family at its default δ: framework, δ, masked share, survivors' ESS and why it fits this run's tail
+    or not (rcdiag.report.gate_advice)."""
+    reasons = gate_reasons(report)
+    return [{"gate": g["mode"], "framework": GATES[g["mode"]].framework, "threshold": float(g["threshold"]),
+             "masked": float(g["thrown"]), "ess": float(g["ess"]), "why": reasons[g["mode"]]}
+            for g in gate_rows(report) if g["mode"] in reasons and g["threshold"] == GATES[g["mode"]].default]
 
 
 def recommend(report: Any) -> dict[str, Any]:
@@ -175,7 +186,17 @@ def recommend(report: Any) -> dict[str, Any]:
                              "why": _why_not(pick[0] if pick else None, mode, heavy)})
     tail = (f"{share2:.2%} of tokens have a ratio above {EXTREME_RATIO:g} and carry {mass2:.1%} of the |ℓ| "
             "mass" if heavy else f"the token tail is light ({share2:.3%} of tokens beyond {EXTREME_RATIO:g})")
+    gates = gate_fits(report)
     if not good:
+        fitting = [g for g in gate_rows(report) if g["thrown"] > 0 and _acceptable(g)]
+        if fitting:  # no ratio mode fits, but a divergence gate removes the tail and keeps the batch well weighted
+            gate = sorted(fitting, key=lambda g: (-g["ess"], g["thrown"]))[0]
+            text = (f"Use the {gate['mode']} gate ({GATES[gate['mode']].framework}) at δ={gate['threshold']:g} "
+                    f"(verdict: {verdict.status}). Here {tail}, and no ratio mode keeps ESS ≥ {ESS_TARGET} with a "
+                    f"bias ≤ {BIAS_LIMIT:.0%}. {gate_reasons(report).get(gate['mode'], '')}")
+            return {**base, "kind": "correct", "mode": gate["mode"], "threshold": float(gate["threshold"]),
+                    "text": text, "settings": [gate["settings"]], **_numbers(gate), "meets_target": True,
+                    "alternatives": alternatives, "gates": gates, "family": "gate"}
         pool = candidates or rows
         best = sorted(pool, key=lambda r: (-r["ess"], r["bias"]))[0]
         return done("fix_source", f"Reweighting cannot absorb this mismatch (verdict: {verdict.status}): "
@@ -184,7 +205,7 @@ def recommend(report: Any) -> dict[str, Any]:
                     "dtype on both sides, an FP32 LM head, FP16 instead of BF16, routing replay for MoE). The "
                     f"least bad setting is {best['mode']} at C={best['threshold']:g} (ESS {best['ess']:.3f}, bias "
                     f"{best['bias']:.2%}, {best['clipped_frac']:.2%} clipped).", best, meets_target=False,
-                    alternatives=alternatives)
+                    alternatives=alternatives, gates=gates)
     best = good[0]
     unit = "tokens" if best["level"] == "token" else "sequences"
     acts = ("throws away" if best["action"] == "mask" else "bounds the weight of")
@@ -202,5 +223,5 @@ def recommend(report: Any) -> dict[str, Any]:
         text = (f"No correction is needed for the tail (verdict: {verdict.status}, {verdict.cause.title}): {tail}, "
                 f"and every acceptable setting clips nothing (e.g. {best['mode']} at C={best['threshold']:g} keeps "
                 f"ESS {best['ess']:.4f}, bias {best['bias']:.2%}). {verdict.cause.action}")
-        return done("none", text, meets_target=True, alternatives=alternatives)
-    return done("correct", text, best, meets_target=True, alternatives=alternatives)
+        return done("none", text, meets_target=True, alternatives=alternatives, gates=gates)
+    return done("correct", text, best, meets_target=True, alternatives=alternatives, gates=gates)

@@ -181,6 +181,11 @@ def run_blocks(report: RunReport) -> list[Block]:
                    Block("table", headers=["mode", "C", "beyond C", "|ℓ| mass beyond C", "ESS", "bias |E[w]−1|",
                                            "thrown away", "verdict"],
                          rows=[[a.get(c) for c in cols] for a in rec["alternatives"]])]
+    if rec.get("gates"):
+        cols = ("gate", "framework", "threshold", "masked", "ess", "why")
+        blocks += [Block("h", "How each gate family handles the tail (at its default δ)", level=3),
+                   Block("table", headers=["gate", "framework", "δ", "masked", "ESS of survivors", "verdict"],
+                         rows=[[g[c] for c in cols] for g in rec["gates"]])]
     blocks += [Block("h", "Headline"),
                Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
                                      report.verdict.metric_status.get(n, "")) for n in HEADLINE]),

@@ -15,9 +15,14 @@ def test_report_has_the_lag_section(tmp_path, capsys):
     assert "## Policy lag: engine mismatch vs staleness" in md
     assert "staleness: samples from older policy versions carry most of the gap" in md
     assert "lag = trainer_version − policy_version" in md
-    data = json.loads((tmp_path / "run/report/metrics.json").read_text())["lag"]
+    everything = json.loads((tmp_path / "run/report/metrics.json").read_text())
+    data = everything["lag"]
     assert [b["lag"] for b in data["split"]["buckets"]] == [0, 1, 2]
     assert data["cause"]["cause"].startswith("staleness")
+    # the verdict names it too: staleness is a cause of its own, ahead of the numerical size of the gap
+    causes = [c["kind"] for c in everything["verdict"]["causes"]]
+    assert "staleness" in causes and causes.index("staleness") < len(causes) - 1
+    assert everything["verdict"]["cause"]["kind"] in ("staleness", "step_change", "not_numerics")
 
 
 def test_report_without_versions_has_no_lag_section(tmp_path, capsys):

@@ -8,6 +8,7 @@ at the bottom of the report, and slow drift passed --fail-on warning.
 """
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
+from tests.dashboard.conftest import assert_clean, make_app  # noqa: F401  (fixture)
 from tests.fixtures.scenarios import build_scenario
 
 FAST = ReportOptions(replicates=40)
@@ -127,3 +129,20 @@ def test_healthy_bf16_run_says_it_is_the_floor(scenarios):
     assert "run the engine in float16 or float32" in report.verdict.cause.action
     assert report.recommendation["kind"] == "none"
     assert report.verdict.metric_status["abs_log_ratio_mean"] == "healthy"
+
+
+@pytest.mark.parametrize("name", ["sync_bug", "dense_bf16", "moe"])
+def test_overview_and_notebook_card_say_the_same(scenarios, name, make_app):  # noqa: F811
+    """The dashboard's Overview and the notebook card carry the report's verdict: status, cause (its title) and
+    what to do — the step change included."""
+    from rcdiag import notebook
+
+    report = scenarios[name][1]
+    app = make_app(scenarios[name][0])
+    assert_clean(app)
+    banner = next(h.proto.body for h in app.get("html") if 'class="rcdiag-verdict"' in h.proto.body)
+    assert f'data-status="{report.verdict.status}"' in banner and f'data-cause="{report.verdict.cause.kind}"' in banner
+    assert html.escape(report.verdict.headline()) in banner and "What to do:" in banner
+    card = notebook.run_html(notebook.Run(scenarios[name][0].path))
+    assert html.escape(report.verdict.headline()) in card
+    assert notebook.Run(scenarios[name][0].path).verdict().headline() == report.verdict.headline()

@@ -16,6 +16,8 @@ from rcdiag.store.names import unique_run_names
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
                  "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "abs_log_ratio_mean", "abs_log_ratio_p99",
                  "abs_log_ratio_max", "ess", "is_weight_mean", "clipped_frac")
+COUNT_METRICS = ("tokens", "sequences", "empty_sequences")
+"""Rows of whole numbers: shown in full with thousands separators (the other rows: 4 significant digits)."""
 # The histograms' shared ℓ axis spans ±(largest per-run 99.9th percentile of |ℓ|): a single outlier token of one run
 # does not stretch it (tokens beyond land in the outer bins, the caption gives each run's max).
 RANGE_QUANTILE = 0.999
@@ -45,9 +47,7 @@ def render() -> None:
     st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort. A run's "
                "cell is tinted by the library's health band of that metric (green healthy, amber warning, red "
                "alarm; no tint: the metric has no band).")
-    st.dataframe(table.style.apply(lambda _: shown["tints"], axis=None), key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3,
-                 column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in table.columns
-                                if c != "metric"}, hide_index=True)
+    st.dataframe(styled_table(table, shown["tints"]), key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3, hide_index=True)
     _overlays(shown, names)
 
 
@@ -93,6 +93,30 @@ def metrics_table(keys: tuple[tuple[str, str], ...], names: list[str]) -> pd.Dat
     for name in names[1:]:
         table[f"Δ {name}"] = table[name] - table[names[0]]
     return table
+
+
+def styled_table(table: pd.DataFrame, cell_tints: pd.DataFrame) -> Any:
+    """The metrics table as shown: band tints, counts in full (45,533, where `%.4g` showed 45530), other numbers
+    to 4 significant digits — a Styler, so the cells stay numbers and the columns still sort."""
+    styled = table.style.apply(lambda _: cell_tints, axis=None).format(lambda v: cell_text(v, False))
+    counts = table.index[table["metric"].isin(COUNT_METRICS)]
+    if len(counts):
+        styled = styled.format(lambda v: cell_text(v, True), subset=(counts, [c for c in table.columns
+                                                                              if c != "metric"]))
+    return styled
+
+
+def cell_text(value: object, count: bool) -> str:
+    """A Compare cell as shown: a count in full (45,533; a Δ −43,730), any other number to 4 significant digits;
+    NaN (a run that lacks the metric) as —; text (the metric's name) as it is."""
+    if isinstance(value, str):
+        return value
+    number = float(value)
+    if number != number:
+        return "—"
+    if count and number == round(number) and abs(number) < 2 ** 53:
+        return f"{int(number):,}"
+    return f"{number:.4g}"
 
 
 def tints(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:

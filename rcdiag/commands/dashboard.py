@@ -50,9 +50,12 @@ def check_port(port: int) -> None:
 
 
 def streamlit_command(app: Path, runs: list[Path], port: int) -> list[str]:
-    """The `streamlit run` command line: bound to 127.0.0.1, headless, no telemetry, no tracebacks or deploy
-    button in the page; run paths after `--`."""
-    return [sys.executable, "-m", "streamlit", "run", str(app),
+    """The `streamlit run` command line (through app/serve.py, which serves Streamlit's front end told that its
+    backend is at the root, so deep links probe no /<page>/_stcore/… paths): bound to 127.0.0.1, headless, no
+    telemetry, no tracebacks or deploy button in the page; run paths after `--`."""
+    serve = app.parent / "serve.py"
+    launcher = [str(serve)] if serve.is_file() else ["-m", "streamlit"]
+    return [sys.executable, *launcher, "run", str(app),
             "--server.address", HOST, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--client.showErrorDetails", "none",
             "--client.toolbarMode", "minimal", "--server.fileWatcherType", "none",

@@ -31,7 +31,7 @@ def test_bad_port_is_an_error(tmp_path, capsys):
 def test_streamlit_command_binds_localhost_and_passes_runs(tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
     cmd = dashboard.streamlit_command(dashboard.app_path(), runs, 8123)
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app/dashboard.py")
+    assert cmd[1].endswith("app/serve.py") and cmd[2] == "run" and cmd[3].endswith("app/dashboard.py")
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--server.port") + 1] == "8123"
     assert cmd[cmd.index("--") + 1:] == [str(r) for r in runs]

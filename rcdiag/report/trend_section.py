@@ -97,7 +97,7 @@ def timeline_text(timeline: Timeline | None) -> str:
 
 def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str:
     """The per-step verdict in one sentence: where it starts and each step where it changes."""
-    start = f"Verdict per step (each step's numbers against the health bands): {rows[0]['status']} at step " \
+    start = f"Verdict per step (each step's own numbers: its floor, tail and bands): {rows[0]['status']} at step " \
             f"{rows[0]['step']}"
     if not changes:
         return start + f", unchanged through step {rows[-1]['step']}."

@@ -173,16 +173,34 @@ def _prune(directory: Path) -> None:
         pass
 
 
+def open_lock(lock: Path) -> int | None:
+    """A file descriptor on the lock file `lock`, never through a symlink (O_NOFOLLOW: a lock planted as a link to
+    another file must not make rcdiag create or open that file); None when it cannot be opened so."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError:
+        return None
+
+
 def _unlink_unheld(lock: Path) -> None:
-    """Remove a lock file unless a computation holds it (then it stays until a later prune)."""
+    """Remove a lock file unless a computation holds it (then it stays until a later prune); a symlink planted
+    there is removed, never followed."""
     if fcntl is None:
         return
-    with lock.open("a+b") as handle:
+    if lock.is_symlink():
+        lock.unlink(missing_ok=True)
+        return
+    fd = open_lock(lock)
+    if fd is None:
+        return
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return
         lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def cached_passes(run: Run, options: Any, map_files: Any = None) -> tuple[Any, Any]:
@@ -216,15 +234,18 @@ def _computing(key: str) -> Iterator[None]:
         return
     try:
         (directory / "passes").mkdir(mode=0o700, parents=True, exist_ok=True)
-        handle = open(directory / "passes" / f".{key}.lock", "a+b")  # noqa: SIM115 (held across the yield)
     except OSError:
         yield
         return
+    fd = open_lock(directory / "passes" / f".{key}.lock")
+    if fd is None:  # not a plain file we may open (a planted symlink): compute without the lock
+        yield
+        return
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        handle.close()  # releases the lock
+        os.close(fd)  # releases the lock
 
 
 def prepare(paths: list[str], options: Any = None) -> None:

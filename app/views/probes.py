@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, ui
+from app.text import md
 from rcdiag.probe.answer import divergence_rows, probe_answer
 from rcdiag.probe.files import list_probes
 from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
@@ -21,6 +22,15 @@ def _summary(path: str, mtime: float) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _section(summary: dict, name: str) -> dict:
+    value = summary.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def render() -> None:
     ref = ui.current_run()
     if ref is None:
@@ -32,10 +42,13 @@ def render() -> None:
         return
     chosen = st.selectbox("Probe", files[::-1], format_func=lambda f: f.stem, key="probe_choice")
     summary = _summary(str(chosen), chosen.stat().st_mtime)
-    gap, sample = summary["gap"], summary["sample"]
-    st.caption(f"{sample['sequences']} sequences · {sample['valid_tokens']:,} valid tokens · temperature "
-               f"{summary['temperature']:g} · observed gap mean |ℓ| {ui.fmt(gap['mean_abs'])}, "
-               f"k3_kl {ui.fmt(gap['k3_kl'])}")
+    if not isinstance(summary, dict):
+        st.error(f"{md(chosen.name)} is not a probe summary (a JSON object); re-run `rcdiag probe`.")
+        return
+    gap, sample = _section(summary, "gap"), _section(summary, "sample")
+    st.caption(f"{md(sample.get('sequences', '?'))} sequences · {md(sample.get('valid_tokens', '?'))} valid tokens "
+               f"· temperature {md(summary.get('temperature', '?'))} · observed gap mean |ℓ| "
+               f"{ui.fmt(_number(gap.get('mean_abs')))}, k3_kl {ui.fmt(_number(gap.get('k3_kl')))}")
     st.success(probe_answer(summary).top_line)
     budget = budget_frame(summary)
     residual = budget.dropna(subset=["residual"]).sort_values("residual")
@@ -53,10 +66,14 @@ def render() -> None:
     st.dataframe(budget, hide_index=True, key="probe_budget_table")
     against = st.radio("Distances to", list(AGAINST), format_func=AGAINST.get, horizontal=True, key="probe_against")
     table = settings_frame(summary, against)
-    st.dataframe(table[["setting", "factor", "side", *DISTANCE_NAMES, "description"]], hide_index=True,
-                 key="probe_distances")
-    for note in summary.get("notes", []):
-        st.info(note)
+    if table.empty:
+        st.info("This probe holds no settings (its grid was empty): nothing to compare. Run `rcdiag probe` with "
+                "--factors naming at least one factor.")
+    else:
+        st.dataframe(table[["setting", "factor", "side", *DISTANCE_NAMES, "description"]], hide_index=True,
+                     key="probe_distances")
+    for note in summary.get("notes") or []:
+        st.info(md(note))  # a probe file's text, shown as text: Markdown in it would load remote images
     with st.expander("Probe summary (JSON)"):
         st.json(summary, expanded=False)
 

@@ -8,6 +8,7 @@ vLLM or transformers, and `rcdiag --help` lists the commands from the table belo
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
 import re
 import sys
@@ -188,7 +189,39 @@ def main(argv: list[str] | None = None) -> int:
     except ClickException as exc:
         exc.show()
         return exc.exit_code
+    except (OSError, RecursionError, UnicodeError, MemoryError) as exc:  # what the input or the disk makes happen
+        typer.echo(f"Error: {environment_error(exc)}", err=True)
+        return 1
     return 0
+
+
+_OS_HINTS = {
+    errno.ENAMETOOLONG: "choose a shorter name (a file name holds at most 255 bytes)",
+    errno.EROFS: "the file system is read-only: write elsewhere (e.g. --out DIR on a writable disk)",
+    errno.EACCES: "check the permissions, or write elsewhere",
+    errno.EPERM: "check the permissions, or write elsewhere",
+    errno.ENOSPC: "the disk is full: free space or write elsewhere (nothing half-written was left as complete)",
+    errno.EDQUOT: "the disk quota is exceeded: free space or write elsewhere",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+    errno.EISDIR: "a directory is where a file was expected",
+    errno.ENOENT: "no such file or directory",
+}
+
+
+def environment_error(exc: BaseException) -> str:
+    """One sentence for an error the file system or the input's shape caused, naming the path where there is
+    one: a name too long, a read-only or full disk, a permission; nesting too deep; text that is not UTF-8."""
+    if isinstance(exc, OSError):
+        where = next((str(f) for f in (exc.filename, exc.filename2) if f), None)
+        reason = exc.strerror or type(exc).__name__
+        hint = _OS_HINTS.get(exc.errno or -1, "")
+        return (f"{where}: " if where else "") + reason + (f" — {hint}" if hint and hint != reason.lower() else "")
+    if isinstance(exc, RecursionError):
+        return "the input nests deeper than rcdiag reads (a JSON value or a dump nested thousands of levels deep)"
+    if isinstance(exc, UnicodeError):
+        return (f"text that cannot be read or stored as UTF-8 ({str(exc)[:200]}): a lone surrogate such as \\ud800, "
+                "or bytes in another encoding — fix the text in the input")
+    return "more memory than this machine has was asked for — is the input what it should be?"
 
 
 def show_usage_error(exc: UsageError, argv: list[str]) -> None:

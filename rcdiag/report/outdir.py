@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from rcdiag import __version__
@@ -20,6 +19,7 @@ from rcdiag.store.files import REPORT_MARKER as MARKER
 from rcdiag.store.outdir import (
     check_outside_runs,
     exclusive,
+    make_temp_dir,
     report_files,
     resolve_target,
     shown,
@@ -33,6 +33,10 @@ def check_out_dir(target: str | os.PathLike) -> None:
     target = Path(target)
     resolve_target(target)
     check_outside_runs(target, "--out")
+    writable = next(p for p in (target, *target.parents) if os.path.lexists(p))
+    if not os.access(writable if writable.is_dir() else writable.parent, os.W_OK):
+        raise ConfigError(f"--out {target}: {writable} is not writable (a read-only run or file system?); nothing "
+                          "was computed — choose a writable --out, e.g. --out ~/reports/NAME")
     if not os.path.lexists(target):
         return
     if target.is_symlink() or not target.is_dir():
@@ -59,7 +63,7 @@ def write_files(out: str | os.PathLike, files: dict[str, bytes]) -> Path:
     marker = {"rcdiag_version": __version__, "files": sorted(files)}
     with exclusive(resolve_target(out)):
         check_out_dir(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = make_temp_dir(out.parent, f".{out.name}.")
         try:
             for name, payload in {**files, MARKER: (json.dumps(marker, indent=1) + "\n").encode()}.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)

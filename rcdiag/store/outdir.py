@@ -95,6 +95,30 @@ def exclusive(target: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status), else by setting
+    and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A temporary sibling directory for building an output, with the mode a plain mkdir would give it (mkdtemp
+    makes 0700, which a swapped-in report kept whatever the umask: colleagues could not read it)."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    tmp.chmod(0o777 & ~current_umask())
+    return tmp
+
+
 def swap_in(new: Path, target: Path) -> None:
     """Move the finished directory `new` to `target`, replacing what is there. Call it holding `exclusive(target)`,
     after checking that the old content is the caller's own: it is removed. On a failure the old content stays."""

@@ -50,13 +50,15 @@ def findings(path: str, stamp: str) -> list[dict[str, Any]]:
 def recommendation(path: str, stamp: str) -> dict[str, Any]:
     """The report's recommendation (rcdiag.report.recommend): kind, mode, threshold, text and the chosen row's
     numbers; mode and threshold are None when it recommends no setting (a failed check, no data)."""
-    return json.loads(json.dumps(recommend(report(path, stamp)), default=str))
+    return json.loads(json.dumps(recommend(report(path, stamp)).to_dict(), default=str))
 
 
 def recommended_setting(path: str, stamp: str) -> tuple[str, float] | None:
     """(mode, threshold) of the report's recommendation, None when it recommends no setting: the simulator's ring."""
     advice = recommendation(path, stamp)
-    return (advice["mode"], float(advice["threshold"])) if advice.get("mode") else None
+    if not advice.get("mode") or advice.get("family") != "mode":  # a gate family is not on the modes' sweep
+        return None
+    return advice["mode"], float(advice["threshold"])
 
 
 def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:

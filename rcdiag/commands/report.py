@@ -6,14 +6,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.analysis.health import ALARM, WARNING, at_least
-from rcdiag.analysis.keys import check_keys
 from rcdiag.distributed import RAY_HELP
-from rcdiag.errors import ConfigError, did_you_mean
-from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, ReportOptions, validate
+from rcdiag.errors import ConfigError
+from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, FAIL_ON, ReportOptions
 
 DEFAULTS = ReportOptions()
-FAIL_ON = (WARNING, ALARM)
 
 if TYPE_CHECKING:
     from rcdiag.report.build import RunReport
@@ -36,8 +33,9 @@ def command(
     out: Annotated[Path | None, typer.Option(
         "--out", help=f"Output directory (default RUN/report/; ./{DEFAULT_COMPARISON_DIR}/ for several runs). "
         "A previous report there is replaced.")] = None,
-    convention: Annotated[str, typer.Option(
-        "--convention", help=f"Formulas: {' | '.join(CONVENTIONS)} (METRICS.md).")] = DEFAULTS.convention,
+    convention: Annotated[str | None, typer.Option(
+        "--convention", help=f"Formulas: {' | '.join(CONVENTIONS)} (docs/metrics.md; default: the --keys "
+        "framework's, else canonical).")] = None,
     threshold: Annotated[float, typer.Option("--threshold", help="IS threshold C.")] = DEFAULTS.threshold,
     lower: Annotated[float | None, typer.Option("--lower", help="Optional lower bound L.")] = None,
     thresholds: Annotated[str | None, typer.Option(
@@ -46,13 +44,14 @@ def command(
     fail_if: Annotated[list[str] | None, typer.Option(
         "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
     fail_on: Annotated[str | None, typer.Option(
-        "--fail-on", metavar="warning|alarm",
+        "--fail-on", metavar="|".join(FAIL_ON),
         help="Exit 1 when a run's verdict is this level or worse (n/a, nothing judged, meets every level).")] = None,
     baseline: Annotated[Path | None, typer.Option(
         "--baseline", help='A run to compare with (e.g. the old stack); --fail-if "k3_kl>2x" gates on the ratio.'
     )] = None,
     fail_on_drift: Annotated[bool, typer.Option(
-        "--fail-on-drift", help="Exit 1 when a multi-step run's mismatch drifts up (CUSUM; README).")] = False,
+        "--fail-on-drift", help="Exit 1 when a multi-step run's mismatch jumps or drifts up (docs/metrics.md, "
+        "'Across training').")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
     keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
@@ -87,28 +86,27 @@ def command(
 
         rcdiag report runs/new-vllm --baseline runs/old-vllm --fail-if "k3_kl>2x"   # upgrade gate
 
-        rcdiag report runs/steps --fail-on-drift    # per-step dumps: fail when the mismatch starts to grow
+        rcdiag report runs/steps --fail-on-drift    # per-step dumps: fail when the mismatch jumps or grows
     """
     try:  # a bad option is a usage error (exit 2), never mistaken for a gate that failed (exit 1)
-        _check_gates(fail_if or (), fail_on, baseline is not None)
-        keys = check_keys(keys)
-        if keys != DEFAULTS.keys and convention == DEFAULTS.convention:
-            convention = keys  # --keys verl reports verl's numbers under verl's names
         options = ReportOptions(convention=convention, threshold=threshold, lower=lower,
-                                thresholds=_thresholds(thresholds), silent=quiet, keys=keys)
-        validate(options)
+                                thresholds=_thresholds(thresholds), silent=quiet, keys=keys, fail_if=fail_if or (),
+                                fail_on=fail_on, fail_on_drift=fail_on_drift,
+                                baseline=None if baseline is None else str(baseline))
+        from rcdiag.report import gate
+
+        gate.conditions(options.fail_if, options.baseline is not None)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
-    extra = {"baseline": None if baseline is None else str(baseline), "fail_on_drift": fail_on_drift}
     if ray is not None:
         from rcdiag.distributed.report import make_report_on_ray
 
-        result = make_report_on_ray([str(r) for r in runs], out, options, fail_if or (), ray, **extra)
+        result = make_report_on_ray([str(r) for r in runs], out, options, ray)
     else:
         from rcdiag.report.make import make_report  # pandas and numba only when a report is made (the figure
         # process was started when the CLI resolved `report`: rcdiag.cli.COMMANDS' warm hook)
 
-        result = make_report([str(r) for r in runs], out, options, fail_if or (), **extra)
+        result = make_report([str(r) for r in runs], out, options)
     if not quiet:
         for report in result.reports:
             typer.echo(summary_line(report))
@@ -116,17 +114,12 @@ def command(
         runs_shown = " ".join(str(r) for r in runs)
         typer.echo(f"Next: open {result.out}/report.html in a browser, or explore with `rcdiag dashboard "
                    f"{runs_shown}`")
-    failed = False
     if result.failures:
         header = "Failed --fail-if / --fail-on-drift conditions:" if fail_on_drift else "Failed --fail-if conditions:"
         typer.echo(header + "\n" + "\n".join(f"  {line}" for line in result.failures), err=True)
-        failed = True
-    at_level = [r for r in result.reports if fail_on is not None and at_least(r.verdict.status, fail_on)]
-    if at_level:
-        typer.echo(f"--fail-on {fail_on}:\n" + "\n".join(f"  {r.name}: {r.verdict.status}" for r in at_level),
-                   err=True)
-        failed = True
-    if failed:
+    if result.fail_on:
+        typer.echo(f"--fail-on {fail_on}:\n" + "\n".join(f"  {line}" for line in result.fail_on), err=True)
+    if result.failed:
         raise typer.Exit(1)
 
 
@@ -147,14 +140,3 @@ def summary_line(report: RunReport) -> str:
     return (f"{report.name}: {v.headline()}{what} "
             f"(kl={report.metrics.get('kl', float('nan')):.4g}; {checks_line(report)}){reasons}{action}{caveats}"
             + "".join(f"\n  {f.severity}: {f.name}: {f.message}" for f in bad if f.message not in reasons))
-
-
-def _check_gates(fail_if: list[str] | tuple[str, ...], fail_on: str | None, baseline: bool) -> None:
-    """ConfigError, before any work, for a --fail-if that does not parse, names no known metric (with a close
-    match) or is a ratio without --baseline, and for an unknown --fail-on level."""
-    from rcdiag.report import gate
-
-    if fail_on is not None and fail_on not in FAIL_ON:
-        raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}"
-                          f"{did_you_mean(fail_on, FAIL_ON, n=1)}")
-    gate.conditions(fail_if, baseline)

@@ -23,12 +23,11 @@ def ray_map(ray: Any) -> Callable[[Callable[[int], Partial], Iterable[int]], Ite
     return mapper
 
 
-def make_report_on_ray(runs: Sequence[Any], out: Any, options: Any, fail_if: Sequence[str],
-                       ray_address: str, **extra: Any) -> Any:
+def make_report_on_ray(runs: Sequence[Any], out: Any, options: Any, ray_address: str) -> Any:
     """rcdiag.report.build.make_report with the per-file passes on the Ray cluster `ray_address` (auto|local|ADDRESS).
     The run directories must be readable from every node (shared or network storage)."""
     from rcdiag.distributed import ray_session
     from rcdiag.report.make import make_report
 
     with ray_session(ray_address) as ray:
-        return make_report(runs, out, options, fail_if, map_files=ray_map(ray), **extra)
+        return make_report(runs, out, options, map_files=ray_map(ray))

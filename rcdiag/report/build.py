@@ -3,7 +3,7 @@ a verdict (rcdiag.analysis.health) and a recommendation acting on it
 (rcdiag.report.recommend). Writing the files is `rcdiag.report.render`; the CI gate is `rcdiag.report.gate`.
 
     rep = rcdiag.report.build.build_report(rcdiag.open_run("runs/sample"))
-    rep.metrics["kl"], rep.intervals["kl"], rep.recommendation["text"]
+    rep.metrics["kl"], rep.intervals["kl"], rep.recommendation.text
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from rcdiag.errors import InputError
 from rcdiag.report.cache import cached_passes
 from rcdiag.report.context import architecture, engine_replayed, side_dtypes
 from rcdiag.report.lag_section import LagFindings, lag_findings
-from rcdiag.report.options import WORST_SEQUENCES, ReportOptions, validate
+from rcdiag.report.options import WORST_SEQUENCES, ReportOptions
 from rcdiag.report.passes import Library
-from rcdiag.report.recommend import recommend
+from rcdiag.report.recommend import Recommendation, recommend
 from rcdiag.report.scan import Scan
 from rcdiag.report.trend_section import report_trend
 from rcdiag.store.run import read_columns
@@ -66,7 +66,7 @@ class RunReport:
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
     gate_sweep: Any = None  # pandas DataFrame (analysis.gates: gate × δ) or None
-    recommendation: dict[str, Any] = field(default_factory=dict)
+    recommendation: Recommendation = field(default_factory=lambda: Recommendation("unavailable", "not made yet"))
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
     noise: NoiseSummary | None = None  # the noise floor's evidence (rcdiag.analysis.floor)
     context: Context = field(default_factory=Context)  # what the verdict knew besides the numbers
@@ -131,10 +131,9 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     tails, strata, metrics, IS modes, the noise floor, the per-step trend of a multi-step run (one more pass) and
     the verdict — without the bootstrap, worst items or recommendation (finish_report). The notebook card calls it
     too, so its verdict is the report's."""
-    validate(options)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
-    thresholds = (*options.thresholds, options.threshold)
+    thresholds = options.grid
     report = RunReport(run.name, str(run.path), run.manifest, options,
                        check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
     report.tails = scan.tails.finish()

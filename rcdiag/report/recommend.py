@@ -6,7 +6,7 @@ it throws away, and say why in plain words. Every number of the chosen setting i
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -109,9 +109,7 @@ def _why_not(row: dict[str, Any] | None, mode: str, heavy: bool) -> str:
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, Any]:
-    keys = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq_frac", "fraction_high",
-            "beyond_share", "beyond_mass", "bias", "thrown")
-    return {k: float(row.get(k, float("nan"))) for k in keys}
+    return {k: float(row.get(k, float("nan"))) for k in NUMBERS}
 
 
 def _sentence(text: str) -> str:
@@ -128,8 +126,63 @@ def gate_fits(report: Any) -> list[dict[str, Any]]:
             for g in gate_rows(report) if g["mode"] in reasons and g["threshold"] == GATES[g["mode"]].default]
 
 
-def recommend(report: Any) -> dict[str, Any]:
-    """{kind (KINDS), mode, threshold, lower, text, settings, alternatives, + the chosen row's numbers}."""
+NUMBERS = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq_frac", "fraction_high",
+           "beyond_share", "beyond_mass", "bias", "thrown")
+"""The chosen setting's numbers a Recommendation carries (its sweep row's)."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What the report advises: `kind` (KINDS), the setting (`mode` — an IS mode or a gate family — `threshold`,
+    `lower`; None when it advises none), `text` in words, `settings` to paste (Snippet dicts), each mode's and
+    gate family's handling of the tail (`alternatives`, `gates`), the setting's `numbers` (its sweep row: ESS,
+    clipped share, bias …), whether it meets the ESS/bias/throw-away targets, and the verdict `cause` it acts on
+    when it withholds a correction."""
+
+    kind: str
+    text: str
+    mode: str | None = None
+    threshold: float | None = None
+    lower: float | None = None
+    settings: tuple[dict[str, Any], ...] = ()
+    alternatives: tuple[dict[str, Any], ...] = ()
+    gates: tuple[dict[str, Any], ...] = ()
+    numbers: dict[str, float] = field(default_factory=dict)
+    meets_target: bool | None = None
+    cause: str | None = None
+    family: str = "mode"
+
+    @property
+    def phrase(self) -> str:
+        """What the recommendation adds to a verdict's headline: the correction, when it is one."""
+        if self.kind == "correct":
+            what = "the gate" if self.family == "gate" else ""
+            return f" — correct with {what + ' ' if what else ''}{self.mode} at " + \
+                (f"δ={self.threshold:g}" if self.family == "gate" else f"C={self.threshold or 0:g}")
+        if self.kind == "fix_source":
+            return " — reweighting cannot absorb it; fix its source"
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """metrics.json's recommendation: every field, the numbers flat beside them."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "numbers"}
+        return {**out, "settings": list(self.settings), "alternatives": list(self.alternatives),
+                "gates": list(self.gates), **self.numbers}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recommendation:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "numbers"}
+        for name in ("settings", "alternatives", "gates"):
+            known[name] = tuple(known.get(name) or ())
+        return cls(**known, numbers={k: float(data[k]) for k in NUMBERS if k in data})
+
+
+def recommend(report: Any) -> Recommendation:
+    """The report's Recommendation (the module doc says how it is chosen)."""
+    return Recommendation.from_dict(_recommend(report))
+
+
+def _recommend(report: Any) -> dict[str, Any]:
     o = report.options
     conv = get_convention(o.convention)
     base = {"mode": None, "threshold": None, "lower": o.lower, "alternatives": []}

@@ -114,9 +114,10 @@ def _sweep_figure_specs(reports: RunReport | Sequence[RunReport]) -> dict[str, f
     swept = [r for r in runs if r.sweep is not None and len(r.sweep)]
     if not swept:
         return {}
-    rec = runs[0].recommendation if one else {}
+    rec = runs[0].recommendation if one else None
+    marked = (rec.mode, rec.threshold) if rec is not None and rec.mode and rec.family == "mode" else None
     sweeps = figproc.records(swept[0].sweep) if one else {r.name: figproc.records(r.sweep) for r in swept}
-    return {"sweep.png": ("sweep_curves", (sweeps, (rec["mode"], rec["threshold"]) if rec.get("mode") else None,
+    return {"sweep.png": ("sweep_curves", (sweeps, marked,
                                            ESS_TARGET))}
 
 
@@ -151,16 +152,8 @@ def verdict_blocks(report: RunReport) -> list[Block]:
 
 
 def verdict_phrase(report: RunReport) -> str:
-    """What the recommendation adds to the headline: the correction, when it is one."""
-    rec = report.recommendation
-    kind = rec.get("kind")
-    if report.verdict.cause.kind.startswith("input"):  # the check's fix is the action
-        return ""
-    if kind == "correct":
-        return f" — correct with {rec.get('mode')} at C={rec.get('threshold') or 0:g}"
-    if kind == "fix_source":
-        return " — reweighting cannot absorb it; fix its source"
-    return ""
+    """What the recommendation adds to the headline (Recommendation.phrase), unless a check's fix is the action."""
+    return "" if report.verdict.cause.kind.startswith("input") else report.recommendation.phrase
 
 
 def run_blocks(report: RunReport) -> list[Block]:
@@ -171,21 +164,22 @@ def run_blocks(report: RunReport) -> list[Block]:
               Block("p", _summary(report)), Block("toc")]
     if report.metrics_error:
         blocks.append(Block("callout", f"Metrics not computed: {report.metrics_error}"))
-    blocks += [Block("h", "Recommendation"), Block("callout", rec.get("text", ""))]
-    if rec.get("settings"):
-        what = (f"{rec['mode']} at C={rec['threshold']:g}" if rec.get("mode") else "no correction, metrics logged")
-        blocks += [Block("h", f"Settings to paste ({what})", level=3), Block("settings", rows=rec["settings"])]
-    if rec.get("alternatives"):
+    blocks += [Block("h", "Recommendation"), Block("callout", rec.text)]
+    if rec.settings:
+        bound = "δ" if rec.family == "gate" else "C"
+        what = f"{rec.mode} at {bound}={rec.threshold:g}" if rec.mode else "no correction, metrics logged"
+        blocks += [Block("h", f"Settings to paste ({what})", level=3), Block("settings", rows=list(rec.settings))]
+    if rec.alternatives:
         cols = ("mode", "threshold", "beyond_share", "beyond_mass", "ess", "bias", "thrown", "why")
         blocks += [Block("h", "How each mode handles the tail", level=3),
                    Block("table", headers=["mode", "C", "beyond C", "|ℓ| mass beyond C", "ESS", "bias |E[w]−1|",
                                            "thrown away", "verdict"],
-                         rows=[[a.get(c) for c in cols] for a in rec["alternatives"]])]
-    if rec.get("gates"):
+                         rows=[[a.get(c) for c in cols] for a in rec.alternatives])]
+    if rec.gates:
         cols = ("gate", "framework", "threshold", "masked", "ess", "why")
         blocks += [Block("h", "How each gate family handles the tail (at its default δ)", level=3),
                    Block("table", headers=["gate", "framework", "δ", "masked", "ESS of survivors", "verdict"],
-                         rows=[[g[c] for c in cols] for g in rec["gates"]])]
+                         rows=[[g[c] for c in cols] for g in rec.gates])]
     blocks += [Block("h", "Headline"),
                Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
                                      report.verdict.metric_status.get(n, "")) for n in HEADLINE]),
@@ -254,7 +248,7 @@ def run_data(report: RunReport) -> dict[str, Any]:
         "gate_sweep": [] if report.gate_sweep is None else report.gate_sweep.to_dict(orient="records"),
         "verdict": report.verdict.to_dict(), "context": {"line": context_line(report.manifest),
                                                          **run_context(report.manifest)},
-        "recommendation": report.recommendation, "checks": [f.to_dict() for f in report.checks],
+        "recommendation": report.recommendation.to_dict(), "checks": [f.to_dict() for f in report.checks],
         "strata": report.strata, "prompts": report.prompts, "worst_tokens": report.worst_tokens,
         "worst_sequences": report.worst_sequences,
         "counts": report.counts, "manifest": report.manifest,
@@ -281,7 +275,7 @@ def comparison_blocks(reports: Sequence[RunReport], links: dict[str, str]) -> li
               Block("links", rows=[(f"{n}: full report", f"{links[n]}/report.html") for n in names]),
               Block("toc"), Block("h", "Verdicts")]
     for r in reports:
-        blocks += [Block("h", r.name, level=3), *verdict_blocks(r), Block("callout", r.recommendation.get("text", ""))]
+        blocks += [Block("h", r.name, level=3), *verdict_blocks(r), Block("callout", r.recommendation.text)]
     blocks += [Block("h", "Input checks"), Block("table", headers=["check", *names], rows=status),
                Block("h", "Headline (95% CI)"), Block("table", headers=["metric", *names], rows=head),
                Block("h", "Distributions"), Block("image", "ℓ histograms", image="l_histogram.png"),

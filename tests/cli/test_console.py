@@ -68,7 +68,7 @@ def test_dtype_aliases_accepted_and_wrong_dtype_refused() -> None:
 
 def test_help_shows_plain_metavars_and_real_defaults() -> None:
     score = rcdiag_cli("score", "--help", columns=200).stdout
-    for text in ("[default: float32]", "[default: cpu]", "[default: 4096]", "[default: 1024]", "[default: auto]",
+    for text in ("[default: float32]", "[default: 4096]", "[default: 1024]", "[default: auto]", "auto (cuda when available, else cpu)",
                  "(bf16, fp16, fp32 accepted)", "--verbose", "Usage: rcdiag score [OPTIONS]"):
         assert text in score, text
     probe = rcdiag_cli("probe", "--help", columns=200).stdout

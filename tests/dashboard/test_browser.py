@@ -305,7 +305,7 @@ def test_simulator_marks_the_recommended_setting(server, page, served):
     from rcdiag.report.recommend import recommend
 
     heavy = rcdiag.open_run(served[-1])
-    advice = recommend(judge(heavy))
+    advice = recommend(judge(heavy)).to_dict()
     assert advice["mode"], advice  # the heavy-tailed run needs a correction
     page.goto(f"{server}/simulator?run={heavy.name}&mode=sequence_mask&threshold=5")
     settle(page, "Red ring: the report's recommendation")

@@ -185,7 +185,7 @@ def test_nan_run_still_reports(synthetic_runs, tmp_path):
     rep = build_report(synthetic_runs["nan_placeholder"], ReportOptions(replicates=50))
     assert rep.metrics == {} and "rollout_logprob" in rep.metrics_error
     assert rep.checks[0].name == "placeholders" and rep.checks[0].severity == "error"
-    assert "No recommendation" in rep.recommendation["text"]
+    assert "No recommendation" in rep.recommendation.text
     assert np.isfinite(rep.tails["abs_log_ratio_mean"])
 
 
@@ -193,7 +193,7 @@ def test_recommendation_is_an_acceptable_setting_and_says_why(noisy_report):
     """A noisy (non-healthy) run: the chosen setting meets the ESS target, adds a bias ≤ 5 %, zeroes ≤ 10 % of
     tokens, and the text names it; its numbers are the sweep's row."""
     rep = noisy_report.reports[0]
-    rec = rep.recommendation
+    rec = rep.recommendation.to_dict()
     assert rep.verdict.status != "healthy" and rec["kind"] in ("correct", "none")
     row = rep.sweep[(rep.sweep["mode"] == rec["mode"]) & (rep.sweep["threshold"] == rec["threshold"])].iloc[0]
     assert rec["ess"] == row["ess"] >= 0.9 and rec["clipped_frac"] == row["clipped_frac"]
@@ -208,8 +208,8 @@ def test_recommendation_when_nothing_meets_the_target(tmp_path):
 
     rep = build_report(heavy_tailed_run(tmp_path / "bad", share=0.25), ReportOptions(replicates=20))
     assert all(c["severity"] in ("ok", "info") for c in map(vars, rep.checks))
-    assert rep.recommendation["meets_target"] is False and rep.recommendation["kind"] == "fix_source"
-    assert rep.recommendation["text"].startswith("Reweighting cannot absorb this mismatch")
+    assert rep.recommendation.meets_target is False and rep.recommendation.kind == "fix_source"
+    assert rep.recommendation.text.startswith("Reweighting cannot absorb this mismatch")
 
 
 def test_prompts_ranked_by_mean_abs(noisy_run, noisy_report):
@@ -230,10 +230,10 @@ def test_run_without_valid_tokens_reports_no_data_not_no_mismatch(tmp_path):
     tokens = pd.DataFrame({"seq_id": [0, 0], "pos": [0, 1], "rollout_logprob": [-1.0, -2.0],
                            "train_logprob": [-1.5, -2.5], "mask": [False, False]})
     run = rcdiag.write_run(tmp_path / "masked", tokens, pd.DataFrame({"seq_id": [0, 1]}))
-    result = make_report([run], tmp_path / "rep", ReportOptions(replicates=20), fail_if=["kl>1", "ess<0.5"])
+    result = make_report([run], tmp_path / "rep", ReportOptions(replicates=20, fail_if=("kl>1", "ess<0.5")))
     rep = result.reports[0]
     assert np.isnan(rep.metrics["kl"]) and np.isnan(rep.tails["abs_log_ratio_mean"])
-    assert rep.recommendation["mode"] is None and "no valid tokens" in rep.recommendation["text"]
+    assert rep.recommendation.mode is None and "no valid tokens" in rep.recommendation.text
     assert result.failures == ["masked: kl = nan (kl>1)", "masked: ess = nan (ess<0.5)"]
     data = json.loads((result.out / "metrics.json").read_text())
     assert data["metrics"]["kl"] is None and data["counts"]["tokens"] == 0 and data["counts"]["token_rows"] == 2

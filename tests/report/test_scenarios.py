@@ -68,7 +68,7 @@ def test_settings_are_pasted_only_for_a_correction(scenarios, name):
     """A correction's settings only where a correction is the advice: never beside "no correction needed", never
     where it would hide a bug (not numerics, a step change the dtypes do not explain, a failed check)."""
     pasted = EXPECTED[name][3]
-    rec = scenarios[name][1].recommendation
+    rec = scenarios[name][1].recommendation.to_dict()
     md = (scenarios[name][2] / "report.md").read_text()
     assert (rec["kind"] in ("correct", "fix_source") and rec["mode"] is not None) == pasted, rec["text"]
     assert ("### Settings to paste (token" in md or "### Settings to paste (sequence" in md) == pasted
@@ -111,7 +111,7 @@ def test_moe_noise_is_not_a_temperature_bug(scenarios):
         temperature = next(f for f in report.checks if f.name == "temperature")
         assert temperature.severity == "ok", temperature.message
         assert abs(temperature.evidence["median_q"]) < 0.01
-        assert report.recommendation["mode"].startswith("token")
+        assert report.recommendation.mode.startswith("token")
 
 
 def test_real_temperature_bugs_fire_with_and_without_noise(scenarios):
@@ -127,7 +127,7 @@ def test_healthy_bf16_run_says_it_is_the_floor(scenarios):
     report = scenarios["dense_bf16"][1]
     assert report.verdict.cause.title.startswith("numerical mismatch at the bfloat16 floor: mean |ℓ| 0.01")
     assert "run the engine in float16 or float32" in report.verdict.cause.action
-    assert report.recommendation["kind"] == "none"
+    assert report.recommendation.kind == "none"
     assert report.verdict.metric_status["abs_log_ratio_mean"] == "healthy"
 
 

@@ -48,21 +48,21 @@ def test_verdicts(reports):
 
 
 def test_recommendation_classes(reports):
-    healthy = reports["healthy"][1].recommendation
+    healthy = reports["healthy"][1].recommendation.to_dict()
     assert healthy["kind"] == "none" and healthy["text"].startswith("No correction needed: numerical mismatch at")
     assert "ESS" in healthy["text"] and "bias" in healthy["text"] and healthy["mode"] is None
-    heavy = reports["heavy"][1].recommendation
+    heavy = reports["heavy"][1].recommendation.to_dict()
     assert heavy["kind"] == "correct" and heavy["clipped_frac"] > 0.01  # it acts on the 1.9 % tail
     assert heavy["mode"].startswith("token") and heavy["threshold"] <= 2
     assert "sequence_truncate" not in heavy["text"].split(".")[0]
-    temp = reports["temperature"][1].recommendation
+    temp = reports["temperature"][1].recommendation.to_dict()
     assert temp["kind"] == "fix_check" and temp["text"].startswith("Fix the failed check temperature first")
     assert temp["mode"] is None and temp["settings"] == []
 
 
 def test_recommended_numbers_equal_simulate(reports):
     run, rep, _ = reports["heavy"]
-    rec = rep.recommendation
+    rec = rep.recommendation.to_dict()
     want = rcdiag.simulate(run, rec["mode"], threshold=rec["threshold"], convention=rep.options.convention)
     for key in ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq_frac"):
         assert rec[key] == pytest.approx(want[key], rel=1e-12, abs=1e-15), key
@@ -70,7 +70,7 @@ def test_recommended_numbers_equal_simulate(reports):
 
 
 def test_no_recommended_setting_clips_nothing_while_the_tail_is_heavy(reports):
-    rec = reports["heavy"][1].recommendation
+    rec = reports["heavy"][1].recommendation.to_dict()
     assert rec["clipped_frac"] > 0 and rec["beyond_share"] == pytest.approx(0.019, abs=0.001)
 
 
@@ -168,3 +168,17 @@ def test_notebook_card_shows_the_verdict_and_context(reports):
     card = notebook.run_html(run)
     assert 'data-status="alarm"' in card and "engine synthetic (bfloat16, T=1" in card
     assert "heavy-tailed mismatch" in card and "chi2_token = 38.4" in card and "What to do:" in card
+
+
+def test_recommendation_is_typed_and_round_trips(reports):
+    """The Recommendation the report makes is one typed object: its phrase is what the headline and the CLI line
+    say, and metrics.json's dict reads back into the same object."""
+    from rcdiag.report.recommend import Recommendation
+
+    heavy = reports["heavy"][1].recommendation
+    assert isinstance(heavy, Recommendation) and heavy.kind == "correct"
+    assert heavy.phrase == f" — correct with {heavy.mode} at C={heavy.threshold:g}"
+    assert Recommendation.from_dict(heavy.to_dict()) == heavy
+    data = json.loads((reports["heavy"][2] / "metrics.json").read_text())["recommendation"]
+    assert data == json.loads(json.dumps(heavy.to_dict(), default=str))
+    assert reports["healthy"][1].recommendation.phrase == "" and reports["healthy"][1].recommendation.settings

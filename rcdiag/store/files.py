@@ -54,3 +54,25 @@ REPORT_MARKER = ".rcdiag-report"
 """File every report directory carries: {"rcdiag_version": ..., "files": [relative paths the report wrote]}."""
 PROBES_DIR = "probes"
 """A run's probes (`rcdiag probe RUN` writes RUN/probes/<name>.parquet and <name>.json)."""
+
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest manifest (or pending file) read: a real one is a few KiB; a device or a runaway file fails plainly."""
+
+
+def check_regular(path: Path, what: str, max_bytes: int | None = None) -> None:
+    """RunDirError unless `path` is a regular file (a FIFO would block the reader forever, /dev/zero never end, a
+    directory fail deep inside a reader) of at most `max_bytes`."""
+    import stat
+
+    from rcdiag.errors import RunDirError
+
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RunDirError(f"{path}: the {what} is not a regular file (a directory, FIFO or device) — the run is "
+                          "damaged: re-create it")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise RunDirError(f"{path}: the {what} is {info.st_size} bytes, more than the {max_bytes >> 20} MiB rcdiag "
+                          "reads as one — the run is damaged: re-create it")

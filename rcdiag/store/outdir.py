@@ -30,12 +30,14 @@ from pathlib import Path
 from rcdiag.errors import ConfigError, InputError, RunDirError
 from rcdiag.store.files import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     PENDING_NAME,
     PROBES_DIR,
     REPORT_DIR,
     REPORT_MARKER,
     SEQUENCES_DIR,
     TOKENS_DIR,
+    check_regular,
 )
 from rcdiag.store.manifest import load_manifest
 
@@ -227,13 +229,14 @@ def replaceable_run(path: Path) -> str | None:
     interrupted — holding only rcdiag's files); else why not, in words."""
     if not any(path.iterdir()):
         return None
-    if (path / MANIFEST_NAME).is_file():
+    if os.path.lexists(path / MANIFEST_NAME):
         try:
+            check_regular(path / MANIFEST_NAME, "manifest", MAX_MANIFEST_BYTES)
             load_manifest(path)
         except (RunDirError, InputError) as exc:
             return f"its {MANIFEST_NAME} is not an rcdiag manifest ({str(exc)[:200]})"
-    elif (path / PENDING_NAME).is_file():
-        if not _pending_ok(path / PENDING_NAME):
+    elif os.path.lexists(path / PENDING_NAME):
+        if not (path / PENDING_NAME).is_file() or not _pending_ok(path / PENDING_NAME):
             return f"its {PENDING_NAME} is not an interrupted rcdiag score's"
     else:
         return f"it is not an rcdiag run (no {MANIFEST_NAME} or {PENDING_NAME})"

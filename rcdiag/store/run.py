@@ -22,7 +22,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import RunDirError, did_you_mean
-from rcdiag.store.files import DEFAULT_READ_ROWS, MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
+from rcdiag.store.files import (
+    DEFAULT_READ_ROWS,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    SEQUENCES_DIR,
+    TOKENS_DIR,
+    check_regular,
+)
 from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform, optional_columns
 from rcdiag.store.validate import validate_run
@@ -56,6 +63,8 @@ class Run:
         self.path = Path(path)
         if not self.path.is_dir():
             raise missing_run(self.path)
+        if os.path.lexists(self.path / MANIFEST_NAME):
+            check_regular(self.path / MANIFEST_NAME, "manifest", MAX_MANIFEST_BYTES)
         self.info: Manifest = load_manifest(self.path)
         """The typed manifest (rcdiag.store.manifest.Manifest)."""
         self.manifest: dict[str, Any] = self.info.to_dict()

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.files import check_regular
 from rcdiag.store.schema import FULL_SEQUENCE_SCHEMA, FULL_TOKEN_SCHEMA, KEY_COLUMNS, type_problem
 
 FIX = "the run is damaged: re-create it (re-run the import or `rcdiag score`)"
@@ -25,6 +26,8 @@ SCHEMAS = {"tokens": FULL_TOKEN_SCHEMA, "sequences": FULL_SEQUENCE_SCHEMA}  # th
 
 def validate_run(path: Path, token_files: list[Path], sequence_files: list[Path]) -> None:
     """Raise InputError (file/row/field, rows counted from 1) or RunDirError at the first structural defect."""
+    for file in (*token_files, *sequence_files):  # a FIFO named part-00000.parquet would block the reader forever
+        check_regular(file, "shard")
     _same_shards(path, token_files, sequence_files)
     known = _sequence_ids(path, sequence_files)
     for file in token_files:

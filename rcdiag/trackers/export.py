@@ -115,7 +115,10 @@ def write_wandb(rows: list[tuple[int, dict[str, float]]], dest: Path, name: str,
     dest.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
     settings = wandb.Settings(mode="offline", silent=True, console="off", save_code=False, x_disable_stats=True)
-    run = wandb.init(dir=str(dest), project="rcdiag", name=safe_name(name), config=config, settings=settings, reinit="create_new")
+    # an absolute dir: wandb-core, started by the process's first init, resolves a relative one against ITS working
+    # directory, so after an os.chdir (a notebook, a second export) the log went nowhere and the export timed out
+    run = wandb.init(dir=str(dest.resolve()), project="rcdiag", name=safe_name(name), config=config,
+                     settings=settings, reinit="create_new")
     try:
         for step, values in rows:
             run.log(values, step=step)

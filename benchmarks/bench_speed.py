@@ -87,22 +87,22 @@ def method_read_analyze(run_path: str) -> int:
 
 def method_read_cores(run_path: str) -> int:
     from rcdiag.analysis.threads import ordered_map
-    from rcdiag.report.passes import FileView
 
     run = _bare_run(run_path)
-    files = [FileView(run, file) for file in run.token_files]
-    return sum(ordered_map(lambda view: sum(b.num_rows for _, b in view.iter_batches(REPORT_COLUMNS)), files))
+    files = [run.shard(k) for k in range(len(run.token_files))]
+    return sum(ordered_map(lambda shard: sum(b.num_rows for _, b in shard.iter_batches(REPORT_COLUMNS)), files))
 
 
 def _passes(run_path: str, threads: int | None) -> int:
     import rcdiag
+    from rcdiag.analysis.accum import Totals
     from rcdiag.analysis.threads import ordered_map
     from rcdiag.report.options import ReportOptions
     from rcdiag.report.passes import run_passes
 
     run = rcdiag.open_run(run_path)
     scan, library = run_passes(run, ReportOptions(), lambda fn, items: ordered_map(fn, items, threads=threads))
-    assert library.metrics.finish(library.rows)["tokens"] > 0
+    assert library.finish(Totals(library.rows))["metrics"]["tokens"] > 0
     return int(scan.checks.tokens)
 
 

@@ -16,7 +16,9 @@ _EXPORTS = {
     **dict.fromkeys(("bootstrap", "SequenceSums"), "rcdiag.analysis.bootstrap"),
     **dict.fromkeys(("TailAccumulator", "TAIL_NAMES"), "rcdiag.analysis.tails"),
     **dict.fromkeys(("StrataAccumulator", "SequenceInfo"), "rcdiag.analysis.strata"),
-    **dict.fromkeys(("stream", "TokenChunk"), "rcdiag.analysis.chunks"),
+    "TokenChunk": "rcdiag.analysis.chunks",
+    **dict.fromkeys(("stream", "run_pass"), "rcdiag.analysis.engine"),
+    **dict.fromkeys(("ChunkConsumer", "BatchConsumer", "Mergeable", "Totals"), "rcdiag.analysis.accum"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -1,10 +1,101 @@
-"""Mergeable reductions whose result does not depend on how the data was split: exact sums and extrema."""
+"""The accumulator contract every pass consumer declares, and the mergeable primitives they are built from.
+
+Contract (rcdiag.analysis.engine runs every pass on it):
+- `Mergeable`: `fresh()` → an empty twin with the same settings (a file's own copy), `merge(other)` → self with
+  `other`'s state added (`other` covers other sequences: another file).
+- `ChunkConsumer(Mergeable)`: `update_chunk(chunk)` with validated chunks of whole sequences (chunks.TokenChunk),
+  `finish(totals)` → its result. Such a consumer stops at the first refused row (the engine keeps the InputError).
+- `BatchConsumer(Mergeable)`: `update_batch(rows, file, row0)` with every record batch as read (rows.BatchRows,
+  refused rows included, `row0` the batch's first row in `file`), `finish(totals)`.
+A class that names one of them as a base and lacks a method, or gives `finish` or an update another parameter
+list, is a TypeError when its `class` statement runs (at import), not a silent slow path when a pass meets it.
+
+Primitives: exact sums (`ExactSum`), extrema (`Extremum`) and moments (`Moments`), whose results do not depend on
+how the data was split, and `merge_fields`, which merges such attributes generically.
+"""
 from __future__ import annotations
 
+import inspect
 import math
+from dataclasses import dataclass
 from itertools import chain
+from typing import Any, ClassVar
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a consumer's `finish` may need beyond its own state: `sequences` = B, the rows of the sequences table
+    (or the distinct seq_ids seen when no table is known), so empty responses count."""
+
+    sequences: int
+
+
+class Mergeable:
+    """Base of every mergeable state: `fresh()` and `merge(other) -> self` (checked when a subclass is defined).
+
+    `CONTRACT` maps each required method to its parameter names after `self` (None: any); subclasses extend it.
+    A class meant as a further base, not used itself, passes `abstract=True` in its class statement."""
+
+    CONTRACT: ClassVar[dict[str, tuple[str, ...] | None]] = {"fresh": (), "merge": ("other",)}
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not abstract:
+            check_contract(cls)
+
+
+def check_contract(cls: type) -> None:
+    """TypeError unless `cls` defines every method of its CONTRACT with exactly the declared parameters."""
+    for name, params in cls.CONTRACT.items():
+        method = getattr(cls, name, None)
+        if not callable(method):
+            raise TypeError(f"{cls.__qualname__} declares {_declared(cls)} but defines no {name}() — every "
+                            f"consumer needs {', '.join(f'{m}()' for m in cls.CONTRACT)}")
+        if params is None:
+            continue
+        got = tuple(inspect.signature(method).parameters)[1:]
+        if got != params:
+            raise TypeError(f"{cls.__qualname__}.{name}{tuple(got)} must take ({', '.join(params)}): the one "
+                            f"signature of {_declared(cls)}.{name}")
+
+
+def _declared(cls: type) -> str:
+    bases = [b.__name__ for b in cls.__mro__[1:] if b in (ChunkConsumer, BatchConsumer)]
+    return bases[0] if bases else "Mergeable"
+
+
+class ChunkConsumer(Mergeable, abstract=True):
+    """A consumer of validated chunks of whole sequences: `update_chunk(chunk)`, `finish(totals)`."""
+
+    CONTRACT = {**Mergeable.CONTRACT, "update_chunk": ("chunk",), "finish": ("totals",)}
+
+
+class BatchConsumer(Mergeable, abstract=True):
+    """A consumer of every record batch as read (refused rows included): `update_batch(rows, file, row0)`,
+    `finish(totals)`."""
+
+    CONTRACT = {**Mergeable.CONTRACT, "update_batch": ("rows", "file", "row0"), "finish": ("totals",)}
+
+
+def merge_fields(target: Any, other: Any, fields: tuple[str, ...]) -> Any:
+    """Merge `other`'s named attributes into `target`'s by their type (torchmetrics' add_state reductions, stated
+    once): a mergeable primitive or consumer merges, numbers and numpy arrays add, lists extend. Returns target."""
+    for name in fields:
+        mine, theirs = getattr(target, name), getattr(other, name)
+        if isinstance(mine, (ExactSum, Extremum, Moments, Mergeable)):
+            mine.merge(theirs)
+        elif isinstance(mine, list):
+            mine.extend(theirs)
+        elif isinstance(mine, np.ndarray):
+            mine += theirs
+        elif isinstance(mine, (int, float)):
+            setattr(target, name, mine + theirs)
+        else:
+            raise TypeError(f"merge_fields: {type(target).__name__}.{name} is a {type(mine).__name__}, which has no "
+                            "generic merge; merge it by hand")
+    return target
 
 _COMPRESS_AT = 64
 _PENDING_AT = 8192
@@ -69,12 +160,13 @@ class ExactSum:
         if len(self.parts) > _COMPRESS_AT:
             self._store(self.parts, replace=True)
 
-    def merge(self, other: ExactSum) -> None:
+    def merge(self, other: ExactSum) -> ExactSum:
         self._drain()
         other._drain()
         self.parts.extend(other.parts)
         if len(self.parts) > _COMPRESS_AT:
             self._store(self.parts, replace=True)
+        return self
 
     def value(self) -> float:
         self._drain()
@@ -104,9 +196,10 @@ class Extremum:
         self.lo = min(self.lo, value)
         self.hi = max(self.hi, value)
 
-    def merge(self, other: Extremum) -> None:
+    def merge(self, other: Extremum) -> Extremum:
         self.lo = min(self.lo, other.lo)
         self.hi = max(self.hi, other.hi)
+        return self
 
     @property
     def empty(self) -> bool:
@@ -150,17 +243,18 @@ class Moments:
             dev = values - mean
             self.merge(Moments(n, mean, float(np.einsum("i,i,i->", dev, dev, counts.astype(np.float64)))))
 
-    def merge(self, other: Moments) -> None:
+    def merge(self, other: Moments) -> Moments:
         if other.n == 0:
-            return
+            return self
         if self.n == 0:
             self.n, self.mean, self.m2 = other.n, other.mean, other.m2
-            return
+            return self
         n = self.n + other.n
         delta = other.mean - self.mean
         self.mean += delta * (other.n / n)
         self.m2 += other.m2 + delta * delta * (self.n * other.n / n)
         self.n = n
+        return self
 
     @property
     def var(self) -> float:

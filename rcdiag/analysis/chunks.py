@@ -18,13 +18,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.allocator import reuse_batch_memory
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
-from rcdiag.analysis.threads import ordered_map, prefetch
+from rcdiag.analysis.rows import BatchRows
 from rcdiag.errors import InputError
-from rcdiag.progress import progress
 from rcdiag.store.files import DEFAULT_READ_ROWS
-from rcdiag.store.schema import as_table, check_finite, check_keys, column_as_float, mask_as_bool
+from rcdiag.store.run import Run
+from rcdiag.store.schema import as_table, check_finite, check_keys
 from rcdiag.store.validate import is_member
 
 REQUIRED_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob")
@@ -150,20 +149,19 @@ class TokenChunk:
 # --------------------------------------------------------------------------------------------------- sources
 def iter_sources(data: object, batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[tuple[str, pa.RecordBatch]]:
     """(source name, record batch) pairs of the token rows of a Run, DataFrame, Arrow table or record batch."""
-    from rcdiag.store.run import Run
-
     if isinstance(data, Run):
-        yield from _run_batches(data, batch_rows)
+        for file in data.token_files:
+            parquet = pq.ParquetFile(file)
+            name = f"tokens/{file.name}"
+            check_columns(parquet.schema_arrow, name)
+            columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in parquet.schema_arrow.names else [])
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+                yield name, batch
         return
     table = as_table(data, source="tokens")
     check_columns(table.schema, "tokens")
     for batch in table.to_batches(max_chunksize=batch_rows):
         yield "tokens", batch
-
-
-def _run_batches(run: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordBatch]]:
-    for file in run.token_files:
-        yield from _file_batches(file, batch_rows)
 
 
 def check_columns(schema: pa.Schema, source: str) -> None:
@@ -192,7 +190,8 @@ class _Validator:
     source: str | None = None
     offset: int = 0
 
-    def __call__(self, source: str, batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+    def __call__(self, source: str, rows: BatchRows) -> tuple[np.ndarray, ...]:
+        batch = rows.batch
         if source != self.source:
             self.source, self.offset = source, 0
         offset = self.offset
@@ -202,10 +201,8 @@ class _Validator:
             if column.null_count:
                 row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
                 raise InputError("null key", file=source, row=offset + row + 1, field=name)
-        seq = np.asarray(batch.column("seq_id")).astype(np.int64, copy=False)
-        pos = np.asarray(batch.column("pos"))
-        mask = mask_as_bool(batch)
-        train, rollout = column_as_float(batch, "train_logprob"), column_as_float(batch, "rollout_logprob")
+        seq = rows.seq.astype(np.int64, copy=False)
+        pos, mask, train, rollout = rows.pos, rows.mask, rows.train, rows.rollout
         has_prev = self.previous is not None
         prev = self.previous or (0, 0)
         if kernels.check_rows(seq, pos, train, rollout, mask, has_prev, prev[0], prev[1]) != kernels.OK:  # the numpy checks name the first offending row and column
@@ -249,12 +246,13 @@ class Chunker:
         self.validate = _Validator()
         self.carry: list[tuple[np.ndarray, ...]] = []
 
-    def push(self, source: str, batch: pa.RecordBatch | pa.Table) -> list[TokenChunk]:
+    def push(self, source: str, batch: pa.RecordBatch | pa.Table | BatchRows) -> list[TokenChunk]:
         if isinstance(batch, pa.Table):
             batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
-        if batch is None or batch.num_rows == 0:
+        rows = batch if isinstance(batch, BatchRows) or batch is None else BatchRows(batch)
+        if rows is None or rows.n == 0:
             return []
-        arrays = self.validate(source, batch)
+        arrays = self.validate(source, rows)
         seq = arrays[0]
         last = int(np.searchsorted(seq, seq[-1], side="left"))  # first row of the batch's last sequence
         if last == 0:  # one sequence throughout: it may go on in the next batch
@@ -290,8 +288,6 @@ def _make_chunk(seq: np.ndarray, pos: np.ndarray, train: np.ndarray, rollout: np
 def sequence_universe(data: object, sequences: object | None = None) -> np.ndarray | None:
     """Sorted seq_ids of every row B: a Run's sequences table, or the given `sequences` frame/table; None when only
     token rows are known (then B = the distinct seq_ids seen in the tokens)."""
-    from rcdiag.store.run import Run
-
     if sequences is None and isinstance(data, Run):
         table = data.sequence_table(["seq_id"])
     elif sequences is not None:
@@ -319,137 +315,3 @@ def check_in_universe(chunk: TokenChunk, universe: np.ndarray | None) -> None:
         seq = int(chunk.seq_ids[np.flatnonzero(missing)[0]])
         raise InputError(f"token rows reference seq_id {seq}, which is not in the sequences table",
                          file="sequences", field="seq_id")
-
-
-# --------------------------------------------------------------------------------------------------- driver
-class ChunkFeed:
-    """Feeds record batches, validated and re-cut into whole-sequence chunks, to consumers in order: the one way
-    every pass hands chunks to accumulators (`stream` below; the report's single read of each file). `finish`
-    returns B (the sequences table's rows when `universe` is known, else the distinct seq_ids seen)."""
-
-    def __init__(self, consumers: list, universe: np.ndarray | None) -> None:
-        self.consumers, self.universe = consumers, universe
-        self.chunker = Chunker()
-        self.seen = 0
-
-    def push(self, source: str, batch: pa.RecordBatch) -> None:
-        for chunk in self.chunker.push(source, batch):
-            self._feed(chunk)
-
-    def _feed(self, chunk: TokenChunk) -> None:
-        check_in_universe(chunk, self.universe)
-        self.seen += chunk.seq_ids.size
-        for consumer in self.consumers:
-            consumer.update_chunk(chunk)
-
-    def finish(self) -> int:
-        tail = self.chunker.flush()
-        if tail is not None:
-            self._feed(tail)
-        return self.seen if self.universe is None else int(self.universe.size)
-
-
-def stream(data: object, consumers: list, *, sequences: object | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-           silent: bool = True, desc: str = "tokens") -> int:
-    """Feed every chunk of `data` to each consumer's `update_chunk` in one pass; return B, the number of rows
-    (the sequences table's when known, else the distinct seq_ids seen).
-
-    A Run of several token files whose consumers all `merge` is streamed file by file on a thread per core
-    (analysis.threads.ordered_map; the kernels and pyarrow's reads release the GIL): each file feeds its own empty
-    consumers (`fresh()`), merged into `consumers` in file order whatever the number of threads, so the numbers
-    do not depend on it. Anything else is one stream, read and decoded on a second thread while the consumers
-    work."""
-    from rcdiag.store.run import Run
-
-    reuse_batch_memory()
-    universe = sequence_universe(data, sequences)
-    if isinstance(data, Run) and len(data.token_files) > 1 and all(
-            hasattr(c, "merge") and hasattr(c, "fresh") for c in consumers):
-        return _stream_files(data, consumers, universe, batch_rows, silent, desc)
-    feed = ChunkFeed(consumers, universe)
-    with progress(total=_total_rows(data), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
-        for source, batch in prefetch(iter_sources(data, batch_rows)):
-            feed.push(source, batch)
-            bar.update(batch.num_rows)
-    return feed.finish()
-
-
-@dataclass
-class _FilePart:
-    """One token file's consumers after its rows, with what the merge checks: rows fed, sequences seen, the first
-    and last (seq_id, pos) key, and the InputError the file was refused with (raised in file order)."""
-
-    consumers: list
-    rows: int
-    seen: int
-    first: tuple[int, int] | None
-    last: tuple[int, int] | None
-    error: InputError | None
-
-
-def _stream_files(run: object, consumers: list, universe: np.ndarray | None, batch_rows: int, silent: bool,
-                  desc: str) -> int:
-    def one_file(file: object) -> _FilePart:
-        part = _FilePart([c.fresh() for c in consumers], 0, 0, None, None, None)
-        feed = ChunkFeed(part.consumers, universe)
-        try:
-            for source, batch in prefetch(_file_batches(file, batch_rows)):
-                if batch.num_rows:
-                    part.first = part.first or batch_key(batch, 0)
-                    part.last = batch_key(batch, batch.num_rows - 1)
-                part.rows += batch.num_rows
-                feed.push(source, batch)
-            feed.finish()
-        except InputError as exc:
-            part.error = exc
-        part.seen = feed.seen
-        return part
-
-    previous: tuple[int, int] | None = None
-    seen = 0
-    with progress(total=_total_rows(run), desc=desc, unit="tok", unit_scale=True, silent=silent) as bar:
-        for file, part in zip(run.token_files, ordered_map(one_file, run.token_files), strict=True):
-            if part.first is not None:
-                check_file_start(part.first, previous, f"tokens/{file.name}")
-            if part.error is not None:
-                raise part.error
-            for mine, theirs in zip(consumers, part.consumers, strict=True):
-                mine.merge(theirs)
-            seen += part.seen
-            previous = part.last or previous
-            bar.update(part.rows)
-    return seen if universe is None else int(universe.size)
-
-
-def check_file_start(first: tuple[int, int], previous: tuple[int, int] | None, source: str) -> None:
-    """InputError unless a token file's first (seq_id, pos) key follows the previous file's last one and starts a
-    new sequence: keys increase across files as within one, and each file holds whole sequences (the passes map
-    the files separately and merge what they found)."""
-    check_keys(np.array([first[0]]), np.array([first[1]]), source=source, previous=previous)
-    if previous is not None and first[0] == previous[0]:
-        raise InputError(f"seq_id {previous[0]} has token rows in two files: a run's token files hold whole "
-                         "sequences — re-create the run (re-run the import or `rcdiag score`)", file=source, row=1,
-                         field="seq_id")
-
-
-def _file_batches(file: object, batch_rows: int) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """One token file's batches, as iter_sources reads a Run's."""
-    name = f"tokens/{file.name}"
-    parquet = pq.ParquetFile(file)
-    check_columns(parquet.schema_arrow, name)
-    columns = list(REQUIRED_COLUMNS) + (["mask"] if "mask" in parquet.schema_arrow.names else [])
-    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
-        yield name, batch
-
-
-def batch_key(batch: pa.RecordBatch, row: int) -> tuple[int, int]:
-    """(seq_id, pos) of one row of a batch: the keys check_file_start compares."""
-    return int(batch.column("seq_id")[row].as_py()), int(batch.column("pos")[row].as_py())
-
-
-def _total_rows(data: object) -> int | None:
-    from rcdiag.store.run import Run
-
-    if isinstance(data, Run):
-        return data.num_tokens
-    return getattr(data, "num_rows", None) or (len(data) if hasattr(data, "__len__") else None)

@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.accum import ChunkConsumer, Totals
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, DEFAULT_THRESHOLDS, IS_MODES
+from rcdiag.analysis.engine import stream
 from rcdiag.analysis.isstats import IS_METRIC_NAMES, Bounds, ChunkView, ModeStats, update_modes
 from rcdiag.analysis.rejection import Rejection, check_verl, keep_rows, parse_rejections
 from rcdiag.analysis.thresholds import as_number, optional_number, split_band
@@ -93,8 +95,8 @@ def _check_convention(mode: CorrectionMode, conv: Convention) -> None:
                               "configuration; give a threshold C or a lower bound L")
 
 
-class ISAccumulator:
-    """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(B)`.
+class ISAccumulator(ChunkConsumer):
+    """IS metrics of several (mode, C, L) at once, from one pass: `update_chunk(chunk)`, `merge`, `finish(totals)`.
 
     Rejection options are applied first (rows they reject are not scored and count as not kept) — except under
     verl, whose IS metrics use the original response mask (rejection ignored; its own `rs_*` numbers report it;
@@ -105,12 +107,15 @@ class ISAccumulator:
 
     def __init__(self, modes: Sequence[CorrectionMode], convention: str | Convention = DEFAULT_CONVENTION, *,
                  rejection: Iterable[Rejection | str | tuple] = (), keep_weights: bool = False,
-                 extras: bool = True) -> None:
+                 extras: bool = True, batch_normalize: bool = False) -> None:
         """`extras`: also the numbers only a framework logs (verl's is_seq_*, rs_* …); a sweep, whose table has
-        the IS_METRIC_NAMES columns only, leaves them out."""
+        the IS_METRIC_NAMES columns only, leaves them out. `batch_normalize`: finish as with verl's batch
+        normalisation (see finish)."""
         self.convention = conv = get_convention(convention)
         self.modes = list(modes)
-        self._settings = {"rejection": rejection, "keep_weights": keep_weights, "extras": extras}
+        self.batch_normalize = batch_normalize
+        self._settings = {"rejection": rejection, "keep_weights": keep_weights, "extras": extras,
+                          "batch_normalize": batch_normalize}
         for mode in self.modes:
             _check_convention(mode, conv)
         self.rejection = parse_rejections(rejection)
@@ -165,10 +170,12 @@ class ISAccumulator:
             self.keys += other.keys
         return self
 
-    def finish(self, num_sequences: int, batch_normalize: bool = False) -> list[dict[str, float]]:
-        """One dict per mode: IS_METRIC_NAMES (+ under verl the is_seq_*, is_oob_ratio, batch_norm_factor and
-        rs_* numbers). Batch normalisation divides the metrics by the token mean (canonical), or under verl
-        leaves them as verl logs them (before normalisation) and adds batch_norm_factor."""
+    def finish(self, totals: Totals) -> list[dict[str, float]]:
+        """One dict per mode over B = `totals.sequences` rows: IS_METRIC_NAMES (+ under verl the is_seq_*,
+        is_oob_ratio, batch_norm_factor and rs_* numbers). Batch normalisation divides the metrics by the token
+        mean (canonical), or under verl leaves them as verl logs them (before normalisation) and adds
+        batch_norm_factor."""
+        num_sequences, batch_normalize = int(totals.sequences), self.batch_normalize
         divide = batch_normalize and self.convention.batch_norm == "divide"
         results = [stats.finish(num_sequences, divide) for stats in self.stats]
         for result, extra in zip(results, self.extras, strict=False):
@@ -182,11 +189,12 @@ class ISAccumulator:
                 result.update(rs)
         return results
 
-    def weights_frame(self, index: int = 0, batch_normalize: bool = False) -> Any:
+    def weights_frame(self, index: int = 0) -> Any:
         """Per-token weights of mode `index`: DataFrame seq_id, pos, weight (NaN on masked rows, 0 where masked
         out or rejected), kept (bool). Batch normalisation divides by the token mean (verl: by verl's factor)."""
         import pandas as pd
 
+        batch_normalize = self.batch_normalize
         stats = self.stats[index]
         parts = stats.weights or []
         weight = np.concatenate(parts) if parts else np.zeros(0)
@@ -201,13 +209,13 @@ class ISAccumulator:
         return pd.DataFrame({"seq_id": seq, "pos": pos, "weight": weight, "kept": weight > 0})
 
 
-class ISGroup:
+class ISGroup(ChunkConsumer):
     """ISAccumulators fed the same chunks whose one token-level mode differs only in the verl rejection options
     that choose the rows it scores — the report's rejection options, each over token_truncate at C — updated by
     ONE kernel call per chunk (kernels.rejection_views, which also decides the options' keep flags) where each
     made its own numpy flags and pass: the same numbers, bit for bit. A group whose members do anything else
     (verl's rejection statistics, extras, weights, several or different modes) is updated member by member.
-    Merge and finish the members themselves."""
+    Merging or finishing the group merges or finishes its members."""
 
     MAX_FUSED = 63
     """Members one kernel call scores (each takes a bit of a row's flags word)."""
@@ -245,6 +253,18 @@ class ISGroup:
         no_rows = np.zeros(0)
         for j, accumulator in enumerate(self.accumulators):
             accumulator.stats[0].update(view, (per_w[j], per_e[j], out[j], no_rows))
+
+    def fresh(self) -> ISGroup:
+        return ISGroup([a.fresh() for a in self.accumulators])
+
+    def merge(self, other: ISGroup) -> ISGroup:
+        for mine, theirs in zip(self.accumulators, other.accumulators, strict=True):
+            mine.merge(theirs)
+        return self
+
+    def finish(self, totals: Totals) -> list[list[dict[str, float]]]:
+        """Each member's finish, in order."""
+        return [a.finish(totals) for a in self.accumulators]
 
 
 class _Default:
@@ -293,11 +313,12 @@ def simulate(data: Any, mode: str | CorrectionMode, threshold: Any = DEFAULT,
     threshold, lower = split_band(DEFAULT_THRESHOLD if threshold is DEFAULT else threshold, lower)
     conv = key_convention(keys, convention)
     chosen = get_mode(mode).with_bounds(math.inf if threshold is None else threshold, lower)
-    accumulator = ISAccumulator([chosen], conv, rejection=rejection, keep_weights=return_weights)
+    accumulator = ISAccumulator([chosen], conv, rejection=rejection, keep_weights=return_weights,
+                                batch_normalize=batch_normalize)
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="simulate")
-    result: dict[str, Any] = rename(accumulator.finish(rows, batch_normalize)[0], keys)
+    result: dict[str, Any] = rename(accumulator.finish(Totals(rows))[0], keys)
     if return_weights:
-        result["weights"] = accumulator.weights_frame(0, batch_normalize)
+        result["weights"] = accumulator.weights_frame(0)
     return result
 
 
@@ -330,14 +351,15 @@ def sweep(data: Any, modes: Iterable[str | CorrectionMode] = tuple(MODES),
     if not grid and not gates:
         return pd.DataFrame(columns=columns)
     consumers: list[Any] = []
-    accumulator = ISAccumulator(grid, convention, rejection=rejection, extras=False) if grid else None
+    accumulator = (ISAccumulator(grid, convention, rejection=rejection, extras=False,
+                                 batch_normalize=batch_normalize) if grid else None)
     consumers += [accumulator] if accumulator is not None else []
     settings = sweep_settings(gates, gate_thresholds) if gates else []
     gate_acc = gate_accumulator(data, settings, sequences=sequences, advantages=advantages,
                                 normalize_std=normalize_std) if settings else None
     consumers += [gate_acc] if gate_acc is not None else []
     rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sweep")
-    results = accumulator.finish(rows, batch_normalize) if accumulator is not None else []
+    results = accumulator.finish(Totals(rows)) if accumulator is not None else []
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
     frame = pd.DataFrame.from_records(records, columns=columns)
     if gate_acc is None:
@@ -361,7 +383,7 @@ def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[
     if correction is not None:
         consumers.append(correction)
     rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="analyze")
-    results = correction.finish(rows) if correction is not None else []
+    results = correction.finish(Totals(rows)) if correction is not None else []
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
     table = pd.DataFrame.from_records(records, columns=["mode", "threshold", *IS_METRIC_NAMES])
-    return metrics.finish(rows), table
+    return metrics.finish(Totals(rows)), table

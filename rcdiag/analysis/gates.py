@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
+from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Moments, Totals, ratio
 from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.engine import stream
 from rcdiag.analysis.gate_defs import GATES, Gate, check_delta, gate_bounds, get_gate, is_gate
 from rcdiag.analysis.gate_logs import Decision, extras_for
 from rcdiag.analysis.gate_stats import aggregate, ell64, rollout64, token_statistic, train64
@@ -180,7 +181,7 @@ class GateState:
         return out
 
 
-class GateAccumulator:
+class GateAccumulator(ChunkConsumer):
     """Gate settings over one pass: `update_chunk`, `merge`, `fresh`, `finish(B)` → one dict per setting.
     `advantages` (analysis.advantages.Advantages) must be known when any setting's gate is advantage-signed."""
 
@@ -218,15 +219,15 @@ class GateAccumulator:
             mine.merge(theirs)
         return self
 
-    def finish(self, num_sequences: int) -> list[dict[str, Any]]:
-        return [state.finish(num_sequences, self.advantages.source) for state in self.states]
+    def finish(self, totals: Totals) -> list[dict[str, Any]]:
+        return [state.finish(int(totals.sequences), self.advantages.source) for state in self.states]
 
     def frame(self, num_sequences: int) -> Any:
         """The results as a DataFrame: gate, framework, threshold (δ), then GATE_METRIC_NAMES and the rest."""
         import pandas as pd
 
         records = [{"gate": s.name, "framework": s.gate.framework, "threshold": s.threshold, **r}
-                   for s, r in zip(self.settings, self.finish(num_sequences), strict=True)]
+                   for s, r in zip(self.settings, self.finish(Totals(num_sequences)), strict=True)]
         return pd.DataFrame.from_records(records, columns=_frame_columns(records))
 
 
@@ -263,7 +264,7 @@ def simulate_gate(data: Any, gate: str | Gate, threshold: Any = None, lower: Any
     setting = GateSetting.make(gate, threshold, lower)
     acc = accumulator(data, [setting], sequences=sequences, advantages=advantages, normalize_std=normalize_std)
     rows = stream(data, [acc], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="gate")
-    result = acc.finish(rows)[0]
+    result = acc.finish(Totals(rows))[0]
     source = result.pop("advantage_source")
     return {**rename(result, style), "advantage_source": source}
 

@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.accum import ChunkConsumer, Totals
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.engine import stream
 from rcdiag.analysis.metrics import COUNT_NAMES, MetricsAccumulator
 from rcdiag.analysis.rejection import Rejection
 from rcdiag.analysis.thresholds import split_band
@@ -107,7 +109,7 @@ def group_columns(data: Any, sequences: Any, columns: Sequence[str], optional: s
     return {name: unique[:, i] for i, name in enumerate(("seq_id", *columns))}
 
 
-class GroupRouter:
+class GroupRouter(ChunkConsumer):
     """Mergeable per-group state: each chunk's sequences go to their group's fresh consumers (`make()`)."""
 
     def __init__(self, ids: np.ndarray, labels: np.ndarray, make: Any) -> None:
@@ -139,6 +141,10 @@ class GroupRouter:
             piece = chunk if labels.size == 1 or (labels == label).all() else subset(chunk, labels == label)
             for consumer in self.part(int(label)):
                 consumer.update_chunk(piece)
+
+    def finish(self, totals: Totals) -> dict[int, list[Any]]:
+        """{group label: its consumers} (each finished by the caller over its own group's rows)."""
+        return self.parts
 
 
 def logged_values(data: Any, convention: str, mode: str | None = None, threshold: float | None = DEFAULT_THRESHOLD,
@@ -188,7 +194,7 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
     def make() -> list[Any]:
         parts: list[Any] = [MetricsAccumulator(conv)]
         if chosen is not None:
-            parts.append(ISAccumulator([chosen], conv, rejection=rejection))
+            parts.append(ISAccumulator([chosen], conv, rejection=rejection, batch_normalize=batch_normalize))
         return parts
 
     make()  # fail fast on a mode, bound or rejection the framework lacks
@@ -199,9 +205,9 @@ def logged_values(data: Any, convention: str, mode: str | None = None, threshold
     for g, key in enumerate(groups):
         size = int(np.count_nonzero(labels == g))
         parts = router.part(g)
-        values: dict[str, Any] = dict(parts[0].finish(size))
+        values: dict[str, Any] = dict(parts[0].finish(Totals(size)))
         if chosen is not None:
-            values.update(parts[1].finish(size, batch_normalize)[0])
+            values.update(parts[1].finish(Totals(size))[0])
         labelled = dict(zip(names, (int(k) for k in key), strict=True))
         records.append({"step": labelled[step] if step else 0,
                         "unit": labelled.get(unit, 0) if unit else 0, "rank": labelled.get(rank, 0) if rank else 0,

@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis import peer_logs
-from rcdiag.analysis.accum import ExactSum, Extremum, add_range, merge_ranges, ratio
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe, stream
+from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Totals, add_range, merge_ranges, ratio
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
+from rcdiag.analysis.engine import stream
 from rcdiag.analysis.verlstats import VerlProbStats
 
 METRIC_NAMES = ("kl", "k3_kl", "training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl",
@@ -41,12 +42,12 @@ def _chi2_seq_product(mean_ell: np.ndarray, sum_ell: np.ndarray) -> np.ndarray:
 _CHI2_SEQ = {"geometric": _chi2_seq_geometric, "product": _chi2_seq_product}
 
 
-class MetricsAccumulator:
+class MetricsAccumulator(ChunkConsumer):
     """Mergeable state of every METRICS.md diagnostic for one convention.
 
     `update(batch)` takes a RecordBatch/Table/DataFrame of token rows (a sequence may continue in the next batch;
     its rows are carried), `update_chunk(chunk)` a TokenChunk of whole sequences; `merge(other)` adds an
-    accumulator over disjoint sequences (e.g. another file); `finish(num_sequences)` gives the metrics dict.
+    accumulator over disjoint sequences (e.g. another file); `finish(totals)` gives the metrics dict.
     State is O(1): exact sums, counts and extrema; results do not depend on the batching.
     """
 
@@ -140,18 +141,18 @@ class MetricsAccumulator:
         return self
 
     # ------------------------------------------------------------------ result
-    def finish(self, num_sequences: int | None = None) -> dict[str, float]:
-        """The metrics dict (METRICS.md names, then counts). `num_sequences` = B, the rows of the sequences table
-        (default: sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0.
+    def finish(self, totals: Totals | None = None) -> dict[str, float]:
+        """The metrics dict (METRICS.md names, then counts). `totals.sequences` = B, the rows of the sequences table
+        (None: the sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0.
         Under trl, also TRL's `sampling_logp_difference` mean and max of |ℓ| over valid tokens (unclamped) as
         abs_log_ratio_mean / abs_log_ratio_max: 0.0 without a valid token, as TRL v1.9.0 logs. Under verl, also
         verl's `training/` debug numbers (verlstats.PROBS_NAMES). Under swift, a batch with rows but no valid token
         gives what ms-swift v4.5.2 logs for such a micro-batch (its divisors are max(count, 1)): kl = k3_kl = 0,
         chi2_token = −1, PPL 1, log-PPL and differences 0, ppl_ratio 1, chi2_seq 0."""
         self._flush()
-        rows = self.seen_sequences if num_sequences is None else int(num_sequences)
+        rows = self.seen_sequences if totals is None else int(totals.sequences)
         if rows < self.seen_sequences:
-            raise ValueError(f"num_sequences={rows} is less than the {self.seen_sequences} sequences with tokens")
+            raise ValueError(f"B = {rows} sequences is less than the {self.seen_sequences} sequences with tokens")
         empty = rows - self.valid_sequences
         counts = {"tokens": self.tokens, "sequences": rows, "empty_sequences": empty}
         extra = self.probs.finish() if self.probs is not None else {}
@@ -208,7 +209,7 @@ def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any 
 
     accumulator = MetricsAccumulator(key_convention(keys, convention))
     rows = stream(data, [accumulator], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="metrics")
-    return rename(accumulator.finish(rows), keys)
+    return rename(accumulator.finish(Totals(rows)), keys)
 
 
 def sequence_stats(data: Any, *, sequences: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS,
@@ -233,7 +234,7 @@ def sequence_stats(data: Any, *, sequences: Any = None, batch_rows: int = DEFAUL
     return frame
 
 
-class _SequenceCollector:
+class _SequenceCollector(ChunkConsumer):
     """Per-sequence sums (O(#sequences) memory) for sequence_stats."""
 
     def __init__(self) -> None:
@@ -251,6 +252,9 @@ class _SequenceCollector:
     def merge(self, other: _SequenceCollector) -> _SequenceCollector:
         self.parts += other.parts
         return self
+
+    def finish(self, totals: Totals) -> Any:
+        return self.frame()
 
     def frame(self) -> Any:
         import pandas as pd

@@ -58,14 +58,24 @@ class BatchRows:
         return mask_as_bool(self.batch)
 
     @cached_property
+    def train(self) -> np.ndarray:
+        """train_logprob as stored float32/float64 without a copy (float64 with NaN for nulls or integers)."""
+        return column_as_float(self.batch, "train_logprob")
+
+    @cached_property
+    def rollout(self) -> np.ndarray:
+        """rollout_logprob as stored, as `train`."""
+        return column_as_float(self.batch, "rollout_logprob")
+
+    @cached_property
     def a(self) -> np.ndarray:
         """train_logprob as float64 [n] (NaN for null)."""
-        return np.asarray(column_as_float(self.batch, "train_logprob"), dtype=np.float64)
+        return np.asarray(self.train, dtype=np.float64)
 
     @cached_property
     def b(self) -> np.ndarray:
         """rollout_logprob as float64 [n] (NaN for null)."""
-        return np.asarray(column_as_float(self.batch, "rollout_logprob"), dtype=np.float64)
+        return np.asarray(self.rollout, dtype=np.float64)
 
     @cached_property
     def entropy(self) -> np.ndarray:

@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from rcdiag.analysis.accum import ChunkConsumer, Totals
 from rcdiag.analysis.bootstrap import SequenceSums, bootstrap
-from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk, stream
+from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
 from rcdiag.analysis.floor import NOISE_NAMES, NoiseEvidence
+from rcdiag.analysis.engine import stream
 from rcdiag.analysis.isstats import IS_METRIC_NAMES
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES, MetricsAccumulator
 from rcdiag.errors import InputError
@@ -112,9 +114,10 @@ class StepParts:
 
 
 @dataclass
-class TrendAccumulator:
+class TrendAccumulator(ChunkConsumer):
     """Mergeable per-step state: `update_chunk` routes sequences to their step (seq_ids → step via `ids`/`steps`,
-    sorted by seq_id), `merge` adds another file's state, `finish` gives the trend frame."""
+    sorted by seq_id), `merge` adds another file's state, `finish` gives the trend frame (bootstrap intervals of
+    `replicates` replicates at `level`, seeded `seed + step`)."""
 
     ids: np.ndarray
     steps: np.ndarray
@@ -122,6 +125,9 @@ class TrendAccumulator:
     mode: str = DEFAULT_MODE
     threshold: float = DEFAULT_THRESHOLD
     lower: float | None = None
+    replicates: int = DEFAULT_REPLICATES
+    level: float = DEFAULT_LEVEL
+    seed: int = 0
     parts: dict[int, StepParts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -163,18 +169,20 @@ class TrendAccumulator:
                 self.parts[step] = part
         return self
 
-    def finish(self, *, replicates: int = DEFAULT_REPLICATES, level: float = DEFAULT_LEVEL,
-               seed: int = 0) -> Any:
+    def finish(self, totals: Totals) -> Any:
         """DataFrame, one row per step in order (TREND_COLUMNS, then INTERVAL_NAMES' _low/_high/_se); a step whose
-        sequences have no token rows still has its row (metrics NaN, counts from the sequences table)."""
+        sequences have no token rows still has its row (metrics NaN, counts from the sequences table: each step's
+        B is its own rows, `totals` the whole run's)."""
         import pandas as pd
 
+        replicates, level, seed = self.replicates, self.level, self.seed
         records = []
         for step in np.unique(self.steps):
             in_step = self.ids[self.steps == step]
             part = self._part(int(step))
-            row: dict[str, Any] = {"step": int(step), **part.metrics.finish(in_step.size)}
-            row.update(part.correction.finish(in_step.size)[0])
+            step_totals = Totals(int(in_step.size))
+            row: dict[str, Any] = {"step": int(step), **part.metrics.finish(step_totals)}
+            row.update(part.correction.finish(step_totals)[0])
             _, sums = part.sums.table(in_step)
             tokens = sums[:, 0].sum()
             row["abs_log_ratio_mean"] = float(sums[:, 4].sum() / tokens) if tokens else float("nan")
@@ -218,6 +226,7 @@ def trend(run: Any, convention: str = DEFAULT_CONVENTION, mode: str = DEFAULT_MO
     from rcdiag.store.run import Run, open_run
 
     opened = run if isinstance(run, Run) else open_run(run)
-    accumulator = trend_accumulator(opened, convention, mode, threshold, lower)
-    stream(opened, [accumulator], batch_rows=batch_rows, silent=silent, desc="trend")
-    return accumulator.finish(replicates=replicates, level=level, seed=seed)
+    accumulator = replace(trend_accumulator(opened, convention, mode, threshold, lower), replicates=replicates,
+                          level=level, seed=seed)
+    rows = stream(opened, [accumulator], batch_rows=batch_rows, silent=silent, desc="trend")
+    return accumulator.finish(Totals(rows))

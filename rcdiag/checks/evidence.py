@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.analysis.accum import BatchConsumer, Totals
+from rcdiag.analysis.engine import Fresh, run_pass
 from rcdiag.analysis.floor import NoiseEvidence
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.checks.evidence_kernel import KINDS, batch_evidence
-from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
 
 SEVERITIES = ("ok", "info", "warning", "error")
@@ -120,8 +121,10 @@ class _SideStats:
 
 
 # ----------------------------------------------------------------------------------------------- accumulator
-class CheckAccumulator:
+class CheckAccumulator(BatchConsumer):
     """Evidence for every check, updated per record batch of token columns (CHECK_COLUMNS) and mergeable."""
+
+    columns = CHECK_COLUMNS
 
     def __init__(self) -> None:
         self.sides = {name: _SideStats() for name in SIDES}
@@ -155,6 +158,16 @@ class CheckAccumulator:
         self.seq_maxpos.append(maxpos)
         self.noise.update(a, b, valid)
 
+    def update_batch(self, rows: BatchRows, file: str, row0: int) -> None:
+        self.update(rows.batch, file, row0, rows)
+
+    def fresh(self) -> CheckAccumulator:
+        return CheckAccumulator()
+
+    def finish(self, totals: Totals) -> CheckAccumulator:
+        """Itself: the checks are judged from this evidence (rcdiag.checks.verdicts.findings)."""
+        return self
+
     def merge(self, other: CheckAccumulator) -> CheckAccumulator:
         for name, side in self.sides.items():
             side.merge(other.sides[name])
@@ -185,9 +198,8 @@ class CheckAccumulator:
 # ----------------------------------------------------------------------------------------------- entry points
 def accumulate(run: Any, *, silent: bool = True, batch_size: int = DEFAULT_READ_ROWS) -> CheckAccumulator:
     """One streaming pass over a Run's token files (progress bar in tokens unless `silent`)."""
-    acc = CheckAccumulator()
-    feed_batches(run, CHECK_COLUMNS, acc.update, batch_size=batch_size, desc="checks", silent=silent)
-    return acc
+    return run_pass(run, Fresh((CheckAccumulator(),)), batch_rows=batch_size, desc="checks",
+                    silent=silent).consumers[0]
 
 
 def sequence_lengths(run: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -6,15 +6,15 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from rcdiag.report.passes import Partial
+from rcdiag.analysis.engine import FilePart
 
 
-def ray_map(ray: Any) -> Callable[[Callable[[int], Partial], Iterable[int]], Iterator[Partial]]:
+def ray_map(ray: Any) -> Callable[[Callable[[int], FilePart], Iterable[int]], Iterator[FilePart]]:
     """A `map` that runs each call as a Ray task (all submitted at once) and yields results in input order.
     Results travel pickled: Ray's zero-copy numpy arrays are read-only, and the merge adds into them."""
     remote = ray.remote(max_retries=3)(lambda fn, index: pickle.dumps(fn(index), protocol=5))
 
-    def mapper(fn: Callable[[int], Partial], indices: Iterable[int]) -> Iterator[Partial]:
+    def mapper(fn: Callable[[int], FilePart], indices: Iterable[int]) -> Iterator[FilePart]:
         fn_ref = ray.put(fn)
         refs = [remote.remote(fn_ref, i) for i in indices]
         for ref in refs:

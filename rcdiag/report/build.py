@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rcdiag.analysis.accum import Totals
 from rcdiag.analysis.bootstrap import bootstrap
 from rcdiag.analysis.causes import Context, from_lag
 from rcdiag.analysis.correction import IS_METRIC_NAMES
@@ -200,16 +201,15 @@ def _library_numbers(report: RunReport, library: Library | InputError) -> None:
     if isinstance(library, InputError):
         raise library
     o = report.options
-    grid, metrics, sweep, rejections, rows = (library.grid, library.metrics, library.sweep, library.rejections,
-                                              library.rows)
-    report.metrics = metrics.finish(rows)
-    results = sweep.finish(rows)
-    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]
+    numbers = library.finish(Totals(library.rows))
+    report.metrics = numbers["metrics"]
+    records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(library.grid, numbers["sweep"],
+                                                                           strict=True)]
     report.is_modes = {r["mode"]: {k: r[k] for k in IS_METRIC_NAMES} for r in records if r["threshold"] == o.threshold}
     chosen = [r for r in records if r["threshold"] in o.thresholds]
     report.sweep = pd.DataFrame.from_records(chosen, columns=["mode", "threshold", *IS_METRIC_NAMES])
-    report.rejection = {opt: acc.finish(rows)[0] for opt, acc in rejections.items()}
-    report.gate_sweep = library.gates.frame(rows) if library.gates is not None else None
+    report.rejection = numbers["rejection"]
+    report.gate_sweep = numbers["gates"]
 
 
 # ----------------------------------------------------------------------------------------------- worst items

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
+from rcdiag.analysis.accum import BatchConsumer, Totals
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.engine import MapFiles, run_pass
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.analysis.scan_kernels import scan_update
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator
 from rcdiag.analysis.tails import TailAccumulator
 from rcdiag.checks.evidence import CheckAccumulator
-from rcdiag.store.batches import feed_batches
 from rcdiag.store.files import DEFAULT_READ_ROWS
+from rcdiag.store.run import Run
 
 SCAN_COLUMNS = ("seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask")
 SEQUENCE_COLUMNS = ("seq_id", "response_len", "finish_reason", "reward", "prompt_id")
@@ -31,14 +32,24 @@ PROGRESS_MIN_TOKENS = 2_000_000
 
 
 @dataclass
-class Scan:
-    """Everything gathered in one pass; each part is a mergeable accumulator."""
+class Scan(BatchConsumer):
+    """Everything the report gathers from every row as read (refused rows included: the checks exist to find
+    them); each part is a mergeable accumulator."""
 
     checks: CheckAccumulator
     tails: TailAccumulator
     strata: StrataAccumulator
     sums: SequenceSums
     info: SequenceInfo
+    columns: ClassVar[tuple[str, ...]] = SCAN_COLUMNS
+
+    def update_batch(self, rows: BatchRows, file: str, row0: int) -> None:
+        """Feed one record batch (SCAN_COLUMNS, decoded once for every part) into every accumulator."""
+        self.checks.update(rows.batch, file, row0, rows)
+        scan_update(self.tails, self.strata, self.sums, rows)
+
+    def fresh(self) -> Scan:
+        return new_scan(self.info, self.sums.threshold, self.sums.lower)
 
     def merge(self, other: Scan) -> Scan:
         self.checks.merge(other.checks)
@@ -47,32 +58,53 @@ class Scan:
         self.sums.merge(other.sums)
         return self
 
+    def finish(self, totals: Totals) -> dict[str, Any]:
+        """{"tails": TAIL_NAMES statistics, "strata": per-bucket rows}; the checks are judged from `checks`
+        (rcdiag.checks.verdicts), the intervals from `sums`."""
+        return {"tails": self.tails.finish(), "strata": self.strata.finish()}
+
 
 def new_scan(info: SequenceInfo, threshold: float, lower: float | None) -> Scan:
     return Scan(CheckAccumulator(), TailAccumulator(), StrataAccumulator(info), SequenceSums(threshold, lower), info)
 
 
 def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
-    """Feed one record batch (SCAN_COLUMNS) into every accumulator; the columns are decoded once for all of them
-    (rcdiag.analysis.rows.BatchRows)."""
-    rows = BatchRows(batch)
-    scan.checks.update(batch, file, row0, rows)
-    scan_update(scan.tails, scan.strata, scan.sums, rows)
+    """Feed one record batch (SCAN_COLUMNS) into every accumulator (Scan.update_batch of its decoded rows)."""
+    scan.update_batch(BatchRows(batch), file, row0)
+
+
+def scan_parts(shard: Run, threshold: float, lower: float | None, finish_labels: Sequence[str] | None) -> Scan:
+    """A file's fresh scan: its shard's sequence attributes, finish codes relabelled to `finish_labels` (the whole
+    run's) so that partial strata line up when merged."""
+    info = sequence_info(shard)
+    return new_scan(info if finish_labels is None else relabel(info, finish_labels), threshold, lower)
+
+
+@dataclass(frozen=True)
+class ScanParts:
+    """The engine's `make` of a scan-only pass (picklable)."""
+
+    threshold: float
+    lower: float | None
+    finish_labels: tuple[str, ...] | None
+
+    def __call__(self, shard: Run | None) -> list[Scan]:
+        return [scan_parts(shard, self.threshold, self.lower, self.finish_labels)]
 
 
 def scan_run(run: Any, *, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True,
              batch_size: int = DEFAULT_READ_ROWS, keep: Callable[[pa.RecordBatch], pa.Array] | None = None,
-             finish_labels: Sequence[str] | None = None) -> Scan:
-    """One pass over `run` (a Run); `keep` (rcdiag.store.batches.keep_seq_ids) restricts it to some sequences.
-    `finish_labels`: the whole run's finish-reason labels (sequence_info(...).finish_labels) when `run` holds
-    only part of the sequences (one shard), so partial strata line up when merged. The progress bar (tokens/s)
-    shows on runs ≥ PROGRESS_MIN_TOKENS."""
+             finish_labels: Sequence[str] | None = None, map_files: MapFiles | None = None) -> Scan:
+    """One pass over `run` (a Run, a file at a time on a thread per core); `keep`
+    (rcdiag.store.batches.keep_seq_ids) restricts it to some sequences. `finish_labels`: the finish-reason labels
+    to line the strata up on (default the run's own). The progress bar (tokens/s) shows on runs ≥
+    PROGRESS_MIN_TOKENS."""
     info = sequence_info(run)
-    if finish_labels is not None:
-        info = relabel(info, finish_labels)
-    scan = new_scan(info, threshold, lower)
-    feed_batches(run, SCAN_COLUMNS, partial(update, scan), keep=keep, batch_size=batch_size,
-                 desc=f"scan {run.name}", silent=silent, progress_min_tokens=PROGRESS_MIN_TOKENS)
+    labels = tuple(info.finish_labels if finish_labels is None else finish_labels)
+    merged = run_pass(run, ScanParts(threshold, lower, labels), map_files=map_files, batch_rows=batch_size,
+                      keep=keep, silent=silent or run.num_tokens < PROGRESS_MIN_TOKENS, desc=f"scan {run.name}")
+    scan = merged.consumers[0]
+    scan.info = info if finish_labels is None else relabel(info, labels)
     return scan
 
 

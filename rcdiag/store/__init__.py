@@ -1,5 +1,5 @@
 """The run-directory contract: column schemas, the typed manifest, `Run`/`open_run` readers, `RunWriter`/`write_run`,
-the one streaming loop over token batches and the one run-naming rule.
+row filters for a pass and the one run-naming rule.
 Imports only the ground floor (rcdiag.errors, rcdiag.progress)."""
 from rcdiag.lazy import lazy_face
 
@@ -10,7 +10,7 @@ _EXPORTS = {
     **dict.fromkeys(("SCHEMA_VERSION", "Manifest", "load_manifest", "new_manifest", "read_manifest", "update_manifest"), "rcdiag.store.manifest"),
     **dict.fromkeys(("Run", "open_run"), "rcdiag.store.run"),
     **dict.fromkeys(("RunWriter", "write_run"), "rcdiag.store.writer"),
-    **dict.fromkeys(("feed_batches", "keep_seq_ids"), "rcdiag.store.batches"),
+    "keep_seq_ids": "rcdiag.store.batches",
     **dict.fromkeys(("safe_name", "unique_run_names"), "rcdiag.store.names"),
 }
 __all__ = sorted(_EXPORTS)

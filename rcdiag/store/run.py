@@ -56,11 +56,13 @@ class Run:
     table (memory bounded by the batch size); `shards()` yields (tokens, sequences) Arrow tables per shard.
     """
 
-    def __init__(self, path: str | os.PathLike, *, validate: bool = True):
+    def __init__(self, path: str | os.PathLike, *, validate: bool = True, shard: int | None = None):
         """`validate`: check the run's structure at the door (rcdiag.store.validate: reads every file's seq_id
         column). A caller re-opening a run that was already opened and validated in this job — a report's per-file
-        task — passes False instead of paying that read once per file."""
+        task — passes False instead of paying that read once per file. `shard`: see `Run.shard`."""
         self.path = Path(path)
+        self.shard_index = shard
+        """None for the whole run; k for the run restricted to its shard k (`Run.shard`)."""
         if not self.path.is_dir():
             raise missing_run(self.path)
         if os.path.lexists(self.path / MANIFEST_NAME):
@@ -83,11 +85,24 @@ class Run:
 
     @property
     def token_files(self) -> list[Path]:
-        return sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))
+        files = sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))
+        return files if self.shard_index is None else [files[self.shard_index]]
 
     @property
     def sequence_files(self) -> list[Path]:
-        return sorted((self.path / SEQUENCES_DIR).glob("part-*.parquet"))
+        files = sorted((self.path / SEQUENCES_DIR).glob("part-*.parquet"))
+        if self.shard_index is None:
+            return files
+        own = self.path / SEQUENCES_DIR / self.token_files[0].name
+        return [own] if own.is_file() else files
+
+    def shard(self, index: int) -> Run:
+        """The run restricted to its token file `index` (sorted order) and that file's own sequences file — shard k
+        of tokens/ and sequences/ hold the same sequences; a token file without a same-named sequences file sees
+        them all. What one file's task of a pass reads (rcdiag.analysis.engine); not validated again."""
+        if not 0 <= index < len(sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))):
+            raise IndexError(f"{self.path}: no token file {index}")
+        return type(self)(self.path, validate=False, shard=index)
 
     @property
     def num_tokens(self) -> int:

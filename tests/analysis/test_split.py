@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rcdiag
+from rcdiag.analysis.accum import Totals
 from rcdiag.analysis.chunks import iter_chunks
 from rcdiag.analysis.correction import MODES, ISAccumulator
 from rcdiag.analysis.metrics import MetricsAccumulator
@@ -129,7 +130,7 @@ def test_is_accumulator_merge():
     for chunk in iter_chunks(tokens.iloc[half:]):
         second.update_chunk(chunk)
     rows = tokens["seq_id"].nunique()
-    for a, b in zip(first.merge(second).finish(rows), whole.finish(rows), strict=True):
+    for a, b in zip(first.merge(second).finish(Totals(rows)), whole.finish(Totals(rows)), strict=True):
         assert_close(a, b, rel=SPLIT_REL, abs_tol=SPLIT_ABS, what="[IS merge]")
 
 
@@ -157,8 +158,8 @@ def test_random_splits_give_identical_numbers(seed, n_seq, max_len, scale, mask_
 def test_rejection_group_equals_each_accumulator_alone(convention):
     """ISGroup (the report's rejection options in one kernel call per chunk) finishes with exactly the numbers of
     the same accumulators fed one by one; under verl (rejection statistics of its own) it feeds them one by one."""
-    from rcdiag.analysis.chunks import stream
     from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
+    from rcdiag.analysis.engine import stream
     from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 
     tokens = make_tokens(21, n_seq=300, max_len=80, scale=0.4, big_p=0.01)
@@ -173,7 +174,7 @@ def test_rejection_group_equals_each_accumulator_alone(convention):
     rows = stream(tokens, [group], batch_rows=997)
     assert stream(tokens, alone, batch_rows=997) == rows
     for mine, theirs in zip(grouped, alone, strict=True):
-        a, b = mine.finish(rows)[0], theirs.finish(rows)[0]
+        a, b = mine.finish(Totals(rows))[0], theirs.finish(Totals(rows))[0]
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (key, a[key], b[key])

@@ -7,6 +7,7 @@ import stat
 import pytest
 
 import rcdiag
+from rcdiag.analysis.accum import Totals
 from rcdiag.report import cache
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.passes import run_passes
@@ -27,7 +28,7 @@ def _run(path, noise=0.3, seed=1):
 
 def _numbers(result):
     scan, library = result
-    return (library.metrics.finish(library.rows), library.sweep.finish(library.rows), scan.tails.finish(),
+    return (library.finish(Totals(library.rows)), scan.tails.finish(),
             scan.strata.finish(), scan.sums.table()[1].tolist())
 
 

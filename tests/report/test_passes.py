@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
+from rcdiag.analysis.engine import file_part
 from rcdiag.report import passes
 from rcdiag.report.build import build_report
 from rcdiag.report.options import ReportOptions
-from rcdiag.report.passes import FileView
 from rcdiag.store.run import Run, open_run
 from rcdiag.store.writer import write_run
 from tests.distributed.test_report import snapshot
@@ -46,13 +46,13 @@ def test_own_shard_equals_whole_table(uneven_run, tmp_path, monkeypatch, name):
     run = uneven_run if name == "uneven" else build_run(tmp_path / name, name, shard_tokens=250, n_seq=90)
     assert len(run.token_files) > 3
     per_shard = snapshot(build_report(open_run(run.path), OPTIONS))
-    monkeypatch.setattr(FileView, "sequence_files", property(lambda self: Run.sequence_files.fget(self)))
+    monkeypatch.setattr(Run, "sequence_files", property(lambda self: sorted((self.path / "sequences").glob("*.parquet"))))
     whole = snapshot(build_report(open_run(run.path), OPTIONS))
     assert per_shard == whole
 
 
 def test_a_file_task_reads_one_sequences_file(uneven_run, monkeypatch):
     opened = _reads(monkeypatch)
-    passes.file_partial(str(uneven_run.path), OPTIONS, 2, finish_labels=("(none)", "length", "stop"))
+    file_part(str(uneven_run.path), passes.ReportParts(OPTIONS, ("(none)", "length", "stop")), 2)
     sequence_reads = [f for f in opened if "/sequences/" in f]
     assert sequence_reads and set(sequence_reads) == {str(uneven_run.sequence_files[2])}

@@ -28,7 +28,10 @@ def _run(path, noise=0.3, seed=1):
 
 def _numbers(result):
     scan, library = result
-    return (library.finish(Totals(library.rows)), scan.tails.finish(),
+    numbers = library.finish(Totals(library.rows))
+    gates = numbers.pop("gates")
+    gates = None if gates is None else gates.astype(object).where(gates.notna(), "NaN").to_dict("list")
+    return (numbers, gates, scan.tails.finish(),
             scan.strata.finish(), scan.sums.table()[1].tolist())
 
 

@@ -69,12 +69,24 @@ def kept_mask(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) ->
     return keep
 
 
-def topk_overlap(logp_mu: np.ndarray, logp_pi: np.ndarray, k: int) -> np.ndarray:
-    """|top-k(μ) ∩ top-k(π)| / k per row (ties broken by token id, the same way on both sides)."""
+def _top_ids(logp: np.ndarray, k: int) -> np.ndarray:
+    """`[n, k]` token ids of each row's k largest entries, largest first (ties by id): argpartition then a sort of
+    the k, not a sort of the whole vocabulary."""
+    x = np.asarray(logp, np.float64)
+    k = min(k, x.shape[-1])
+    part = np.argpartition(-x, k - 1, axis=-1)[:, :k] if k < x.shape[-1] else np.tile(np.arange(k), (len(x), 1))
+    part = np.sort(part, axis=-1)  # ties broken by token id, the same way on both sides
+    order = np.argsort(-np.take_along_axis(x, part, axis=-1), axis=-1, kind="stable")
+    return np.take_along_axis(part, order, axis=-1)
+
+
+def topk_overlap(logp_mu: np.ndarray, logp_pi: np.ndarray, k: int, *, top_mu: np.ndarray | None = None,
+                 top_pi: np.ndarray | None = None) -> np.ndarray:
+    """|top-k(μ) ∩ top-k(π)| / k per row; `top_mu`/`top_pi`: each row's ids by rank (≥ k of them) when known."""
     k = min(k, logp_mu.shape[-1])
-    top_mu = np.argsort(-np.asarray(logp_mu, np.float64), axis=-1, kind="stable")[:, :k]
-    top_pi = np.argsort(-np.asarray(logp_pi, np.float64), axis=-1, kind="stable")[:, :k]
-    hits = (top_mu[:, :, None] == top_pi[:, None, :]).any(axis=-1).sum(axis=-1)
+    a = (_top_ids(logp_mu, k) if top_mu is None else top_mu)[:, :k]
+    b = (_top_ids(logp_pi, k) if top_pi is None else top_pi)[:, :k]
+    hits = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
     return hits / k
 
 
@@ -92,8 +104,9 @@ def exact_divergences(logp_mu: np.ndarray, logp_pi: np.ndarray, *, top_p: float 
     keep = kept_mask(lmu, top_p, top_k)
     out = {"kl_mu_pi": _kl(mu, lmu, lpi), "kl_pi_mu": _kl(pi, lpi, lmu), "tv": 0.5 * np.abs(mu - pi).sum(axis=-1),
            "js": 0.5 * _kl(mu, lmu, lmid) + 0.5 * _kl(pi, lpi, lmid)}
+    top_mu, top_pi = _top_ids(lmu, max(TOP_KS)), _top_ids(lpi, max(TOP_KS))
     for k in TOP_KS:
-        out[f"top{k}_overlap"] = topk_overlap(lmu, lpi, k)
+        out[f"top{k}_overlap"] = topk_overlap(lmu, lpi, k, top_mu=top_mu, top_pi=top_pi)
     out["kept_mass_mu"] = np.where(keep, mu, 0.0).sum(axis=-1)
     out["kept_mass_pi"] = np.where(keep, pi, 0.0).sum(axis=-1)
     out["kept_size"] = keep.sum(axis=-1).astype(np.float64)

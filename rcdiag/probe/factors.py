@@ -75,7 +75,7 @@ _REF = TrainSetting(REFERENCE, "reference")
 FACTORS: dict[str, tuple[Setting, ...]] = {
     "train_dtype": (TrainSetting("train_bf16", "train_dtype", dtype="bfloat16"),
                     TrainSetting("train_fp16", "train_dtype", dtype="float16")),
-    "attention": (TrainSetting("attn_sdpa_alone", "attention", attn="sdpa"),
+    "attention": (TrainSetting("attn_eager_alone", "attention", attn="eager"),
                   TrainSetting("attn_sdpa", "attention", attn="sdpa", token_budget=1024),
                   TrainSetting("attn_eager", "attention", attn="eager", token_budget=1024)),
     "packing": (TrainSetting("packed_4096", "packing", token_budget=4096),
@@ -98,11 +98,11 @@ DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numer
 T = 0.9, not yet explained), `attention_flex` (flex attention compiles on first use, slow on CPU) and `packing_small`
 (a second token budget, 512)."""
 TRAINER_FACTORS = tuple(k for k, v in FACTORS.items() if all(isinstance(s, TrainSetting) for s in v) and v)
-QUICK_SETTINGS = frozenset({"train_bf16", "attn_sdpa_alone", "packed_4096", ENGINE_RUN, "engine_float32",
+QUICK_SETTINGS = frozenset({"train_bf16", "attn_eager_alone", "packed_4096", ENGINE_RUN, "engine_float32",
                             "engine_bfloat16", "engine_alone"})
 """The quick grid (the default on CPU): one setting per question. Left out: `train_fp16` (fp16 matmuls are
 emulated on CPU: the slowest setting, 11 tok/s on SmolLM2), `chunk_16` (13 tok/s; in float32 it moves log-probs
-by ~1e-6), the packed sdpa/eager kernels (the kernel alone is `attn_sdpa_alone`) and the bf16 packed setting
+by ~1e-6), the packed sdpa/eager kernels (the kernel alone is `attn_eager_alone`; sdpa alone on one sequence is the very call sdpa_varlen makes, bit for bit) and the bf16 packed setting
 (bf16 noise redrawn by another batch shape: it read as "packing is the biggest problem")."""
 GRIDS = ("auto", "quick", "full")
 """--grid: auto = quick on CPU, full on CUDA."""

@@ -103,8 +103,8 @@ def replay_distributions(llm: Any, pairs: Sequence[Pair], positions: Sequence[np
     vocab = out.shape[1]
     row = 0
     todo = [(pair, np.asarray(p, np.int64)) for pair, p in zip(pairs, positions, strict=True) if len(p)]
-    for start in range(0, len(todo), REQUESTS_PER_CALL // 4 or 1):
-        chunk = todo[start:start + (REQUESTS_PER_CALL // 4 or 1)]
+    for start in range(len(todo)):  # one request per call: V entries per position come back as Python lists
+        chunk = todo[start:start + 1]  # (8 requests of ~200 positions at V = 49k held 7 GB)
         outputs = _generate(llm, [(*map(int, p), *map(int, r)) for (p, r), _ in chunk], params)
         for ((prompt, _), wanted), output in zip(chunk, outputs, strict=True):
             flat = output.prompt_logprobs

@@ -33,12 +33,12 @@ CHANGES = {"engine_replay": "engine scores by prefill (its own replay) instead o
            "engine_float32": "engine in float32", "engine_bfloat16": "engine in bfloat16",
            "engine_alone": "engine with one request per batch", "engine_cached_prompt": "engine reads the prefix cache",
            "train_bf16": "trainer in bfloat16", "train_fp16": "trainer in float16",
-           "attn_sdpa_alone": "trainer attention sdpa instead of sdpa_varlen", "attn_sdpa": "trainer packed, sdpa",
+           "attn_eager_alone": "trainer attention eager instead of sdpa_varlen", "attn_sdpa": "trainer packed, sdpa",
            "attn_eager": "trainer packed, eager attention", "attn_flex": "trainer packed, flex attention",
            "packed_4096": "trainer packs rows of 4096 tokens", "packed_512": "trainer packs rows of 512 tokens",
            "train_bf16_packed_4096": "bf16 trainer packs rows of 4096 tokens", "chunk_16": "trainer LM head in chunks of 16"}
 """What changing to each setting means, in the words of the budget's "residual gap if you change X" column."""
-KERNEL_FLOOR_SETTINGS = ("attn_sdpa_alone", "attn_sdpa", "attn_eager", "chunk_16")
+KERNEL_FLOOR_SETTINGS = ("attn_eager_alone", "attn_sdpa", "attn_eager", "chunk_16")
 """float32 trainer settings that change only summation order: their max |Δ| is the kernels' own noise floor."""
 LEAK_FACTOR = 10.0
 """A packed float32 setting leaks across sequences when its max |Δ| exceeds this many times the kernel floor."""
@@ -127,7 +127,7 @@ def kernel_floor(by_name: dict[str, dict[str, Any]]) -> tuple[str, float] | None
     implementation, LM-head chunking): how far float32 summation order alone moves a log-prob on this model. None
     when the probe ran none."""
     found = [(n, by_name[n]["vs_baseline"]["max_abs"]) for n in KERNEL_FLOOR_SETTINGS if n in by_name]
-    found = [(n, v) for n, v in found if math.isfinite(v)]
+    found = [(n, v) for n, v in found if math.isfinite(v) and v > 0]  # 0: the same kernel, not a floor
     return max(found, key=lambda item: item[1]) if found else None
 
 

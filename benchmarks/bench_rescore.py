@@ -18,6 +18,12 @@ fresh subprocess (VmHWM after a reset), and the log-prob step alone vs chunk siz
 
     .venv/bin/python benchmarks/bench_rescore.py            # ≈ 5 min on 2 cores
     .venv/bin/python benchmarks/bench_rescore.py --rounds 1 --sequences 16   # quick look
+    .venv/bin/python benchmarks/bench_rescore.py --real --mix grpo --sequences 8 --min-len 2048 --max-len 8192
+        # SmolLM2-135M-Instruct itself (vocab 49,152, 30 layers; rcdiag.score.realmodel), prompts of 64–384
+        # tokens and responses of 2–8k: a realistic GRPO length mix
+
+`packed_unblocked` is the packed path as it was before the epilogue ran in cache-sized row blocks
+(`epilogue_rows=0`): the before → after of that change in the same run.
 """
 from __future__ import annotations
 
@@ -55,10 +61,15 @@ def build_model(path: Path, vocab: int) -> Path:
     return path
 
 
-def make_pairs(n: int, low: int, high: int, vocab: int) -> list[tuple[list[int], list[int]]]:
+def make_pairs(n: int, low: int, high: int, vocab: int, mix: str = "spread") -> list[tuple[list[int], list[int]]]:
+    """`spread`: prompts of PROMPT tokens, sequences evenly spread over [low, high]; `grpo`: prompts of 64–384
+    tokens (a chat prompt), responses evenly spread over [low, high] (long reasoning rollouts)."""
     rng = np.random.default_rng(0)
     lengths = np.linspace(low, high, n).astype(int)  # evenly spread, shuffled
     rng.shuffle(lengths)
+    if mix == "grpo":
+        return [(rng.integers(0, vocab, int(rng.integers(64, 385))).tolist(), rng.integers(0, vocab, int(L)).tolist())
+                for L in lengths]
     return [(rng.integers(0, vocab, PROMPT).tolist(), rng.integers(0, vocab, int(L) - PROMPT + 1).tolist())
             for L in lengths]
 
@@ -115,6 +126,12 @@ def variant_packed_compiled(models, pairs):
     return variant_packed(models, pairs, compiled_epilogue())
 
 
+def variant_packed_unblocked(models, pairs):
+    """The packed path before the blocked epilogue: the eager epilogue over each whole 1024-row chunk."""
+    scored = score_sequences(models["varlen"], pairs, token_budget=BUDGET, chunk_tokens=1024, epilogue_rows=0)
+    return [lp for lp, _ in scored.per_sequence()]
+
+
 def variant_padded(models, pairs):
     return _padded_batch(models["sdpa"], pairs, rows_per_softmax=4)
 
@@ -141,7 +158,8 @@ def variant_sorted(models, pairs):
     return out
 
 
-VARIANTS: dict[str, Callable] = {"packed": variant_packed, "packed_compiled": variant_packed_compiled,
+VARIANTS: dict[str, Callable] = {"packed": variant_packed, "packed_unblocked": variant_packed_unblocked,
+                                 "packed_compiled": variant_packed_compiled,
                                  "padded": variant_padded, "per_seq": variant_per_seq, "sorted": variant_sorted}
 
 
@@ -169,7 +187,7 @@ def model_flops(model, pairs) -> float:
 def memory_variant(model_dir: Path, name: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     models = {"varlen": load_model(model_dir, attn="sdpa_varlen"), "sdpa": load_model(model_dir, attn="sdpa")}
-    pairs = make_pairs(args.sequences, args.min_len, args.max_len, args.vocab)
+    pairs = make_pairs(args.sequences, args.min_len, args.max_len, args.vocab, args.mix)
     with torch.inference_mode():
         base = rss_now_mb()
         rss_reset()
@@ -203,7 +221,7 @@ def _subprocess(argv: list[str]) -> dict:
 def run_timing(model_dir: Path, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     models = {"varlen": load_model(model_dir, attn="sdpa_varlen"), "sdpa": load_model(model_dir, attn="sdpa")}
-    pairs = make_pairs(args.sequences, args.min_len, args.max_len, args.vocab)
+    pairs = make_pairs(args.sequences, args.min_len, args.max_len, args.vocab, args.mix)
     times: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "matmul"]}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     results = {}
@@ -250,7 +268,8 @@ def report(timing: dict, memory: list[dict], chunks: list[dict], vocab: int) -> 
     full_padded = 3 * timing["padded_tokens"] * vocab * 4 / 2**20
     lines += ["", f"packed speed-up: {sec['padded'] / sec['packed']:.2f}× padded (target ≥ 2.5), "
               f"{sec['sorted'] / sec['packed']:.2f}× sorted micro-batches (≥ 1.2), "
-              f"{sec['per_seq'] / sec['packed']:.2f}× one-at-a-time (≥ 1.0)",
+              f"{sec['per_seq'] / sec['packed']:.2f}× one-at-a-time (≥ 1.0); blocked epilogue "
+              f"{sec['packed_unblocked'] / sec['packed']:.2f}× the unblocked one (before → after)",
               f"(b) with an unsliced log_softmax would hold ≈ {full_padded:,.0f} MB of float32 [B, L, V] buffers", "",
               "| log-prob step: chunk | tokens × vocab | s | peak RSS over base (MB) |", "|---|---|---|---|"]
     for c in chunks:
@@ -269,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lp-tokens", type=int, default=8192, help="tokens of the log-prob memory probe")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct (rcdiag.score.realmodel) "
+                        "instead of the random Qwen2; sets --vocab 49152")
+    parser.add_argument("--mix", choices=("spread", "grpo"), default="spread")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-variant memory subprocesses")
     parser.add_argument("--memory-variant", help=argparse.SUPPRESS)
     parser.add_argument("--memory-logprobs", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
@@ -279,13 +302,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_logprobs is not None:
         print(json.dumps(memory_logprobs(args.memory_logprobs, args.lp_tokens, args.vocab)))
         return
+    if args.real:
+        args.vocab = 49152
     common = ["--sequences", str(args.sequences), "--min-len", str(args.min_len), "--max-len", str(args.max_len),
-              "--vocab", str(args.vocab), "--threads", str(args.threads), "--lp-tokens", str(args.lp_tokens)]
+              "--vocab", str(args.vocab), "--threads", str(args.threads), "--lp-tokens", str(args.lp_tokens),
+              "--mix", args.mix]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_model(Path(tmp) / "model", args.vocab)
+        if args.real:
+            from rcdiag.score.realmodel import real_model_dir
+
+            model_dir = real_model_dir()
+        else:
+            model_dir = build_model(Path(tmp) / "model", args.vocab)
         timing = run_timing(model_dir, args)
-        memory = [_subprocess([*common, "--model-dir", str(model_dir), "--memory-variant", name])
-                  for name in VARIANTS if name != "packed_compiled"]
+        memory = [] if args.no_memory else [
+            _subprocess([*common, "--model-dir", str(model_dir), "--memory-variant", name])
+            for name in VARIANTS if name not in ("packed_compiled", "packed_unblocked")]
     chunks = [_subprocess([*common, "--memory-logprobs", str(c)]) for c in (256, 1024, 4096, 0)]
     text = report(timing, memory, chunks, args.vocab)
     print(text)

@@ -21,9 +21,6 @@ fresh subprocess (VmHWM after a reset), and the log-prob step alone vs chunk siz
     .venv/bin/python benchmarks/bench_rescore.py --real --mix grpo --sequences 8 --min-len 2048 --max-len 8192
         # SmolLM2-135M-Instruct itself (vocab 49,152, 30 layers; rcdiag.score.realmodel), prompts of 64–384
         # tokens and responses of 2–8k: a realistic GRPO length mix
-
-`packed_unblocked` is the packed path as it was before the epilogue ran in cache-sized row blocks
-(`epilogue_rows=0`): the before → after of that change in the same run.
 """
 from __future__ import annotations
 
@@ -126,12 +123,6 @@ def variant_packed_compiled(models, pairs):
     return variant_packed(models, pairs, compiled_epilogue())
 
 
-def variant_packed_unblocked(models, pairs):
-    """The packed path before the blocked epilogue: the eager epilogue over each whole 1024-row chunk."""
-    scored = score_sequences(models["varlen"], pairs, token_budget=BUDGET, chunk_tokens=1024, epilogue_rows=0)
-    return [lp for lp, _ in scored.per_sequence()]
-
-
 def variant_padded(models, pairs):
     return _padded_batch(models["sdpa"], pairs, rows_per_softmax=4)
 
@@ -158,8 +149,7 @@ def variant_sorted(models, pairs):
     return out
 
 
-VARIANTS: dict[str, Callable] = {"packed": variant_packed, "packed_unblocked": variant_packed_unblocked,
-                                 "packed_compiled": variant_packed_compiled,
+VARIANTS: dict[str, Callable] = {"packed": variant_packed, "packed_compiled": variant_packed_compiled,
                                  "padded": variant_padded, "per_seq": variant_per_seq, "sorted": variant_sorted}
 
 
@@ -268,8 +258,7 @@ def report(timing: dict, memory: list[dict], chunks: list[dict], vocab: int) -> 
     full_padded = 3 * timing["padded_tokens"] * vocab * 4 / 2**20
     lines += ["", f"packed speed-up: {sec['padded'] / sec['packed']:.2f}× padded (target ≥ 2.5), "
               f"{sec['sorted'] / sec['packed']:.2f}× sorted micro-batches (≥ 1.2), "
-              f"{sec['per_seq'] / sec['packed']:.2f}× one-at-a-time (≥ 1.0); blocked epilogue "
-              f"{sec['packed_unblocked'] / sec['packed']:.2f}× the unblocked one (before → after)",
+              f"{sec['per_seq'] / sec['packed']:.2f}× one-at-a-time (≥ 1.0)",
               f"(b) with an unsliced log_softmax would hold ≈ {full_padded:,.0f} MB of float32 [B, L, V] buffers", "",
               "| log-prob step: chunk | tokens × vocab | s | peak RSS over base (MB) |", "|---|---|---|---|"]
     for c in chunks:
@@ -317,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         timing = run_timing(model_dir, args)
         memory = [] if args.no_memory else [
             _subprocess([*common, "--model-dir", str(model_dir), "--memory-variant", name])
-            for name in VARIANTS if name not in ("packed_compiled", "packed_unblocked")]
+            for name in VARIANTS if name != "packed_compiled"]
     chunks = [_subprocess([*common, "--memory-logprobs", str(c)]) for c in (256, 1024, 4096, 0)]
     text = report(timing, memory, chunks, args.vocab)
     print(text)

@@ -84,18 +84,12 @@ def logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor] | Non
     return transform
 
 
-EPILOGUE_ROWS = 128
-"""The epilogue reduces a chunk's logits this many rows at a time: 128 × 49,152 float32 = 25 MB stays in the
-last-level cache across the epilogue's four passes (logsumexp, subtract, exp·x, sum), where a whole 1024-row chunk
-(201 MB) streams from memory four times (benchmarks/bench_rescore.py; 0: the whole chunk at once)."""
-
-
 @torch.no_grad()
 def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
                      temperature: float = 1.0, chunk_tokens: int = 1024, epilogue: Epilogue = epilogue_inplace,
                      transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                      on_logits: Callable[[int, int, torch.Tensor], None] | None = None,
-                     epilogue_rows: int = EPILOGUE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log p(target) and entropy of softmax(lm_head(hidden) / temperature).
 
     hidden `[N, H]` (model dtype) holds the final hidden state of the position *before* each target; targets
@@ -122,9 +116,6 @@ def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
             logits.div_(temperature)
         if on_logits is not None:
             on_logits(start, stop, logits)
-        step = epilogue_rows if 0 < epilogue_rows < stop - start else stop - start
-        for a in range(0, stop - start, max(step, 1)):
-            b = min(a + step, stop - start)
-            logp[start + a:start + b], entropy[start + a:start + b] = epilogue(logits[a:b], targets[start + a:start + b])
+        logp[start:stop], entropy[start:stop] = epilogue(logits, targets[start:stop])
         del logits
     return logp, entropy

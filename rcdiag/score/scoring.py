@@ -23,7 +23,7 @@ from rcdiag.errors import ConfigError, InputError
 from rcdiag.score.attention import ensure_registered, packed_kwargs, resolve_attention
 from rcdiag.score.devices import resolve_device
 from rcdiag.score.engine import context_from_config
-from rcdiag.score.logprobs import EPILOGUE_ROWS, Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
+from rcdiag.score.logprobs import Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
 from rcdiag.score.packing import PaddingSide, cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -152,8 +152,7 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
                     temperature: float = 1.0, token_budget: int = 4096, chunk_tokens: int = 1024,
                     epilogue: Epilogue = epilogue_inplace, on_row: Callable[[int], None] | None = None,
                     source: str = "sequences",
-                    on_logits: Callable[[np.ndarray, torch.Tensor], None] | None = None,
-                    epilogue_rows: int = EPILOGUE_ROWS) -> ScoredTokens:
+                    on_logits: Callable[[np.ndarray, torch.Tensor], None] | None = None) -> ScoredTokens:
     """Log-prob and entropy of every response token under `model`, from packed rows of ≤ token_budget tokens.
 
     `sequences` holds (prompt ids, response ids) pairs; the model input is prompt + response[:-1] (the last
@@ -192,7 +191,7 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
             lambda start, stop, logits, dest=dest: on_logits(dest[start:stop], logits))
         lp, ent = chunked_logprobs(hidden[torch.from_numpy(src).to(device)], head, targets,
                                    temperature=temperature, chunk_tokens=chunk_tokens, epilogue=epilogue,
-                                   transform=transform, on_logits=hook, epilogue_rows=epilogue_rows)
+                                   transform=transform, on_logits=hook)
         logprobs[dest], entropies[dest] = lp.cpu().numpy(), ent.cpu().numpy()
         if on_row is not None:
             on_row(packed.num_tokens)

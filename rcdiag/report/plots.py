@@ -277,8 +277,8 @@ def budget_bars(summary: Mapping[str, Any]) -> Figure:
     ax.invert_yaxis()
     ax.axvline(1.0, color="#111", linewidth=1, linestyle="--")
     ax.set_xscale("log")
-    ax.set_xlabel("residual gap if you change this setting ÷ observed gap (log; dashed: unchanged)")
-    ax.set_title("What each change would leave of the gap (blue: trainer, red: engine)", fontsize=10)
+    ax.set_xlabel("residual ÷ observed gap (log; dashed: unchanged)", fontsize=8)
+    ax.set_title("Residual gap if you change one setting", fontsize=10)
     return fig
 
 

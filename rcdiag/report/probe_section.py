@@ -38,7 +38,7 @@ RESIDUAL_HEADERS = ["if you change", "residual gap (mean |ℓ|)", "residual", "r
 def residual_rows(summary: dict[str, Any]) -> list[list[Any]]:
     """The budget as "residual gap if you change X" rows, the most helpful change first."""
     budget = budget_frame(summary).dropna(subset=["residual"]).sort_values("residual")
-    return [[r.change or r.setting, r.residual_mean_abs, f"{r.residual:.1%}", f"{r.removes:.1%}", r.factor,
+    return [[r.change or r.setting, r.residual_mean_abs, f"{r.residual:.2%}", f"{r.removes:.2%}", r.factor,
              r.setting, r.mean_abs] for r in budget.itertuples()]
 
 

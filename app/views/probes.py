@@ -49,7 +49,7 @@ def render() -> None:
     st.caption(f"{md(sample.get('sequences', '?'))} sequences · {md(sample.get('valid_tokens', '?'))} valid tokens "
                f"· temperature {md(summary.get('temperature', '?'))} · observed gap mean |ℓ| "
                f"{ui.fmt(_number(gap.get('mean_abs')))}, k3_kl {ui.fmt(_number(gap.get('k3_kl')))}")
-    st.success(probe_answer(summary).top_line)
+    st.success(md(probe_answer(summary).top_line))  # text, not Markdown, as the notes
     budget = budget_frame(summary)
     residual = budget.dropna(subset=["residual"]).sort_values("residual")
     st.subheader("Residual gap if you change one setting")

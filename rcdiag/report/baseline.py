@@ -11,6 +11,7 @@ from typing import Any
 
 from rcdiag.report.gate import gate_values
 from rcdiag.report.render import Block, fmt
+from rcdiag.report.section import Section
 
 COMPARED = ("kl", "k3_kl", "chi2_token", "chi2_seq", "log_ppl_abs_diff", "abs_log_ratio_mean", "abs_log_ratio_max",
             "ess", "clipped_frac")
@@ -43,11 +44,11 @@ def comparison_rows(values: dict[str, float], base: dict[str, float], intervals:
     return rows
 
 
-def baseline_section(report: Any) -> tuple[list[Block], dict[str, Any]]:
-    """(blocks, data) comparing `report` with its baseline report (`report.baseline`); nothing without one."""
-    base = getattr(report, "baseline", None)
+def baseline_section(report: Any) -> Section | None:
+    """The section comparing `report` with its baseline report (`report.baseline`); None without one."""
+    base = report.baseline
     if base is None:
-        return [], {}
+        return None
     rows = comparison_rows(gate_values(report), gate_values(base), report.intervals, base.intervals)
     worse = [r["metric"] for r in rows if r["verdict"] == "worse"]
     text = (f"Worse than the baseline {base.name} beyond both bootstrap intervals: {', '.join(worse)} — the new "
@@ -58,4 +59,4 @@ def baseline_section(report: Any) -> tuple[list[Block], dict[str, Any]]:
               Block("table", headers=["metric", "this run", "baseline", "ratio", "verdict"],
                     rows=[[r["metric"], r["value"], r["baseline"], fmt(r["ratio"]) + ("×" if math.isfinite(r["ratio"]) else ""), r["verdict"]]
                           for r in rows])]
-    return blocks, {"baseline": {"run": {"name": base.name, "path": base.path}, "comparison": rows}}
+    return Section(blocks, data={"baseline": {"run": {"name": base.name, "path": base.path}, "comparison": rows}})

@@ -27,6 +27,7 @@ from rcdiag.report.lag_section import lag_section
 from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
+from rcdiag.report.section import Section
 from rcdiag.report.trend_section import trend_section
 from rcdiag.store.names import unique_run_names
 
@@ -156,15 +157,17 @@ def verdict_phrase(report: RunReport) -> str:
     return "" if report.verdict.cause.kind.startswith("input") else report.recommendation.phrase
 
 
-def run_blocks(report: RunReport) -> list[Block]:
-    """The single-run report, verdict first."""
-    o = report.options
-    rec = report.recommendation
+def _top(report: RunReport) -> Section:
     blocks = [Block("h", f"rcdiag report — {report.name}", level=1), *verdict_blocks(report),
               Block("p", _summary(report)), Block("toc")]
     if report.metrics_error:
         blocks.append(Block("callout", f"Metrics not computed: {report.metrics_error}"))
-    blocks += [Block("h", "Recommendation"), Block("callout", rec.text)]
+    return Section(blocks, data=run_data(report))
+
+
+def _recommendation(report: RunReport) -> Section:
+    rec = report.recommendation
+    blocks = [Block("h", "Recommendation"), Block("callout", rec.text)]
     if rec.settings:
         bound = "δ" if rec.family == "gate" else "C"
         what = f"{rec.mode} at {bound}={rec.threshold:g}" if rec.mode else "no correction, metrics logged"
@@ -180,26 +183,82 @@ def run_blocks(report: RunReport) -> list[Block]:
         blocks += [Block("h", "How each gate family handles the tail (at its default δ)", level=3),
                    Block("table", headers=["gate", "framework", "δ", "masked", "ESS of survivors", "verdict"],
                          rows=[[g[c] for c in cols] for g in rec.gates])]
-    blocks += [Block("h", "Headline"),
-               Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
-                                     report.verdict.metric_status.get(n, "")) for n in HEADLINE]),
-               Block("p", f"Colours: rcdiag's health bands (rcdiag.analysis.health; verl's documented warning "
-                          f"levels and published dense/MoE ranges). Intervals: {o.level:.0%} percentile bootstrap "
-                          f"over sequences ({o.replicates} Poisson replicates)."),
-               Block("h", "Input checks"), Block("findings", rows=report.checks),
-               Block("h", "Distributions"),
-               Block("image", "ℓ histogram (log count axis)", image="l_histogram.png"),
-               Block("image", "mismatch against the rollout probability", image="l_vs_rollout.png")]
-    blocks += correction_blocks(report)
-    blocks += _strata_blocks(report)
-    blocks += _worst_blocks(report)
-    blocks += [Block("h", "Raw numbers"),
-               Block("rawtable", "All metrics", headers=["metric", "value", f"{o.level:.0%} CI"],
-                     rows=[[k, v, interval(report, k)] for k, v in report.metrics.items()]),
-               Block("rawtable", "Tails", headers=["statistic", "value"],
-                     rows=[[k, report.tails.get(k)] for k in TAIL_NAMES]),
-               Block("details", "manifest.json", rows=[json.dumps(report.manifest, indent=2, default=str)])]
-    return blocks
+    return Section(blocks)
+
+
+def _news(report: RunReport) -> bool:
+    """Whether the timeline found a step change or a drift: then the trend comes right after the recommendation."""
+    return report.timeline is not None and bool(report.timeline.change or report.timeline.drift)
+
+
+def _trend_first(report: RunReport) -> Section | None:
+    return trend_section(report) if _news(report) else None
+
+
+def _trend(report: RunReport) -> Section | None:
+    return None if _news(report) else trend_section(report)
+
+
+def _headline(report: RunReport) -> Section:
+    o = report.options
+    return Section([
+        Block("h", "Headline"),
+        Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
+                              report.verdict.metric_status.get(n, "")) for n in HEADLINE]),
+        Block("p", f"Colours: rcdiag's health bands (rcdiag.analysis.health; verl's documented warning levels and "
+                   f"published dense/MoE ranges); mean |ℓ| against the run's own noise floor. Intervals: "
+                   f"{o.level:.0%} percentile bootstrap over sequences ({o.replicates} Poisson replicates).")])
+
+
+def _checks(report: RunReport) -> Section:
+    return Section([Block("h", "Input checks"), Block("findings", rows=report.checks)])
+
+
+def _distributions(report: RunReport) -> Section:
+    return Section([Block("h", "Distributions"),
+                    Block("image", "ℓ histogram (log count axis)", image="l_histogram.png"),
+                    Block("image", "mismatch against the rollout probability", image="l_vs_rollout.png")])
+
+
+def _raw(report: RunReport) -> Section:
+    o = report.options
+    return Section([Block("h", "Raw numbers"),
+                    Block("rawtable", "All metrics", headers=["metric", "value", f"{o.level:.0%} CI"],
+                          rows=[[k, v, interval(report, k)] for k, v in report.metrics.items()]),
+                    Block("rawtable", "Tails", headers=["statistic", "value"],
+                          rows=[[k, report.tails.get(k)] for k in TAIL_NAMES]),
+                    Block("details", "manifest.json", rows=[json.dumps(report.manifest, indent=2, default=str)])])
+
+
+SECTIONS: tuple[tuple[str, Callable[[RunReport], Section | None]], ...] = (
+    ("top", _top),
+    ("recommendation", _recommendation),
+    ("trend_first", _trend_first),
+    ("headline", _headline),
+    ("checks", _checks),
+    ("distributions", _distributions),
+    ("correction", lambda r: Section(correction_blocks(r))),
+    ("where", lambda r: Section(_strata_blocks(r))),
+    ("worst", lambda r: Section(_worst_blocks(r))),
+    ("baseline", baseline_section),
+    ("trend", _trend),
+    ("lag", lambda r: Section(*lag_section(r))),
+    ("probe", lambda r: Section(*probe_section(r.path))),
+    ("raw", _raw),
+)
+"""A single run's report, in order: (name, builder). A builder takes the RunReport and gives a Section (blocks,
+figures to draw, metrics.json keys) or None (nothing to say). Adding a section is one function and one row here
+(docs/recipes.md)."""
+
+
+def run_sections(report: RunReport) -> list[Section]:
+    """Every section of one run's report that has something to say, in SECTIONS' order."""
+    return [section for _, build in SECTIONS if (section := build(report)) is not None]
+
+
+def run_blocks(report: RunReport) -> list[Block]:
+    """The single-run report's blocks, verdict first (every section's)."""
+    return [block for section in run_sections(report) for block in section.blocks]
 
 
 def _strata_blocks(report: RunReport) -> list[Block]:
@@ -297,24 +356,14 @@ def comparison_data(reports: Sequence[RunReport], links: dict[str, str]) -> dict
 
 # ----------------------------------------------------------------------------------------------- files
 def run_files(report: RunReport) -> dict[str, bytes]:
-    """One run's report files; the latest `rcdiag probe` of the run (if any) goes before the manifest."""
-
+    """One run's report files: SECTIONS folded — blocks in order, their figures in one request to the figure
+    process, their data merged into metrics.json."""
     images = figures(report)  # first: the figure process draws them while the bootstrap finishes (build_report)
-    blocks = run_blocks(report)
-    probe_blocks, probe_figures, probe_data = probe_section(report.path)
-    trend_blocks, trend_figures, trend_data = trend_section(report)
-    section_figures = {**probe_figures, **trend_figures}
+    sections = run_sections(report)
+    section_figures = {name: spec for section in sections for name, spec in section.figures.items()}
     more = figproc.submit(section_figures) if section_figures else dict  # dict(): no figures, no round trip
-    base_blocks, base_data = baseline_section(report)
-    lag_blocks, _, lag_data = lag_section(report)
-    timeline = report.timeline
-    if timeline is not None and (timeline.change or timeline.drift):  # what changed across training is news: first
-        at = next(i for i, b in enumerate(blocks) if b.kind == "h" and b.text == "Headline")
-        blocks[at:at] = trend_blocks
-        trend_blocks = []
-    blocks[-1:-1] = base_blocks + trend_blocks + lag_blocks + probe_blocks
-    return render_files(blocks, {**images(), **more()},
-                        {**run_data(report), **probe_data, **trend_data, **base_data, **lag_data},
+    data = {key: value for section in sections for key, value in section.data.items()}
+    return render_files([b for section in sections for b in section.blocks], {**images(), **more()}, data,
                         f"rcdiag report — {report.name}")
 
 

@@ -3,7 +3,7 @@ rcdiag.analysis.drift), figures with intervals, and by_step JSON.
 
 `report_trend(run, options)` makes the trend (one extra pass, only for a run with more than one step; a one-step
 run gets its single by_step row from the report's own numbers, no pass); `trend_section(report)` returns
-`(blocks, images, data)` like probe_section, so a one-step run's report reads as before plus `by_step`/`timeline`.
+a Section, so a one-step run's report reads as before plus `by_step`/`timeline`.
 The report puts the section right after the recommendation when the timeline found something.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rcdiag.analysis.causes import Context
 from rcdiag.analysis.drift import Timeline
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
 from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
-from rcdiag.report.figproc import FigureSpec
 from rcdiag.report.render import Block, fmt
+from rcdiag.report.section import Section
 from rcdiag.store.run import Run
 
 FIGURE = "trend.png"
@@ -107,9 +107,9 @@ def changes_text(rows: list[dict[str, Any]], changes: list[StatusChange]) -> str
     return f"{start}; it changes at {len(changes)} step(s): {listed}{more}."
 
 
-def trend_section(report: Any) -> tuple[list[Block], dict[str, FigureSpec], dict[str, Any]]:
-    """(blocks, figures to draw, data) of the trend: blocks and the figure only for a multi-step run; data carries
-    by_step with each step's status, status_changes, and the timeline (None for one step)."""
+def trend_section(report: Any) -> Section:
+    """The trend: blocks and the figure only for a multi-step run; data carries by_step with each step's status,
+    status_changes, and the timeline (None for one step)."""
     steps = by_step(report)
     changes = status_changes(steps, _step_context(report))
     timeline = report.timeline
@@ -117,7 +117,7 @@ def trend_section(report: Any) -> tuple[list[Block], dict[str, FigureSpec], dict
             "timeline": timeline and timeline.to_dict()}
     frame = report.trend
     if frame is None:
-        return [], {}, data
+        return Section([], data=data)
     rows = [[fmt(r[c]) if c != "status" else r[c] for c in TABLE_COLUMNS] for r in steps]
     level = frame.attrs.get("level", 0.95)
     marks = [] if timeline is None else [(timeline.change.step, "step change")] if timeline.change else \
@@ -132,4 +132,4 @@ def trend_section(report: Any) -> tuple[list[Block], dict[str, FigureSpec], dict
               Block("p", changes_text(steps, changes)),
               Block("image", "mismatch per step", image=FIGURE),
               Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
-    return blocks, {FIGURE: ("trend_panels", (frame, marks, PANELS))}, data
+    return Section(blocks, {FIGURE: ("trend_panels", (frame, marks, PANELS))}, data)

@@ -146,9 +146,6 @@ class Expect:
 
 
 REPORT = ("report.html", "report.md", "metrics.json")
-VERL_LOWER = ("the report simulates token_truncate with --lower, which convention verl refuses ('convention verl has "
-              "no lower bound for token_truncate'): verl takes L for mask modes only; the report or the example "
-              "must change (lead)")
 
 RUN_FOR_REAL: dict[str, Expect] = {
     "rcdiag import slime dump_dir/ --out runs/slime --allow-pickle": Expect(writes=("runs/slime/manifest.json",)),
@@ -163,9 +160,9 @@ RUN_FOR_REAL: dict[str, Expect] = {
     "rcdiag import jsonl areal_trajectories.jsonl -o runs/async": Expect(writes=("runs/async/manifest.json",)),
     "rcdiag report runs/sample": Expect(writes=tuple(f"runs/sample/report/{f}" for f in REPORT)),
     "rcdiag report runs/sample --convention verl --threshold 2 --lower 0.5":
-        Expect(writes=("runs/sample/report/metrics.json",), bug=VERL_LOWER),
+        Expect(writes=("runs/sample/report/metrics.json",)),  # L on verl's masks only (correction.lower_for)
     "rcdiag report runs/sample --convention verl --threshold 2 --lower 0.5 --out reports/sample":
-        Expect(writes=tuple(f"reports/sample/{f}" for f in REPORT), bug=VERL_LOWER),
+        Expect(writes=tuple(f"reports/sample/{f}" for f in REPORT)),
     "rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16":
         Expect(writes=tuple(f"reports/bf16-vs-fp16/{f}" for f in REPORT)),
     'rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"': Expect(rc=0),

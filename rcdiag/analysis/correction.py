@@ -82,6 +82,15 @@ def get_mode(mode: str | CorrectionMode) -> CorrectionMode:
         raise ConfigError(f"unknown correction mode {mode!r}; choose one of {', '.join(MODES)}") from None
 
 
+def lower_for(mode: str | CorrectionMode, convention: str, lower: float | None) -> float | None:
+    """The lower bound L a report applies to `mode` under `convention`: L where the framework bounds that action
+    from below, else None — verl bounds only its masks (IcePop's "L_C"), so `--lower` there bounds token_mask and
+    sequence_mask and leaves the truncations as verl runs them."""
+    if lower is None:
+        return None
+    return lower if get_mode(mode).action in get_convention(convention).allow_lower else None
+
+
 def _check_convention(mode: CorrectionMode, conv: Convention) -> None:
     if mode.lower is not None and mode.action not in conv.allow_lower:
         raise ConfigError(f"convention {conv.name} has no lower bound for {mode.name}"

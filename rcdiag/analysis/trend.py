@@ -23,8 +23,8 @@ from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.analysis.correction import ISAccumulator, get_mode
 from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
-from rcdiag.analysis.floor import NOISE_NAMES, NoiseEvidence
 from rcdiag.analysis.engine import stream
+from rcdiag.analysis.floor import NOISE_NAMES, NoiseEvidence
 from rcdiag.analysis.isstats import IS_METRIC_NAMES
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES, MetricsAccumulator
 from rcdiag.errors import InputError

@@ -81,6 +81,9 @@ class ReportOptions:
         if self.lower is not None and (isinstance(self.lower, bool) or not isinstance(self.lower, int | float)
                                        or not 0 < self.lower < smallest):
             raise ConfigError(f"--lower must lie in (0, {smallest:g}) (below every threshold), got {self.lower!r}")
+        if self.lower is not None and not CONVENTION_TABLE[convention].allow_lower:
+            raise ConfigError(f"convention {convention} has no lower bound L in any mode; leave --lower out or use "
+                              "convention canonical, verl (its masks) or trl")
         if self.fail_on is not None and self.fail_on not in FAIL_ON:
             raise ConfigError(f"--fail-on {self.fail_on!r}: choose one of {', '.join(FAIL_ON)}"
                               f"{did_you_mean(str(self.fail_on), FAIL_ON, n=1)}")

@@ -10,7 +10,7 @@ from typing import Any
 
 from rcdiag.analysis.accum import ChunkConsumer, Totals
 from rcdiag.analysis.chunks import TokenChunk
-from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
+from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode, lower_for
 from rcdiag.analysis.engine import MapFiles, run_pass
 from rcdiag.analysis.gates import GateAccumulator, report_gates
 from rcdiag.analysis.metrics import MetricsAccumulator
@@ -77,8 +77,8 @@ def library_accumulators(options: ReportOptions) -> Library:
     which each make their own pass)."""
     o = options
     thresholds = tuple(dict.fromkeys((*o.thresholds, o.threshold)))
-    grid = [get_mode(m).with_bounds(c, o.lower) for m in MODES for c in thresholds]
-    tis = [get_mode("token_truncate").with_bounds(o.threshold, o.lower)]
+    grid = [get_mode(m).with_bounds(c, lower_for(m, o.convention, o.lower)) for m in MODES for c in thresholds]
+    tis = [get_mode("token_truncate").with_bounds(o.threshold, lower_for("token_truncate", o.convention, o.lower))]
     rejections = {opt: ISAccumulator(tis, o.convention, rejection=[rejection_bound(opt, o.threshold)])
                   for opt in REJECTION_OPTIONS}
     return Library(o, grid, MetricsAccumulator(o.convention), ISAccumulator(grid, o.convention), rejections)

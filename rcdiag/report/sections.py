@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rcdiag import __version__
+from rcdiag.analysis.correction import lower_for
 from rcdiag.analysis.health import VERDICT_MODE
 from rcdiag.analysis.keys import rename
 from rcdiag.analysis.strata import titles
@@ -24,7 +25,7 @@ from rcdiag.report.build import RunReport
 from rcdiag.report.context import context_line, run_context
 from rcdiag.report.correction_section import correction_blocks
 from rcdiag.report.lag_section import lag_section
-from rcdiag.report.options import ESS_TARGET
+from rcdiag.report.options import ESS_TARGET, MODES, ReportOptions
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
 from rcdiag.report.section import Section
@@ -138,7 +139,13 @@ def _summary(report: RunReport) -> str:
     o = report.options
     return (f"{report.path} — {c.get('sequences', 0):,} sequences, {c.get('token_rows', 0):,} token rows "
             f"({c.get('tokens', 0):,} valid); convention {o.convention}, threshold C={o.threshold:g}"
-            f"{'' if o.lower is None else f', lower L={o.lower:g}'}; {checks_line(report)}.")
+            f"{'' if o.lower is None else f', lower L={o.lower:g}{_lower_note(o)}'}; {checks_line(report)}.")
+
+
+def _lower_note(o: ReportOptions) -> str:
+    """Where the convention bounds only some modes from below, which ones L applies to."""
+    bounded = [m for m in MODES if lower_for(m, o.convention, o.lower) is not None]
+    return "" if len(bounded) == len(MODES) else f" (on {', '.join(bounded)}: {o.convention} bounds only those)"
 
 
 def verdict_blocks(report: RunReport) -> list[Block]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis.causes import Context
+from rcdiag.analysis.correction import lower_for
 from rcdiag.analysis.drift import Timeline
 from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
 from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
@@ -36,7 +37,8 @@ def report_trend(run: Any, options: Any) -> Any:
     mode (the one whose ESS the headline shows); None for a run with one step."""
     if not has_steps(run):
         return None
-    return trend(run, options.convention, "token_truncate", options.threshold, options.lower,
+    lower = lower_for("token_truncate", options.convention, options.lower)
+    return trend(run, options.convention, "token_truncate", options.threshold, lower,
                  replicates=options.replicates, level=options.level, seed=options.seed, silent=options.silent)
 
 

@@ -111,3 +111,21 @@ def test_conditions_hold_on_nan():
     assert evaluate([cond], {"ess": float("nan")}) == ["ess = nan (ess < 0.9)"]
     assert evaluate([parse("kl>=0.5")], {"kl": 0.5}) == ["kl = 0.5 (kl>=0.5)"]
     assert evaluate([parse("kl!=0.5")], {"kl": 0.5}) == []
+
+
+def test_lower_bound_applies_where_the_convention_has_one(synthetic_runs, tmp_path, capsys):
+    """verl bounds only its masks from below (IcePop's "L_C"): `--convention verl --lower 0.5` reports (it refused
+    the whole report because token_truncate has no L under verl), L on the mask modes only, and says so; swift has
+    no L anywhere: a usage error."""
+    run = synthetic_runs["clean"]
+    code, stdout, stderr = _run(capsys, "report", str(run.path), "--out", str(tmp_path / "rep"), "--convention", "verl",
+                                "--lower", "0.5", "--quiet")
+    assert code == 0, stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "lower L=0.5 (on token_mask, sequence_mask: verl bounds only those)" in md
+    from rcdiag.analysis.correction import lower_for
+
+    assert lower_for("token_truncate", "verl", 0.5) is None and lower_for("token_mask", "verl", 0.5) == 0.5
+    assert lower_for("token_truncate", "canonical", 0.5) == 0.5
+    code, _, stderr = _run(capsys, "report", str(run.path), "--convention", "swift", "--lower", "0.5")
+    assert code == 2 and "convention swift has no lower bound L in any mode" in stderr

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rcdiag.analysis.drift import ADVICE, CHANGE_ADVICE, Timeline
@@ -72,6 +72,8 @@ class Context:
     noise: NoiseSummary | None = field(default=None)
     refused: str | None = None
     """Why the metrics refused the data (InputError text), if they did: the verdict is then n/a."""
+    probe: str | None = None
+    """The latest `rcdiag probe`'s answer (its top line), which the numerical causes cite as evidence."""
 
 
 def _field(check: Any, name: str) -> Any:
@@ -260,8 +262,16 @@ def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> 
                        change.evidence + bug.evidence, f"{CHANGE_ADVICE} {bug.action.split('. ', 1)[1]}",
                        f"{change.source}; {bug.source}", correct=False, step=change.step)
         bug = None
-    found = [*errors, bug, change, *ctx.extra, drift(ctx), *warnings, numerics(values, noise, floor, ctx)]
+    found = [*errors, bug, change, *ctx.extra, drift(ctx), *warnings,
+             _with_probe(numerics(values, noise, floor, ctx), ctx)]
     return [c for c in found if c is not None]
+
+
+def _with_probe(cause: Cause, ctx: Context) -> Cause:
+    """A numerical cause with the probe's measured answer among its evidence (where the gap comes from)."""
+    if ctx.probe is None:
+        return cause
+    return replace(cause, evidence=(*cause.evidence, f"the probe: {ctx.probe}"))
 
 
 def primary(causes: list[Cause]) -> Cause:

@@ -29,6 +29,7 @@ from rcdiag.analysis.verdict import Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
+from rcdiag.probe.answer import latest_answer
 from rcdiag.report.cache import cached_passes
 from rcdiag.report.context import architecture, engine_replayed, side_dtypes
 from rcdiag.report.lag_section import LagFindings, lag_findings
@@ -158,7 +159,8 @@ def verdict_context(report: RunReport) -> Context:
     the rollout side is a replay, the timeline, and whether the metrics refused the data."""
     return Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
                    replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
-                   refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c))
+                   refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c),
+                   probe=None if (answer := latest_answer(report.path)) is None else answer.top_line)
 
 
 def headline_values(report: RunReport) -> dict[str, float]:

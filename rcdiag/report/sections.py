@@ -19,6 +19,7 @@ from rcdiag.analysis.health import VERDICT_MODE
 from rcdiag.analysis.keys import rename
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import TAIL_NAMES
+from rcdiag.probe.answer import latest_answer
 from rcdiag.report import figproc
 from rcdiag.report.baseline import baseline_section
 from rcdiag.report.build import RunReport
@@ -269,7 +270,11 @@ def run_blocks(report: RunReport) -> list[Block]:
 
 
 def _strata_blocks(report: RunReport) -> list[Block]:
-    blocks = [Block("h", "Where the mismatch comes from")]
+    answer = latest_answer(report.path)
+    where = (f"The probe's answer (its section below): {answer.top_line}" if answer is not None else
+             f"Which setting causes it is measured, not read off these strata: `rcdiag probe {report.path}` "
+             "recomputes the tokens under each dtype, kernel and batch setting and names the one behind the gap.")
+    blocks = [Block("h", "Where the mismatch comes from"), Block("callout", where)]
     names = titles()
     for stratum, file in STRATA_PLOTS.items():
         blocks.append(Block("image", f"ℓ by {names[stratum]}", image=file))

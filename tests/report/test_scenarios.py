@@ -152,12 +152,13 @@ def test_the_verdict_cites_the_probe(tmp_path):
     """With a probe on the run, the numerical verdict quotes its measured answer (where the gap comes from), and
     'Where the mismatch comes from' points to it; without one, it says how to measure it."""
     from rcdiag.report.build import build_report
-    from rcdiag.report.sections import run_blocks
+    from rcdiag.report.sections import SECTIONS
 
+    where = dict(SECTIONS)["where"]
     run = build_scenario(tmp_path / "run", "dense_bf16")
     plain = build_report(run, FAST)
     assert not any(r.startswith("the probe:") for r in plain.verdict.reasons)
-    assert any(f"`rcdiag probe {run.path}`" in b.text for b in run_blocks(plain))
+    assert any(f"`rcdiag probe {run.path}`" in b.text for b in where(plain).blocks)
     (run.path / "probes").mkdir()
     summary = {"name": "probe", "gap": {"mean_abs": 0.0156}, "engine": {"dtype_resolved": "bfloat16"},
                "budget": [{"factor": "engine_dtype", "setting": "engine_float32", "residual_mean_abs": 2e-5,
@@ -167,4 +168,4 @@ def test_the_verdict_cites_the_probe(tmp_path):
     cited = [r for r in report.verdict.reasons if r.startswith("the probe: ")]
     assert cited and "the engine's bfloat16" in cited[0] and "removes 99.9% of it" in cited[0]
     assert any(b.text.startswith("The probe's answer (its section below): The gap is the engine's bfloat16")
-               for b in run_blocks(report))
+               for b in where(report).blocks)

@@ -30,7 +30,7 @@ def render(ref: data.RunRef) -> None:
         values = judged.headline(*ref.key)
         st.caption(" · ".join(f"{name.replace('_', ' ')}: {int(values[name]):,}" for name in COUNTS
                               if name in values) + " · canonical convention")
-        _cards(values)
+        _cards(values, report.verdict.metric_status)
         _recommendation(ref)
         with st.expander("How the cards are coloured"):
             st.markdown(health.__doc__.split("\n\n", 1)[1])
@@ -70,11 +70,12 @@ def manifest_facts(manifest: dict, sections: tuple[str, ...] = FACT_SECTIONS) ->
     return pd.DataFrame(rows, columns=["setting", "value"])
 
 
-def _cards(values: dict[str, float]) -> None:
+def _cards(values: dict[str, float], statuses: dict[str, str]) -> None:
+    """The headline cards, each coloured as the verdict judged it (mean |ℓ| against the run's noise floor)."""
     columns = st.columns(4)
     for i, band in enumerate(bands.BANDS):
         value = values.get(band.metric)
-        status = band.classify(value)
+        status = statuses.get(band.metric) or band.classify(value)
         with columns[i % 4]:
             st.html(ui.card(f"{band.label} · {band.metric}", value, status, bands.describe(band)))
 

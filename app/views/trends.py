@@ -112,7 +112,8 @@ def panel_spec(rows: pd.DataFrame, title: str, start: int | None, log: bool = Fa
     title pushed the panel's title out of view); tick labels are in SI form so a 1e11 fits."""
     x = {"field": "step", "type": "quantitative", "title": "step"}
     scale = {"type": "log"} if log else {"zero": False}
-    y = {"field": "value", "type": "quantitative", "title": None, "scale": scale, "axis": {"format": "~s"}}
+    y = {"field": "value", "type": "quantitative", "title": None, "scale": scale,
+         **({"axis": {"format": "~s"}} if log else {})}
     if log:
         rows = rows[rows["value"] > 0]
         if "low" in rows:
@@ -149,7 +150,8 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, verdict: Verdict, step: 
     for i, band in enumerate(shown):
         value = float(row[band.metric])
         with cols[i % 4]:
-            st.html(ui.card(f"{band.label} · {band.metric}", value, band.classify(value), bands.describe(band)))
+            status = verdict.metric_status.get(band.metric) or band.classify(value)
+            st.html(ui.card(f"{band.label} · {band.metric}", value, status, bands.describe(band)))
     st.caption(f"This step's numbers alone (input checks judge the whole run: Overview); clipped share "
                f"{ui.fmt(float(row['clipped_frac']))} at the threshold above.")
     index = data.sequence_index(*ref.key)

@@ -131,7 +131,7 @@ class CheckAccumulator(BatchConsumer):
         self.tokens = 0
         self.valid = 0
         self.fit = np.zeros(6)  # n, Σa, Σb, Σa², Σab, Σb² over clean valid tokens
-        self.offset = np.zeros(4)  # Σ(b−a) on b>a, #b>a, #b<a, #|b−a| ≤ 1e-6
+        self.offset = np.zeros(6)  # Σ(b−a) on b>a, #b>a, #b<a, #|b−a| ≤ 1e-6, Σ(−a) and # on b = 0 rows
         self.shift = np.zeros(4)  # #pairs, Σ|a_t − b_{t−1}|, Σ|a_t − b_t|, Σ|a_t − b_{t+1}|  (shift −1, 0, +1)
         self.seq_ids: list[np.ndarray] = []
         self.seq_counts: list[np.ndarray] = []

@@ -65,7 +65,9 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
     entry, hits at pos 0 [2] (all kinds), ordinary non-zero finite values checked [2], how many of them sit on each
     storage grid [2, G] (float32 bits whose low `grid_low_bits[g]` bits are 0) and their float32 exponent
     histogram [2, 256]. Over clean rows (valid, both sides plausible: finite, < 0, > −1e9): fit [6] (n, Σa, Σb, Σa²,
-    Σab, Σb²), offset [4] (Σ(b−a) where b−a > 1e-6, #b−a > 1e-6, #b−a < −1e-6, #|b−a| ≤ 1e-6) and shift [4] (#rows
+    Σab, Σb²), offset [6] (Σ(b−a) where b−a > 1e-6, #b−a > 1e-6, #b−a < −1e-6, #|b−a| ≤ 1e-6; then over valid rows
+    with a plausible and b exactly 0.0 — a one-token top-p/top-k support, whose b − a = −log S = −a —: Σ(−a) where
+    −a > 1e-6, and their count) and shift [4] (#rows
     with both neighbours clean, consecutive and in the same sequence, then Σ|a_t − b_{t−1}|, Σ|a_t − b_t|,
     Σ|a_t − b_{t+1}| over them); sums compensated (Neumaier). Per run of equal seq_id over all rows: its seq_id,
     rows and max pos (int64 [R] each). Counts and locations are exact; accumulators are locals, not array cells."""
@@ -85,6 +87,8 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
     n_fit = 0
     d_sum = d_comp = 0.0
     d_hi = d_lo = d_eq = 0
+    z_sum = z_comp = 0.0
+    z_n = 0
     sh0 = sh1 = sh2 = ch0 = ch1 = ch2 = 0.0
     n_shift = 0
     clean_prev = clean_here = False
@@ -118,6 +122,9 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
                             on_grid[side, g] += 1
                     exponents[side, (word >> 23) & 0xFF] += 1
             clean = _plausible(x, huge_negative) and _plausible(y, huge_negative)
+            if y == 0.0 and _plausible(x, huge_negative) and -x > 1e-6:
+                z_sum, z_comp = _add(z_sum, z_comp, -x)
+                z_n += 1
         if clean:
             n_fit += 1
             f_a, c_a = _add(f_a, c_a, x)
@@ -141,7 +148,7 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
             sh2, ch2 = _add(sh2, ch2, abs(mid - y))
         clean_prev, clean_here = clean_here, clean
     fit = np.array([n_fit, f_a + c_a, f_b + c_b, f_aa + c_aa, f_ab + c_ab, f_bb + c_bb], np.float64)
-    offset = np.array([d_sum + d_comp, d_hi, d_lo, d_eq], np.float64)
+    offset = np.array([d_sum + d_comp, d_hi, d_lo, d_eq, z_sum + z_comp, z_n], np.float64)
     shift = np.array([n_shift, sh0 + ch0, sh1 + ch1, sh2 + ch2], np.float64)
     sides = (counts, first, pos0, checked, on_grid, exponents)
     # copies: a slice would keep the batch-sized buffers alive in the accumulator, batch after batch

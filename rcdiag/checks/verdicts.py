@@ -197,16 +197,19 @@ def _least_squares(fit: np.ndarray) -> dict[str, float]:
 
 
 def check_truncation(ctx: Context) -> Finding:
-    total, positive, negative, equal = ctx.acc.offset
+    """A one-sided offset b − a = −log S > 0 is a top-p/top-k renormalisation. The signs are judged on tokens with
+    both log-probs below 0; the kept mass on those with b > a plus the one-token supports (b exactly 0.0, a < 0:
+    S = exp(a)), which an estimate over b < 0 alone left out (it read 0.942 for an exact 0.951)."""
+    total, positive, negative, equal, zero_total, zeros = ctx.acc.offset
     count = positive + negative + equal
     top_p, top_k = _find(ctx.manifest, "top_p", "engine"), _find(ctx.manifest, "top_k", "engine")
     if count < MIN_TOKENS or ctx.misaligned:
         return Finding("truncation_offset", "info", "top-p/top-k offset not tested (too few usable tokens or "
                        "misaligned data)", {"tokens": int(count)})
-    mean = total / max(positive, 1)
+    mean = (total + zero_total) / max(positive + zeros, 1)
     evidence = {"share_b_above_a": positive / count, "share_b_below_a": negative / count,
-                "mean_offset": mean, "implied_kept_mass": math.exp(-mean), "manifest_top_p": top_p,
-                "manifest_top_k": top_k}
+                "mean_offset": mean, "implied_kept_mass": math.exp(-mean), "one_token_supports": int(zeros),
+                "manifest_top_p": top_p, "manifest_top_k": top_k}
     if positive / count < OFFSET_POSITIVE_SHARE or negative / count > OFFSET_NEGATIVE_SHARE:
         return _ok("truncation_offset", "no one-sided offset: b − a changes sign as numeric noise does",
                    **evidence)

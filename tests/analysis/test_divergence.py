@@ -136,11 +136,11 @@ def test_top_p_kept_mass_equals_the_offset_check(tmp_path) -> None:
     run = write_run(tmp_path / "run", frame, manifest={"engine": {"top_p": 0.9, "temperature": 1.0}})
     finding = next(f for f in run_checks(run) if f.name == "truncation_offset")
     implied = finding.evidence["implied_kept_mass"]
-    # the check averages the offset over tokens with b − a > 1e-6 (a near-certain row keeps S ≈ 1, no offset)
-    # and both values < 0 (a single kept token has processed log-prob exactly 0.0, which it reads as a placeholder)
+    # the check averages the offset over tokens with b − a > 1e-6 (a near-certain row keeps S ≈ 1, no offset),
+    # the one-token supports (processed log-prob exactly 0.0, S = exp(a)) included
     a32, b32 = (frame[c].to_numpy(np.float64) for c in ("train_logprob", "rollout_logprob"))
-    seen = (b32 - a32 > 1e-6) & (a32 < 0) & (b32 < 0)
-    assert 0.5 < seen.mean() < 1
+    seen = (b32 - a32 > 1e-6) & (a32 < 0) & (b32 <= 0)
+    assert 0.5 < seen.mean() < 1 and (seen & (b32 == 0)).any()
     assert summarize({"kept_mass_mu": exact["kept_mass_mu"][seen]})["geo_kept_mass_mu"] == pytest.approx(
         implied, abs=1e-6)
 

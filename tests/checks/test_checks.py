@@ -62,10 +62,18 @@ def test_temperature_slope_matches_float64_least_squares(synthetic_runs):
 
 
 def test_truncation_offset_evidence_matches_reference(synthetic_runs):
+    """The mean offset −log S is over tokens with b > a and over the one-token supports (b exactly 0, S = exp(a)),
+    which an estimate over b < 0 alone left out; the signs are judged on b < 0 tokens only."""
     f = _by_name(run_checks(synthetic_runs["top_p"]))["truncation_offset"]
     a, b = _clean_values("top_p")
     d = b - a
-    assert f.evidence["mean_offset"] == pytest.approx(d[d > 1e-6].mean(), rel=1e-9)
+    tokens = synthetic_runs["top_p"].tokens()
+    a_all = tokens["train_logprob"].to_numpy(np.float64)
+    b_all = tokens["rollout_logprob"].to_numpy(np.float64)
+    one = tokens["mask"].to_numpy() & (b_all == 0) & (a_all < -1e-6)
+    assert one.any() and f.evidence["one_token_supports"] == one.sum()
+    want = (d[d > 1e-6].sum() - a_all[one].sum()) / ((d > 1e-6).sum() + one.sum())
+    assert f.evidence["mean_offset"] == pytest.approx(want, rel=1e-9)
     assert f.evidence["share_b_above_a"] == pytest.approx((d > 1e-6).mean(), rel=1e-12)
     assert 0.8 < f.evidence["implied_kept_mass"] < 1.0
     assert "top_p=1.0" in f.fix

@@ -102,7 +102,7 @@ GATE_COLUMNS = ("kept_token_frac", "kept_pos_frac", "kept_neg_frac", "kept_seq_f
 
 def gate_blocks(report: Any) -> list[Block]:
     """The gate families' sweep: one row per gate, one cell per δ ('kept % · ESS'), the full table folded."""
-    frame = getattr(report, "gate_sweep", None)
+    frame = report.gate_sweep
     if frame is None or not len(frame):
         return []
     source = str(frame["advantage_source"].iloc[0])

@@ -23,7 +23,7 @@ def gate_rows(report: Any) -> list[dict[str, Any]]:
     level, action "mask", beyond_share = the masked share (what the gate acts on), beyond_mass NaN (a gate's
     statistic is not the |ℓ| tail), bias |E[w] − 1|, thrown (masked share), and the sweep's numbers (ess,
     clipped_frac, kept_token_frac, kept_pos_frac, kept_neg_frac, …), plus framework and the snippet to paste."""
-    frame = getattr(report, "gate_sweep", None)
+    frame = report.gate_sweep
     if frame is None or not len(frame):
         return []
     rows = []

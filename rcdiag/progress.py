@@ -23,13 +23,32 @@ def _in_jupyter() -> bool:
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
+class LogBar(text_tqdm):
+    """A bar for a log file or a CI console (stderr not a terminal): no redraws, one line when it ends — the
+    carriage-return redraws of a text bar left `trend: 0%|…` fragments glued to the summary lines around them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(mininterval=float("inf"), maxinterval=float("inf"), delay=float("inf"))
+        super().__init__(*args, **kwargs)
+
+    def close(self) -> None:
+        self.delay = 0  # close() then writes the final state once (the infinite delay kept every redraw away)
+        super().close()
+
+
 def bar_class() -> type[text_tqdm]:
-    """tqdm's notebook widget when it can render (Jupyter with ipywidgets), else the text bar."""
+    """tqdm's notebook widget when it can render (Jupyter with ipywidgets), the text bar on a terminal, else a bar
+    that writes one line when it ends (a log file, CI)."""
     if _in_jupyter() and importlib.util.find_spec("ipywidgets") is not None:
         from tqdm.notebook import tqdm as notebook_tqdm
 
         return notebook_tqdm
-    return text_tqdm
+    return text_tqdm if _is_terminal() else LogBar
+
+
+def _is_terminal() -> bool:
+    stream = sys.stderr
+    return bool(stream is not None and stream.isatty())
 
 
 def progress(iterable: Iterable[T] | None = None, *, total: float | None = None, desc: str = "",

@@ -90,3 +90,17 @@ def test_convention_is_case_insensitive_on_the_cli(tmp_path: Path) -> None:
                         "--quiet")
     assert result.returncode == 0, result.stderr
     assert '"convention": "verl"' in (tmp_path / "rep" / "metrics.json").read_text()
+
+
+def test_progress_in_a_log_is_one_line_per_bar() -> None:
+    """stderr not a terminal (CI, a log file): a bar writes its final state once, no redraws — the redraws left
+    `trend: 0%|…` fragments glued to the summary lines (user review 3, §14)."""
+    code = ("import time\nfrom rcdiag.progress import progress\n"
+            "bar = progress(total=500, desc='stage')\n"
+            "for _ in range(500): bar.update(1); time.sleep(0.001)\n"  # 0.5 s: a text bar redraws ~5 times
+
+            "bar.close()\nprint('summary')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("stage:") == 1 and "500/500" in done.stderr and " 0%|" not in done.stderr
+    assert done.stdout == "summary\n"

@@ -15,7 +15,7 @@ from tests.fixtures.cli import assert_user_error, run_cli
 
 def _jsonl(tmp_path, prompt: str = "p"):
     file = tmp_path / "rollouts.jsonl"
-    file.write_text('{"response_ids": [1, 2], "rollout_logprobs": [-0.1, -0.2], "prompt": "%s"}\n' % prompt)
+    file.write_text(f'{{"response_ids": [1, 2], "rollout_logprobs": [-0.1, -0.2], "prompt": "{prompt}"}}\n')
     return file
 
 

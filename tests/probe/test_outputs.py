@@ -126,9 +126,8 @@ def test_dashboard_probes_page(cli_probe, monkeypatch: pytest.MonkeyPatch) -> No
     app.run()
     app.switch_page("views/probes.py").run()
     assert not app.exception and not app.error, [e.value for e in app.error]
-    from rcdiag.probe.answer import probe_answer
-
     from app.text import md
+    from rcdiag.probe.answer import probe_answer
 
     assert md(probe_answer(summary).top_line) in [m.value for m in app.success]  # the answer comes first
     residual = app.dataframe[0].value  # then the residual gaps, the most helpful change first

@@ -24,7 +24,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rcdiag.analysis.drift import ADVICE, CHANGE_ADVICE, Timeline
-from rcdiag.analysis.floor import ANY_LIMIT, DENSE_LIMIT, FLIP_GAP, TAIL_K, TAIL_SHARE, Floor, NoiseSummary
+from rcdiag.analysis.floor import (
+    ANY_LIMIT,
+    DENSE_LIMIT,
+    DENSE_TAIL_SHARE,
+    FLIP_GAP,
+    TAIL_K,
+    TAIL_SHARE,
+    Floor,
+    NoiseSummary,
+)
 from rcdiag.analysis.health import ALARM, BY_METRIC, HEALTHY, STATUSES, UNKNOWN, WARNING, num, statuses, worst
 from rcdiag.analysis.lag_cause import LagCause
 
@@ -132,7 +141,7 @@ def not_numerics(noise: NoiseSummary | None, ctx: Context) -> Cause | None:
     if dense and noise.confident_flips:
         evidence.append(f"{noise.confident_flips:,} token(s) where the engine was confident (p ≥ ½) and the trainer "
                         f"> {FLIP_GAP:g} nats lower")
-    if dense and noise.heavy_tail:
+    if dense and noise.tail_share > DENSE_TAIL_SHARE:
         evidence.append(f"{noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's noise scale: a dense "
                         "model's rounding noise has no such tail")
     if not evidence:
@@ -217,10 +226,13 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
         return Cause("heavy_tail", worst([WARNING, band_status]),
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
                      f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (sizes, *band_reasons),
-                     "This is what MoE routing flips give: a token-level correction bounds these tokens (the "
-                     "recommendation below) and routing replay (R3) removes them at the source."
-                     + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check the "
-                        "weight sync and the policy version instead."),
+                     ("Unusual for a dense model, whose rounding noise has no such tail: check the weight sync, the "
+                      "policy version and the kernels (`rcdiag probe`) before correcting; a token-level correction "
+                      "(the recommendation below) bounds these tokens meanwhile." if ctx.architecture == "dense" else
+                      "This is what MoE routing flips give: a token-level correction bounds these tokens (the "
+                      "recommendation below) and routing replay (R3) removes them at the source."
+                      + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check "
+                         "the weight sync and the policy version instead.")),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")
     if noise.sigma > floor.sigma_largest:
         return Cause("above_floor", worst([WARNING, band_status]),

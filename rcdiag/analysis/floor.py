@@ -55,6 +55,10 @@ TAIL_K = 10.0
 model's bf16 run has none beyond 11σ̂)."""
 TAIL_SHARE = 1e-3
 """More outliers than this share of scored tokens make the mismatch heavy-tailed (MoE-like)."""
+DENSE_TAIL_SHARE = 1e-2
+"""On a known dense model, more outliers than this share are not numerics (rcdiag's choice: ten times TAIL_SHARE,
+a margin for dense runs longer or deeper than the two measured here, which had none beyond 10σ̂; between the two
+the verdict says heavy-tailed and that it is unusual for a dense model)."""
 CERTAIN = 1e-7
 """1 − p below this on both sides: a certain token (float32 cannot show its mismatch); not scored for u."""
 MIN_SCORED = 200

@@ -169,3 +169,22 @@ def test_the_verdict_cites_the_probe(tmp_path):
     assert cited and "the engine's bfloat16" in cited[0] and "removes 99.9% of it" in cited[0]
     assert any(b.text.startswith("The probe's answer (its section below): The gap is the engine's bfloat16")
                for b in where(report).blocks)
+
+
+@pytest.mark.parametrize("tail,kind", [(0.005, "heavy_tail"), (0.02, "not_numerics")])
+def test_a_dense_models_tail(tail, kind):
+    """On a known dense model a few outliers are a warning that says it is unusual; more than 1 % are not
+    numerics (a margin over the measured dense runs, which had none beyond 10σ̂)."""
+    from rcdiag.analysis.causes import Context
+    from rcdiag.analysis.floor import NoiseSummary
+    from rcdiag.analysis.verdict import verdict
+
+    noise = NoiseSummary(tokens=10_000, certain=0, scored=10_000, sigma=0.03, tail_share=tail, mean_abs=0.02,
+                         mean_gap=0.5, max_abs=1.5, beyond_dense=0, beyond_any=0, confident_flips=0, confident=0,
+                         temperature_q=0.0)
+    v = verdict({"kl": 1e-3, "tokens": 10_000}, (), Context(dtype="bfloat16", architecture="dense", noise=noise))
+    assert v.cause.kind == kind
+    if kind == "heavy_tail":
+        assert v.status == "warning" and v.cause.action.startswith("Unusual for a dense model") and v.correct
+    else:
+        assert v.status == "alarm" and not v.correct

@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 
-from rcdiag.analysis.bootstrap import COLUMNS
-from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.metrics import sequence_frame
 from rcdiag.report.build import RunReport, headline_values, judge
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.recommend import recommend
@@ -62,21 +60,10 @@ def recommended_setting(path: str, stamp: str) -> tuple[str, float] | None:
 
 
 def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:
-    """rcdiag.analysis.metrics.sequence_stats's columns from the report's per-sequence sums (no pass of its own:
-    the Sequences page of a 10 M-token run reads the cached pass), or None when the report refused or withheld
-    the metrics — the caller then asks the library, which says why."""
+    """rcdiag.analysis.metrics.sequence_stats's frame (metrics.sequence_frame) from the report's per-sequence
+    table (no pass of its own: the Sequences page of a 10 M-token run reads the cached pass), or None when the
+    report refused or withheld the metrics — the caller then asks the library, which says why."""
     rep = report(path, stamp)
     if rep.metrics_error:
         return None
-    ids, sums = rep.scan.sums.table(rep.scan.info.seq_id)
-    c = dict(zip(COLUMNS, sums.T, strict=True))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        t = np.where(c["T"] > 0, c["T"], np.nan)
-        mean_ell = c["sum_l"] / t
-        return pd.DataFrame({
-            "seq_id": ids.astype(np.int64), "n_valid": c["T"].astype(np.int64),
-            "sum_log_ratio": np.where(np.isnan(t), np.nan, c["sum_l"]), "mean_log_ratio": mean_ell,
-            "mean_abs_log_ratio": c["sum_abs"] / t,
-            "max_abs_log_ratio": np.where(np.isnan(t), np.nan, c["max_abs"]),
-            "training_log_ppl": -c["sum_a"] / t, "rollout_log_ppl": -c["sum_b"] / t, "log_ppl_diff": -mean_ell,
-            "seq_ratio": np.exp(np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))})
+    return sequence_frame(*rep.scan.sums.table(rep.scan.info.seq_id))

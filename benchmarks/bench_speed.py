@@ -13,7 +13,9 @@ a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
   passes      the same on a thread per core (rcdiag's default)
   analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
   duckdb      one SQL query over the same Parquet files: the same metrics + the 4 IS modes (all cores)
+  passes-nogates  the report's passes without the gate families' sweep (what the rest of the pass costs)
   report      `rcdiag report` (make_report: passes, bootstrap 1,000 replicates, plots, files), cache off
+  overview    the dashboard's first Overview (streamlit AppTest) with an empty pass cache
 and, with `report`, the start-up: `rcdiag report` as a command on a 2,000-token run (wall; the fixed cost),
 `rcdiag --help`, and `rcdiag report runs/sample` when the README's sample run exists (its manifest names a real
 tokenizer: the report decodes its worst tokens, as a user's run does and the synthetic runs do not).
@@ -67,6 +69,37 @@ FROM q
 """
 
 
+def build_steps_run(path: Path, steps: int, per_step: int = 8, length: int = 250, seed: int = 0) -> None:
+    """A run of `steps` training steps, `per_step` sequences of ~`length` tokens each (the per-step sections'
+    case: a trend row, a verdict and a drift test per step, from one pass)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from rcdiag.store.manifest import new_manifest
+    from rcdiag.store.schema import TOKEN_SCHEMA
+    from rcdiag.store.writer import RunWriter, prepare_sequences
+
+    rng = np.random.default_rng(seed)
+    writer = RunWriter(path, {"bench_steps": steps, "seed": seed}, overwrite=True)
+    per_shard = max(1, 1_000_000 // (per_step * length))
+    for index, first in enumerate(range(0, steps, per_shard)):
+        step = np.repeat(np.arange(first, min(first + per_shard, steps)), per_step)
+        lengths = rng.integers(length // 2, 3 * length // 2, step.size)
+        ids = np.arange(first * per_step, first * per_step + step.size, dtype=np.int64)
+        n = int(lengths.sum())
+        b = -rng.exponential(1.5, n)
+        drift = np.repeat(0.02 * (1 + step / steps), lengths)
+        table = pa.table({
+            "seq_id": np.repeat(ids, lengths), "pos": (np.arange(n) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                  lengths)).astype(np.int32),
+            "token_id": rng.integers(0, 50_000, n, dtype=np.int32), "rollout_logprob": b.astype(np.float32),
+            "train_logprob": (b + rng.normal(0.0, drift)).astype(np.float32),
+            "train_entropy": rng.random(n, dtype=np.float32), "mask": rng.random(n) >= 0.02}, schema=TOKEN_SCHEMA)
+        sequences = prepare_sequences(pa.table({"seq_id": ids, "step": step}), table)
+        writer.write_shard(index, table, sequences)
+    writer.finish(new_manifest("bench"))
+
+
 def _bare_run(run_path: str):
     """The run without rcdiag's door check (rcdiag.store.validate reads every file's seq_id column: 0.9 s of a
     50 M-token run before issue #15's last round, which the "bare read" used to include and so flattered every
@@ -114,6 +147,36 @@ def method_passes(run_path: str) -> int:
     return _passes(run_path, None)
 
 
+def method_passes_nogates(run_path: str) -> int:
+    """The report's passes without the gate families' sweep (issue #30's ~130 settings): what the rest costs."""
+    from rcdiag.errors import InputError
+    from rcdiag.report import passes
+
+    def no_gates(shard):
+        raise InputError("gate sweep left out (benchmark)")
+
+    passes.report_gates = no_gates
+    return _passes(run_path, None)
+
+
+def method_overview(run_path: str) -> int:
+    """The dashboard's first Overview of the run (streamlit's AppTest), the pass cache empty (a fresh directory)."""
+    import tempfile
+
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["RCDIAG_CACHE_DIR"] = tempfile.mkdtemp(prefix="rcdiag-bench-cache-")
+    app_file = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+    sys.argv = [str(app_file), run_path]
+    app = AppTest.from_file(str(app_file), default_timeout=1800)
+    app.run()
+    if app.exception or app.error:
+        raise SystemExit(f"overview: {[e.value for e in (*app.exception, *app.error)]}")
+    import rcdiag
+
+    return rcdiag.open_run(run_path).num_tokens
+
+
 def method_analyze(run_path: str) -> int:
     import rcdiag
     from rcdiag.analysis.correction import analyze
@@ -142,8 +205,9 @@ def method_report(run_path: str) -> int:
     return result.reports[0].counts["token_rows"]
 
 
-METHODS = {"read": method_read, "read-a": method_read_analyze, "read-cores": method_read_cores, "passes-1": method_passes_1, "passes": method_passes, "analyze": method_analyze,
-           "duckdb": method_duckdb, "report": method_report}
+METHODS = {"read": method_read, "read-a": method_read_analyze, "read-cores": method_read_cores,
+           "passes-1": method_passes_1, "passes": method_passes, "passes-nogates": method_passes_nogates,
+           "analyze": method_analyze, "duckdb": method_duckdb, "report": method_report, "overview": method_overview}
 
 
 def _measure(name: str, run_path: str, repeats: int = 1) -> dict[str, float]:
@@ -186,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     parser.add_argument("--quick", action="store_true", help="one start-up repeat instead of three")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each method (best wall, best CPU)")
+    parser.add_argument("--runs", type=Path, nargs="*", default=[],
+                        help="more run directories to time `rcdiag report` on (the sample run, a real model's)")
+    parser.add_argument("--steps", type=int, default=0, help="also build and time a run of this many steps")
     args = parser.parse_args(argv)
     n = int(args.tokens)
     paths = {}
@@ -193,7 +260,13 @@ def main(argv: list[str] | None = None) -> None:
         paths[key] = args.dir / f"run-{size}"
         if not (paths[key] / "manifest.json").exists():
             build_run(paths[key], size, args.shard_tokens)
-    results = {m: measure(m, paths["large"], paths["tiny"], args.repeats) for m in args.methods.split(",")}
+    if args.steps:
+        paths["steps"] = args.dir / f"run-steps-{args.steps}"
+        if not (paths["steps"] / "manifest.json").exists():
+            build_steps_run(paths["steps"], args.steps)
+        args.runs = [*args.runs, paths["steps"]]
+    results = {m: measure(m, paths["large"], paths["tiny"], args.repeats if m != "overview" else 1)
+               for m in args.methods.split(",")}
     print(f"\n{n:,} tokens, {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'method':<10}{'wall s':>9}{'CPU s':>9}{'Mtok/s':>9}{'× read':>9}{'× read CPU':>12}{'RSS MiB':>9}"
           f"{'faults k':>10}")
@@ -214,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"start-up: `rcdiag report` on 2,000 tokens {command_seconds(['report', str(paths['tiny']), '--quiet', '--out', str(args.dir / 'tiny-report')], repeats):.2f} s, "
               f"`rcdiag report --help` {command_seconds(['report', '--help'], repeats):.2f} s, "
               f"`rcdiag --help` {command_seconds(['--help'], repeats):.2f} s (wall, best of {repeats})")
+        for extra in args.runs:  # the sample run, a real model's, a many-step run: `rcdiag report` as a user runs it
+            seconds = command_seconds(['report', str(extra), '--quiet', '--out', str(args.dir / f'{extra.name}-report')],
+                                      repeats)
+            print(f"`rcdiag report {extra}` (no cache) {seconds:.2f} s")
         if (SAMPLE_RUN / "manifest.json").is_file():  # what a user runs first: a real tokenizer decodes its worst tokens
             seconds = command_seconds(['report', str(SAMPLE_RUN), '--quiet', '--out', str(args.dir / 'sample-report')],
                                       repeats)

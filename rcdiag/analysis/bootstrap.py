@@ -19,17 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis import kernels
+from rcdiag.analysis import kernels, metric_table
+from rcdiag.analysis.accum import ChunkConsumer, Totals
+from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP, get_convention
 from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_THRESHOLD
+from rcdiag.analysis.metric_table import Sequences, terms
 from rcdiag.analysis.threads import ordered_map
 
 CLAMP = LOG_RATIO_CLAMP
-SWIFT_K3_CLAMP = 10.0
-COLUMNS = ("T", "sum_a", "sum_b", "sum_l", "sum_abs", "max_abs", "sum_k3", "sum_k3_swift", "sum_k3_raw",
-           "sum_rho2", "w_sum", "w_sq", "ws_sum", "ws_sq")
-"""Per-sequence sums over valid tokens (ℓ = a − b; ρ = exp(clamp(ℓ, ±20)); w = clamp(ρ, L or 0, C) the
-token_truncate weight; ws = clamp(ρ, 1/C, C) swift's ESS weight; sum_k3_raw without the ±20 clamp)."""
+SWIFT_K3_CLAMP = kernels.SWIFT_K3_CLAMP
+COLUMNS = kernels.SEQ_COLUMNS
+"""The per-sequence columns the bootstrap resamples: THE per-sequence table (kernels.SEQ_COLUMNS), one row per
+sequence."""
 CHUNK_CELLS = 1 << 21
 """Uniforms drawn at a time (16 MB); at most 2 × cores chunks are in flight (analysis.threads.ordered_map)."""
 POISSON1_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(19)])
@@ -38,87 +40,103 @@ POISSON1_CDF[-1] = 1.0
 
 
 @dataclass
-class SequenceSums:
-    """Mergeable per-sequence sums (COLUMNS) for the IS threshold `threshold` and optional `lower`."""
+class SequenceSums(ChunkConsumer):
+    """Mergeable rows of the per-sequence table (kernels.SEQ_COLUMNS) for the IS threshold `threshold` and optional
+    `lower` (its w columns): each chunk's own table, kept as it is (O(#sequences) memory)."""
 
     threshold: float = DEFAULT_THRESHOLD
     lower: float | None = None
 
     def __post_init__(self) -> None:
         self.ids: list[np.ndarray] = []
-        self.rows: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []  # float64 [len(COLUMNS), S] per chunk
+
+    def update_chunk(self, chunk: TokenChunk) -> None:
+        self.add(chunk.seq_ids, chunk.table(self.threshold, self.lower))
+
+    def add(self, ids: np.ndarray, table: np.ndarray) -> None:
+        """The table columns [len(COLUMNS), S] of sequences `ids` [S]."""
+        if ids.size:
+            self.ids.append(np.asarray(ids, np.int64))
+            self.rows.append(table)
 
     def update(self, seq: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        """seq int64 [n] (sorted), a/b float64 [n] of valid finite tokens."""
+        """seq int64 [n] (sorted), a/b float64 [n] of valid finite tokens (rows as given, one pass)."""
         if not seq.size:
             return
-        lr = a - b
-        lc = np.clip(lr, -CLAMP, CLAMP)
-        rho = np.exp(lc)
-        k3 = np.expm1(lc) - lc
+        starts = kernels.segment_starts(seq)
         with np.errstate(over="ignore"):
-            k3_raw = np.expm1(lr) - lr
-        w = np.clip(rho, self.lower or 0.0, self.threshold)
-        ws = np.clip(rho, 1.0 / self.threshold, self.threshold)
-        columns = (None, a, b, lr, np.abs(lr), None, k3, np.clip(k3, -SWIFT_K3_CLAMP, SWIFT_K3_CLAMP), k3_raw,
-                   rho * rho, w, w * w, ws, ws * ws)
-        starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
-        sums = np.empty((starts.size, len(COLUMNS)))
-        sums[:, 0] = np.diff(np.r_[starts, seq.size])
-        for j, values in enumerate(columns):
-            if values is not None:
-                sums[:, j] = np.add.reduceat(values, starts)
-        sums[:, 5] = np.maximum.reduceat(columns[4], starts)
-        self.ids.append(seq[starts])
-        self.rows.append(sums)
+            lh = np.clip(a - b, -CLAMP, CLAMP)
+            self.add(seq[starts], kernels.sequence_table(a, b, np.ones(seq.size, np.bool_), lh, np.expm1(lh),
+                                                         np.exp(lh), starts, float(self.threshold),
+                                                         float(self.lower or 0.0)))
+
+    def fresh(self) -> SequenceSums:
+        return SequenceSums(self.threshold, self.lower)
 
     def merge(self, other: SequenceSums) -> SequenceSums:
         self.ids += other.ids
         self.rows += other.rows
         return self
 
+    def finish(self, totals: Totals) -> tuple[np.ndarray, np.ndarray]:
+        return self.table()
+
     def table(self, all_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(seq_id [n], sums [n, len(COLUMNS)]) with a sequence's pieces merged; `all_ids` adds zero rows for
-        sequences without valid tokens (empty responses), sorted by seq_id."""
+        """(seq_id [n], sums [n, len(COLUMNS)]) sorted by seq_id; `all_ids` adds zero rows for sequences without
+        kept tokens (empty responses). Pieces of one sequence (given to `update` in parts, or cut by a pass that
+        went on past refused rows) are merged: sums add, maxima take the max."""
+        width = len(COLUMNS)
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
-        rows = np.concatenate(self.rows) if self.rows else np.zeros((0, len(COLUMNS)))
+        rows = np.concatenate(self.rows, axis=1).T if self.rows else np.zeros((0, width))
+        if ids.size > 1 and not (np.diff(ids) > 0).all():
+            order = np.argsort(ids, kind="stable")
+            ids, rows = ids[order], rows[order]
+            if not (np.diff(ids) > 0).all():
+                uniq, inverse = np.unique(ids, return_inverse=True)
+                merged = np.zeros((uniq.size, width))
+                np.add.at(merged, inverse, rows)
+                for j in _MAX_COLUMNS:
+                    top = np.zeros(uniq.size)
+                    np.maximum.at(top, inverse, rows[:, j])
+                    merged[:, j] = top
+                ids, rows = uniq, merged
         if all_ids is not None:
-            ids = np.concatenate([ids, np.asarray(all_ids, dtype=np.int64)])
-            rows = np.concatenate([rows, np.zeros((len(all_ids), len(COLUMNS)))])
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        out = np.zeros((uniq.size, len(COLUMNS)))
-        np.add.at(out, inverse, rows)
-        mx = np.zeros(uniq.size)
-        np.maximum.at(mx, inverse, rows[:, 5])
-        out[:, 5] = mx
-        return uniq, out
+            everyone = np.union1d(ids, np.asarray(all_ids, dtype=np.int64))
+            full = np.zeros((everyone.size, width))
+            full[np.searchsorted(everyone, ids)] = rows
+            ids, rows = everyone, full
+        return ids, np.ascontiguousarray(rows)
+
+
+_MAX_COLUMNS = (kernels.COLUMN["max_abs"], kernels.COLUMN["max_k3"])
+"""The table columns that are maxima, not sums (merged by max)."""
 
 
 # ----------------------------------------------------------------------------------------------- headline
-K3_COLUMN = {"clamped": "sum_k3", "clamped10": "sum_k3_swift", "raw": "sum_k3_raw"}
-"""Convention.k3 → the per-sequence k3 sum it uses."""
+def interval_metrics() -> tuple[metric_table.Metric, ...]:
+    """The metrics with an interval: analysis.metric_table's rows with interval=True (as the table is now)."""
+    return tuple(m for m in (*metric_table.METRICS, *metric_table.EXTRA_INTERVALS) if m.interval)
 
 
 def sequence_terms(sums: np.ndarray, convention: str) -> dict[str, np.ndarray]:
-    """Per-sequence terms [n] whose column totals give every headline metric under `convention`.
-
-    Driven by the convention's record (rcdiag.analysis.conventions): sequence means run over T_i > 0 ("valid") or over
-    every row with ā = b̄ = 0 ("all"); k3 and chi2_seq variants as METRICS.md.
-    """
+    """Per-sequence terms [n] whose column totals give every headline metric under `convention`: T, the rows a
+    sequence mean counts ("rows": T_i > 0, or every row when the convention's seq_rows is "all"), each interval
+    metric's own per-sequence term (analysis.metric_table, the accumulator's very terms; an empty row's is 0 for a
+    token metric, the metric's `empty` for a sequence metric) and the token_truncate weight sums for the ESS."""
     conv = get_convention(convention)
     c = dict(zip(COLUMNS, sums.T, strict=True))
     T = c["T"]
-    rows = np.ones_like(T) if conv.seq_rows == "all" else (T > 0).astype(float)
-    denom = np.maximum(T, 1)
-    abar, bbar = c["sum_a"] / denom, c["sum_b"] / denom
-    seq_log = c["sum_l"] if conv.chi2_seq == "product" else c["sum_l"] / denom
-    return {
-        "T": T, "b_minus_a": c["sum_b"] - c["sum_a"], "k3": c[K3_COLUMN[conv.k3]], "rho2": c["sum_rho2"],
-        "abs": c["sum_abs"], "rows": rows, "diff": rows * (bbar - abar), "abs_diff": rows * np.abs(bbar - abar),
-        "ppl_ratio": rows * np.exp(np.clip(bbar - abar, -700, 700)),
-        "chi2_seq": rows * np.expm1(2 * np.clip(seq_log, -CLAMP, CLAMP)),
-        "w": c["w_sum"], "w2": c["w_sq"], "ws": c["ws_sum"], "ws2": c["ws_sq"],
-    }
+    scored = T > 0
+    rows = np.ones_like(T) if conv.seq_rows == "all" else scored.astype(float)
+    sequences = Sequences({k: v[scored] for k, v in c.items()})
+    out = {"T": T, "rows": rows}
+    for metric in interval_metrics():
+        full = np.full(T.size, 0.0 if metric.kind == "token" else metric.empty)
+        full[scored] = terms(metric, sequences, conv)
+        out[metric.name] = full if metric.kind == "token" else rows * full
+    out.update(w=c["w_sum"], w2=c["w_sq"], ws=c["ws_sum"], ws2=c["ws_sq"])
+    return out
 
 
 def _ess(convention: str) -> Callable[[dict[str, Any]], Any]:
@@ -130,21 +148,18 @@ def _ess(convention: str) -> Callable[[dict[str, Any]], Any]:
     return lambda t: 1 / (t["w2"] / t["T"] / (t["w"] / t["T"] + eps) ** 2)
 
 
-HEADLINE: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "kl": lambda t: t["b_minus_a"] / t["T"],
-    "k3_kl": lambda t: t["k3"] / t["T"],
-    "log_ppl_diff": lambda t: t["diff"] / t["rows"],
-    "log_ppl_abs_diff": lambda t: t["abs_diff"] / t["rows"],
-    "ppl_ratio": lambda t: t["ppl_ratio"] / t["rows"],
-    "chi2_token": lambda t: t["rho2"] / t["T"] - 1,
-    "chi2_seq": lambda t: t["chi2_seq"] / t["rows"],
-    "abs_log_ratio_mean": lambda t: t["abs"] / t["T"],
-}
-"""Headline metric → function of column totals (METRICS.md names; `ess` is token_truncate at --threshold)."""
+def _mean(name: str, over: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda t: t[name] / t[over]
+
+
+HEADLINE = tuple(m.name for m in interval_metrics())
+"""The headline metrics with an interval, in table order (+ `ess`, token_truncate at --threshold)."""
 
 
 def headline_functions(convention: str) -> dict[str, Callable[[dict[str, Any]], Any]]:
-    return {**HEADLINE, "ess": _ess(convention)}
+    """Headline metric → function of column totals: a token metric over ΣT, a sequence metric over its rows."""
+    means = {m.name: _mean(m.name, "T" if m.kind == "token" else "rows") for m in interval_metrics()}
+    return {**means, "ess": _ess(convention)}
 
 
 def point_estimates(sums: np.ndarray, convention: str = "canonical") -> dict[str, float]:

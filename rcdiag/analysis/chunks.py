@@ -3,8 +3,8 @@
 Every metric and IS simulation reads its input through `iter_chunks`: it streams record batches, checks them
 (columns, dtypes, sorted unique (seq_id, pos), finite log-probs on valid positions, in one fused kernel pass) and
 carries the rows of a sequence cut by a batch boundary into the next chunk, so every chunk holds whole sequences
-and per-sequence reductions are identical however the input was batched. Log-probs stay in their stored dtype
-(float32 or float64); the kernels widen them to float64 per row.
+and per-sequence reductions are identical however the input was batched. Each chunk computes its row terms (ℓ, ℓ̂,
+expm1, exp: numpy's SIMD loops) and THE per-sequence table (kernels.SEQ_COLUMNS) once, for every consumer.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.analysis import kernels
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.errors import InputError
 from rcdiag.store.files import DEFAULT_READ_ROWS
@@ -37,14 +38,33 @@ _HINTS = {
 }
 
 
+@dataclass(frozen=True)
+class RowTerms:
+    """A chunk's per-row terms, float64 [n], computed once for every consumer by numpy's SIMD loops (~1 ns a value;
+    libm row by row took ~6): a, b the log-probs as stored (any value on rows not kept), ℓ = a − b in float64 (0 on
+    rows not kept),
+    ℓ̂ = clamp(ℓ, ±20), expm1(ℓ̂) and ρ̂ = exp(ℓ̂) (0, 0 and 1 on rows not kept; ρ̂ = expm1 + 1 above ℓ̂ = −log 2,
+    kernels.ratio_rows). numpy's SIMD expm1 may differ from libm's in the last bit for a few per cent of values
+    (both within an ulp)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    ell: np.ndarray
+    lh: np.ndarray
+    em1: np.ndarray
+    rho: np.ndarray
+
+
 @dataclass
 class TokenChunk:
     """Whole sequences of token rows, sorted by (seq_id, pos).
 
-    Arrays of length n (rows): `pos` int, `train` and `rollout` log-probs as read (float32 or float64; any value on
-    masked rows), `mask` bool; `a` (train) and `b` (rollout) float64 with 0.0 on masked rows are built on first
-    use (the kernels read `train`/`rollout` directly). Arrays of length S (sequences with ≥ 1 row): `seq_ids` int64,
-    `starts` (first row), `lengths`.
+    Arrays of length n (rows): `pos` int, `train` and `rollout` log-probs as stored (float32 or float64; any value
+    on masked rows; the kernels widen each value to float64), `mask` bool; `extra` further columns a consumer asked the engine to carry (entropy, token_id).
+    Arrays of length S (sequences with ≥ 1 row): `seq_ids` int64, `starts` (first row), `lengths`. `validated`:
+    the rows passed the checks (else the chunk only goes to consumers that read refused data, and `kept` leaves
+    the non-finite rows out). The row terms and THE per-sequence table (kernels.SEQ_COLUMNS) are computed on
+    first use, once for every consumer.
     """
 
     seq_ids: np.ndarray
@@ -55,6 +75,8 @@ class TokenChunk:
     rollout: np.ndarray
     mask: np.ndarray
     all_valid: bool
+    validated: bool = True
+    extra: dict = field(default_factory=dict, repr=False)
     cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -62,40 +84,64 @@ class TokenChunk:
         return int(self.mask.size)
 
     @cached_property
+    def kept(self) -> np.ndarray:
+        """bool [n]: the rows every statistic uses — valid, and (on a chunk that was not validated) finite."""
+        if self.validated:
+            return self.mask
+        with np.errstate(invalid="ignore"):
+            return self.mask & np.isfinite(self.train) & np.isfinite(self.rollout)
+
+    @cached_property
+    def all_kept(self) -> bool:
+        return self.all_valid if self.validated else bool(self.kept.all())
+
+    @cached_property
+    def terms(self) -> RowTerms:
+        a, b = self.train, self.rollout
+        ell, lh = kernels.clamped_log_ratio(a, b, self.kept, LOG_RATIO_CLAMP)  # placeholders on rows not kept: 0
+        em1 = np.expm1(lh)
+        return RowTerms(a, b, ell, lh, em1, kernels.ratio_rows(lh, em1))
+
+    def table(self, threshold: float = DEFAULT_THRESHOLD, lower: float | None = None) -> np.ndarray:
+        """The per-sequence table, float64 [len(SEQ_COLUMNS), S] (kernels.sequence_table), its token_truncate
+        weight columns at (threshold, lower); computed once per chunk and bounds."""
+        key = ("table", float(threshold), lower)
+        if key not in self.cache:
+            t = self.terms
+            self.cache[key] = kernels.sequence_table(t.a, t.b, self.kept, t.lh, t.em1, t.rho, self.starts,
+                                                     float(threshold), float(lower or 0.0))
+        return self.cache[key]
+
+    def column(self, name: str) -> np.ndarray:
+        """One per-sequence column (float64 [S]) by kernels.SEQ_COLUMNS name, e.g. "sum_l" → S_i = Σ m_t ℓ_t."""
+        return self.table()[kernels.COLUMN[name]]
+
+    @property
     def a(self) -> np.ndarray:
-        """Train log-probs, float64 [n], 0.0 on masked rows."""
-        return np.where(self.mask, self.train, 0.0)
+        """Train log-probs, float64 [n], 0.0 on rows not kept."""
+        return self.memo(("a0",), lambda: np.where(self.kept, self.train.astype(np.float64), 0.0))
 
-    @cached_property
+    @property
     def b(self) -> np.ndarray:
-        """Rollout log-probs, float64 [n], 0.0 on masked rows."""
-        return np.where(self.mask, self.rollout, 0.0)
+        """Rollout log-probs, float64 [n], 0.0 on rows not kept."""
+        return self.memo(("b0",), lambda: np.where(self.kept, self.rollout.astype(np.float64), 0.0))
 
-    @cached_property
+    @property
     def ell(self) -> np.ndarray:
-        """ℓ = a − b per row (0 on masked rows)."""
-        return self.a - self.b
-
-    @cached_property
-    def sums(self) -> tuple[np.ndarray, ...]:
-        """Per-sequence sums in one fused pass: (float64 [9, S] in kernels.SEQ_SUM_COLUMNS order, int64 [S]
-        counts T_i, float64 [S] max |ℓ| over valid rows, rows ℓ̂ and exp(ℓ̂) at the ±20 clamp); see
-        kernels.seq_sums."""
-        return kernels.seq_sums(self.train, self.rollout, self.mask, self.starts, LOG_RATIO_CLAMP)
-
-    def seq_column(self, name: str) -> np.ndarray:
-        """One per-sequence sum (float64 [S]) by kernels.SEQ_SUM_COLUMNS name, e.g. "ell" → S_i = Σ m_t ℓ_t."""
-        return self.sums[0][kernels.SEQ_SUM_COLUMNS.index(name)]
+        """ℓ = a − b per row (0 on rows not kept)."""
+        return self.terms.ell
 
     @property
     def sum_ell(self) -> np.ndarray:
         """S_i = Σ_t m_t ℓ_t per sequence (float64 [S])."""
-        return self.seq_column("ell")
+        return self.column("sum_l")
 
     @property
     def counts(self) -> np.ndarray:
-        """T_i: valid tokens per sequence (int64)."""
-        return self.lengths if self.all_valid else self.sums[1]
+        """T_i: valid (kept) tokens per sequence (int64)."""
+        if self.all_kept:
+            return self.lengths
+        return self.memo(("counts",), lambda: self.column("T").astype(np.int64))
 
     def seq_sum(self, values: np.ndarray) -> np.ndarray:
         """Per-sequence sum of a row array (rows must already be 0 where masked)."""
@@ -106,11 +152,11 @@ class TokenChunk:
         return np.maximum.reduceat(self.valid_or(values, fill), self.starts)
 
     def valid_or(self, values: np.ndarray, fill: float) -> np.ndarray:
-        return values if self.all_valid else np.where(self.mask, values, fill)
+        return values if self.all_kept else np.where(self.kept, values, fill)
 
     def valid_values(self, values: np.ndarray) -> np.ndarray:
         """The values of the valid rows only (the array itself when every row is valid)."""
-        return values if self.all_valid else values[self.mask]
+        return values if self.all_kept else values[self.kept]
 
     def per_row(self, per_sequence: np.ndarray) -> np.ndarray:
         """Broadcast a per-sequence array to rows."""
@@ -124,12 +170,12 @@ class TokenChunk:
         return self.cache[key]
 
     def token_rows(self, clamp: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """(ℓ̂, ρ = exp(ℓ̂)) per row, float64 [n], ℓ̂ = clamp(ℓ, ±clamp) (ℓ when None); one fused pass, cached."""
+        """(ℓ̂, ρ = exp(ℓ̂)) per row, float64 [n], ℓ̂ = clamp(ℓ, ±clamp) (ℓ when None); cached."""
         if clamp == LOG_RATIO_CLAMP:
-            return self.sums[3], self.sums[4]
+            return self.terms.lh, self.terms.rho
         key = ("token_rows", clamp)
         if key not in self.cache:
-            self.cache[key] = kernels.token_rows(self.train, self.rollout, self.mask,
+            self.cache[key] = kernels.token_rows(self.train, self.rollout, self.kept,
                                                  np.inf if clamp is None else float(clamp))
         return self.cache[key]
 
@@ -143,6 +189,8 @@ class TokenChunk:
 
     def ratio_m1(self, clamp: float | None) -> np.ndarray:
         """ρ − 1 = expm1(ℓ̂) per row (0 on masked rows; accurate for tiny ℓ); cached per chunk."""
+        if clamp == LOG_RATIO_CLAMP:
+            return self.terms.em1
         return self.memo(("ratio_m1", clamp), lambda: np.expm1(self.log_ratio(clamp)))
 
 
@@ -240,48 +288,52 @@ class Chunker:
     """Validates raw batches and re-cuts them at sequence boundaries: the last (possibly open) sequence of a batch
     is carried and completed with the head of the next batch. `push` returns the completed chunk — the carried rows
     and the batch up to its last sequence, ONE chunk per batch (each chunk costs every consumer its per-chunk
-    Python work, which two chunks per batch doubled); `flush` returns what is still carried."""
+    Python work, which two chunks per batch doubled); `flush` returns what is still carried. `extra`: further
+    BatchRows columns carried along (`entropy`, `token_id`). `push(..., validate=False)` cuts without checking
+    (a pass that goes on after a refused row for the consumers that report on refused data)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: tuple[str, ...] = ()) -> None:
         self.validate = _Validator()
-        self.carry: list[tuple[np.ndarray, ...]] = []
+        self.extra = extra
+        self.carry: list[tuple[tuple[np.ndarray, ...], bool]] = []
 
-    def push(self, source: str, batch: pa.RecordBatch | pa.Table | BatchRows) -> list[TokenChunk]:
+    def push(self, source: str, batch: pa.RecordBatch | pa.Table | BatchRows, validate: bool = True
+             ) -> list[TokenChunk]:
         if isinstance(batch, pa.Table):
             batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
         rows = batch if isinstance(batch, BatchRows) or batch is None else BatchRows(batch)
         if rows is None or rows.n == 0:
             return []
-        arrays = self.validate(source, rows)
+        if validate:
+            arrays = self.validate(source, rows)
+        else:
+            arrays = (rows.seq.astype(np.int64, copy=False), rows.pos, rows.train, rows.rollout, rows.mask)
+        arrays = (*arrays, *(rows.column(name) for name in self.extra))
         seq = arrays[0]
         last = int(np.searchsorted(seq, seq[-1], side="left"))  # first row of the batch's last sequence
-        if last == 0:  # one sequence throughout: it may go on in the next batch
-            self.carry.append(arrays)
+        if last <= 0:  # one sequence throughout: it may go on in the next batch
+            self.carry.append((arrays, validate))
             return []
-        pieces, self.carry = [*self.carry, tuple(x[:last] for x in arrays)], [tuple(x[last:] for x in arrays)]
-        return [_joined(pieces)]
+        pieces = [*self.carry, (tuple(x[:last] for x in arrays), validate)]
+        self.carry = [(tuple(x[last:] for x in arrays), validate)]
+        return [self._joined(pieces)]
 
     def flush(self) -> TokenChunk | None:
         if not self.carry:
             return None
         pieces, self.carry = self.carry, []
-        return _joined(pieces)
+        return self._joined(pieces)
 
-
-def _joined(pieces: list[tuple[np.ndarray, ...]]) -> TokenChunk:
-    """One chunk of the pieces' rows in order (the arrays themselves, without a copy, for a single piece)."""
-    if len(pieces) == 1:
-        return _make_chunk(*pieces[0])
-    return _make_chunk(*(np.concatenate([p[k] for p in pieces]) for k in range(5)))
-
-
-def _make_chunk(seq: np.ndarray, pos: np.ndarray, train: np.ndarray, rollout: np.ndarray,
-                mask: np.ndarray) -> TokenChunk:
-    """A TokenChunk of whole sequences (validated rows)."""
-    starts = kernels.segment_starts(seq)
-    lengths = np.diff(np.append(starts, seq.size))
-    return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, train=train, rollout=rollout,
-                      mask=mask, all_valid=bool(mask.all()))
+    def _joined(self, pieces: list[tuple[tuple[np.ndarray, ...], bool]]) -> TokenChunk:
+        """One chunk of the pieces' rows in order (the arrays themselves, without a copy, for a single piece)."""
+        arrays = pieces[0][0] if len(pieces) == 1 else tuple(
+            np.concatenate([p[k] for p, _ in pieces]) for k in range(len(pieces[0][0])))
+        seq, pos, train, rollout, mask = arrays[:5]
+        starts = kernels.segment_starts(seq)
+        lengths = np.diff(np.append(starts, seq.size))
+        return TokenChunk(seq_ids=seq[starts], starts=starts, lengths=lengths, pos=pos, train=train,
+                          rollout=rollout, mask=mask, all_valid=bool(mask.all()),
+                          validated=all(ok for _, ok in pieces), extra=dict(zip(self.extra, arrays[5:], strict=True)))
 
 
 # --------------------------------------------------------------------------------------------------- universe

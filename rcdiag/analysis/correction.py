@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis import kernels
+from rcdiag.analysis import defaults, kernels
 from rcdiag.analysis.accum import ChunkConsumer, Totals
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
@@ -42,12 +42,18 @@ class CorrectionMode:
     action: str
     upper: float = DEFAULT_THRESHOLD
     lower: float | None = None
+    lower_rule: str | None = None
+    """A preset's default lower bound when none is given: "reciprocal" = 1/C (defaults.IS_MODE_TABLE)."""
+    preset: str | None = None
+    """A preset's own name when it is not `level_action` (defaults.IS_MODE_TABLE)."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS or self.action not in ACTIONS:
             raise ConfigError(f"unknown correction mode {self.level}_{self.action}; choose one of {', '.join(MODES)}")
         object.__setattr__(self, "upper", as_number(self.upper, "threshold C"))
         object.__setattr__(self, "lower", optional_number(self.lower, "lower bound L"))
+        if self.lower is None and self.lower_rule == "reciprocal" and math.isfinite(self.upper):
+            object.__setattr__(self, "lower", 1.0 / self.upper)
         if not (isinstance(self.upper, (int, float)) and not math.isnan(self.upper) and self.upper >= 1.0):
             raise ConfigError(f"threshold C must be a number ≥ 1 (or None for no upper bound), got {self.upper!r}")
         if self.lower is not None and not (math.isfinite(self.lower) and 0.0 < self.lower <= 1.0):
@@ -55,31 +61,36 @@ class CorrectionMode:
 
     @property
     def name(self) -> str:
-        return f"{self.level}_{self.action}"
+        return self.preset or f"{self.level}_{self.action}"
 
     def with_bounds(self, upper: float | None = None, lower: float | None = None) -> CorrectionMode:
-        """A copy with threshold C = `upper` and L = `lower` (None keeps the current value)."""
+        """A copy with threshold C = `upper` and L = `lower` (None keeps the current value, or follows the new C
+        under a preset's lower_rule)."""
+        kept = None if self.lower_rule and upper is not None else self.lower
         return replace(self, upper=self.upper if upper is None else as_number(upper, "threshold C"),
-                       lower=self.lower if lower is None else as_number(lower, "lower bound L"))
+                       lower=kept if lower is None else as_number(lower, "lower bound L"))
 
 
-token_truncate = CorrectionMode("token", "truncate")
-token_mask = CorrectionMode("token", "mask")
-sequence_truncate = CorrectionMode("sequence", "truncate")
-sequence_mask = CorrectionMode("sequence", "mask")
-MODES: dict[str, CorrectionMode] = {m.name: m for m in (token_truncate, token_mask, sequence_truncate, sequence_mask)}
-"""The four presets by name (METRICS.md IS modes)."""
-if tuple(MODES) != IS_MODES:  # the light name list the CLI and the report read must follow the presets
-    raise ImportError(f"analysis.defaults.IS_MODES {IS_MODES} differ from the presets {tuple(MODES)}")
+def presets() -> dict[str, CorrectionMode]:
+    """The IS mode presets by name, built from THE table (analysis.defaults.IS_MODE_TABLE, as it is now)."""
+    return {name: CorrectionMode(level, action, lower_rule=rule,
+                                 preset=None if name == f"{level}_{action}" else name)
+            for name, (level, action, rule) in defaults.IS_MODE_TABLE.items()}
+
+
+MODES: dict[str, CorrectionMode] = presets()
+"""The presets by name at import (METRICS.md IS modes; get_mode reads the table itself)."""
+token_truncate, token_mask, sequence_truncate, sequence_mask = (MODES[n] for n in IS_MODES[:4])
 
 
 def get_mode(mode: str | CorrectionMode) -> CorrectionMode:
     if isinstance(mode, CorrectionMode):
         return mode
+    known = presets()
     try:
-        return MODES[str(mode)]
+        return known[str(mode)]
     except KeyError:
-        raise ConfigError(f"unknown correction mode {mode!r}; choose one of {', '.join(MODES)}") from None
+        raise ConfigError(f"unknown correction mode {mode!r}; choose one of {', '.join(known)}") from None
 
 
 def lower_for(mode: str | CorrectionMode, convention: str, lower: float | None) -> float | None:
@@ -237,6 +248,7 @@ class ISGroup(ChunkConsumer):
             and a.stats[0].kernel_params() == first.kernel_params() for a in self.accumulators)
         if self.fused:
             rows = [(r.kernel_row(), j) for j, a in enumerate(self.accumulators) for r in a.rejection]
+            self._rejections = [r for a in self.accumulators for r in a.rejection]
             self._options = np.array([row for row, _ in rows], dtype=np.float64).reshape(-1, 4)
             self._option_view = np.array([j for _, j in rows], dtype=np.int64)
             self._uses_rm1 = any(r.statistic_name == "k3" for a in self.accumulators for r in a.rejection)
@@ -255,8 +267,12 @@ class ISGroup(ChunkConsumer):
         lh = chunk.log_ratio(LOG_RATIO_CLAMP)  # the rejection statistics' ℓ̂ and ρ − 1 (rejection.Rejection)
         rm1 = chunk.ratio_m1(LOG_RATIO_CLAMP) if self._uses_rm1 else lh
         views = len(self.accumulators)
+        seq_stat = np.zeros((len(self._rejections), chunk.seq_ids.size))
+        for r, rejection in enumerate(self._rejections):
+            if rejection.scope != "token":
+                seq_stat[r] = rejection.sequence_statistic(chunk)
         per_w, per_e, out = kernels.rejection_views(
-            view.lr_rows, view.rho_rows, lh, rm1, chunk.mask, chunk.starts, chunk.counts, self._options,
+            view.lr_rows, view.rho_rows, lh, rm1, chunk.mask, chunk.starts, seq_stat, self._options,
             self._option_view, views, np.zeros(chunk.n, np.uint8 if views <= 8 else np.int64), self._params,
             self._swift_ess)
         no_rows = np.zeros(0)

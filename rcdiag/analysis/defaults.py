@@ -13,9 +13,17 @@ is always in the sweep (DEFAULT_THRESHOLDS) and `simulate(run, "sequence_mask", 
 default setting."""
 DEFAULT_THRESHOLDS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 """The thresholds of the report's sweep."""
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-"""The four preset IS modes by name, in the order rcdiag.analysis.correction defines them (checked there at
-import): what the report and its CLI name before the kernels are loaded."""
+IS_MODE_TABLE: dict[str, tuple[str, str, str | None]] = {
+    "token_truncate": ("token", "truncate", None),
+    "token_mask": ("token", "mask", None),
+    "sequence_truncate": ("sequence", "truncate", None),
+    "sequence_mask": ("sequence", "mask", None),
+}
+"""THE IS mode presets: name → (level, action, default lower bound: None, or "reciprocal" for L = 1/C).
+rcdiag.analysis.correction builds its presets from this table (get_mode, MODES), and the report, its CLI and the
+dashboard name them from here before the kernels are loaded: adding a mode is one row (docs/recipes.md)."""
+IS_MODES = tuple(IS_MODE_TABLE)
+"""The preset names, in table order (the report's sweep)."""
 DEFAULT_REPLICATES = 1000
 """Bootstrap replicates of the report's intervals."""
 DEFAULT_LEVEL = 0.95

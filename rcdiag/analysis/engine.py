@@ -53,6 +53,8 @@ MapFiles = Callable[[Callable[[int], "FilePart"], Iterable[int]], Iterable["File
 """Like the builtin `map`: applies the per-file task to file indices, yielding results in index order (default:
 threads.ordered_map, a thread per core; rcdiag.distributed.report.ray_map runs them as Ray tasks)."""
 Key = tuple[int, int]
+_COLUMN_OF = {"entropy": "train_entropy"}
+"""The token column behind each carried chunk column (chunks.TokenChunk.extra)."""
 
 
 @dataclass(frozen=True)
@@ -117,14 +119,16 @@ class Merged:
 # --------------------------------------------------------------------------------------------------- one stream
 class Feed:
     """Feeds one stream of record batches to consumers: each batch to the batch consumers, decoded once
-    (rows.BatchRows); validated whole-sequence chunks to the chunk consumers until the first InputError."""
+    (rows.BatchRows); validated whole-sequence chunks to the chunk consumers until the first InputError — after it
+    only to the consumers that report on refused data (`strict = False`), the rows cut but not validated."""
 
     def __init__(self, consumers: Sequence[Consumer], universe: np.ndarray | None) -> None:
         check_consumers(consumers)
         self.batch = [c for c in consumers if isinstance(c, BatchConsumer)]
         self.chunk = [c for c in consumers if isinstance(c, ChunkConsumer)]
+        self.lenient = [c for c in self.chunk if not c.strict]
         self.universe = universe
-        self.chunker = Chunker()
+        self.chunker = Chunker(tuple(dict.fromkeys(n for c in self.chunk for n in c.chunk_columns)))
         self.error: InputError | None = None
         self.seen = 0
         self._checked: set[str] = set()
@@ -136,33 +140,43 @@ class Feed:
         rows = BatchRows(batch)
         for consumer in self.batch:
             consumer.update_batch(rows, source, row0)
-        if not self.chunk or self.error is not None:
-            return
-        try:
-            if source not in self._checked:
-                check_columns(batch.schema, source)
-                self._checked.add(source)
-            for chunk in self.chunker.push(source, rows):
+        if self.error is None and self.chunk:
+            try:
+                if source not in self._checked:
+                    check_columns(batch.schema, source)
+                    self._checked.add(source)
+                chunks = self.chunker.push(source, rows)
+            except InputError as exc:
+                self.error = exc
+            else:
+                for chunk in chunks:
+                    self._feed(chunk)
+                return
+        if self.lenient:
+            for chunk in self.chunker.push(source, rows, validate=False):
                 self._feed(chunk)
-        except InputError as exc:
-            self.error = exc
 
     def _feed(self, chunk: TokenChunk) -> None:
-        check_in_universe(chunk, self.universe)
-        self.seen += chunk.seq_ids.size
-        for consumer in self.chunk:
-            consumer.update_chunk(chunk)
+        if self.error is None and chunk.validated:
+            try:
+                check_in_universe(chunk, self.universe)
+            except InputError as exc:
+                self.error = exc
+        if self.error is None and chunk.validated:
+            self.seen += chunk.seq_ids.size
+            for consumer in self.chunk:
+                consumer.update_chunk(chunk)
+        else:
+            for consumer in self.lenient:
+                consumer.update_chunk(chunk)
 
     def finish(self) -> None:
         """Feed the rows still carried (the stream's last sequence)."""
-        if not self.chunk or self.error is not None:
+        if not self.chunk or (self.error is not None and not self.lenient):
             return
-        try:
-            tail = self.chunker.flush()
-            if tail is not None:
-                self._feed(tail)
-        except InputError as exc:
-            self.error = exc
+        tail = self.chunker.flush()
+        if tail is not None:
+            self._feed(tail)
 
 
 def feed_stream(part: FilePart, universe: np.ndarray | None, batches: Iterator[tuple[str, pa.RecordBatch]],
@@ -207,6 +221,7 @@ def file_batches(shard: Run, consumers: Sequence[Consumer], batch_rows: int
             if missing:
                 raise RunDirError(f"{file}: missing column(s) {missing}")
         wanted.update(dict.fromkeys(getattr(consumer, "columns", REQUIRED_COLUMNS)))
+        wanted.update(dict.fromkeys(_COLUMN_OF.get(c, c) for c in getattr(consumer, "chunk_columns", ())))
     wanted.update(dict.fromkeys(c for c in ("seq_id", "pos", "mask") if c in names))
     columns = [c for c in wanted if c in names]
     for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
@@ -274,7 +289,7 @@ class Merger:
             self.target = part.consumers
         else:
             for mine, theirs in zip(self.target, part.consumers, strict=True):
-                if isinstance(mine, BatchConsumer) or self.error is None:
+                if self.error is None or isinstance(mine, BatchConsumer) or not mine.strict:
                     mine.merge(theirs)
         self.previous = part.last if part.last is not None else self.previous
 

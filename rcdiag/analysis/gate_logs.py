@@ -36,6 +36,12 @@ VERL_CLIP_RATIO_C = 3.0
 """verl ActorConfig.clip_ratio_c default (verl/workers/config/actor.py @ 1dda039): DPPO's TIS cap on ρ."""
 
 
+def _per_sequence(chunk: TokenChunk, values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per-sequence sums of `values` over the rows `where` holds: what an ExactSum takes (a sum of per-row values
+    added row by row cost the report's gate sweep most of its time, issue #32)."""
+    return np.add.reduceat(np.where(where, values, 0.0), chunk.starts)
+
+
 @dataclass
 class Decision:
     """A gate's decision on one chunk: rows kept / masked from above / from below (valid rows only), for
@@ -54,7 +60,7 @@ class VerlDppo:
         self.ppo_kl, self.lower, self.masked = ExactSum(), 0, 0
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.ppo_kl.add(-chunk.log_ratio(LOG_RATIO_CLAMP)[chunk.mask])
+        self.ppo_kl.add(_per_sequence(chunk, -chunk.log_ratio(LOG_RATIO_CLAMP), chunk.mask))
         self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
         self.lower += int(np.count_nonzero(d.keep & (chunk.log_ratio(LOG_RATIO_CLAMP) > math.log(VERL_CLIP_RATIO_C))))
 
@@ -84,7 +90,7 @@ class PrimeMasks:
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         mask, starts = chunk.mask, chunk.starts
         drop = mask & ~d.keep
-        mismatch = k3(ell64(chunk))
+        mismatch = chunk.memo(("prime", "mismatch"), lambda: k3(ell64(chunk)))  # once per chunk for the grid
 
         def per_seq(values: np.ndarray, where: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
             total = np.add.reduceat(np.where(where, values, 0.0), starts)
@@ -122,7 +128,7 @@ class OpenRlhf:
         self.kl, self.masked, self.seq_filtered, self.seen = ExactSum(), 0, 0, 0
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.kl.add(-ell64(chunk)[chunk.mask])
+        self.kl.add(_per_sequence(chunk, -ell64(chunk), chunk.mask))
         self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
         kept = np.add.reduceat(d.keep.view(np.int8), chunk.starts, dtype=np.int64)
         self.seq_filtered += int(np.count_nonzero(kept == 0))  # a row without a valid token: NaN mean, filtered
@@ -152,8 +158,9 @@ class SkyRl:
         self.counts = dict.fromkeys(("masked", "over", "under"), 0)
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        rho = chunk.ratio(LOG_RATIO_CLAMP)[chunk.mask]
-        self.rho_sum.add(rho)
+        rows = chunk.ratio(LOG_RATIO_CLAMP)
+        rho = rows[chunk.mask]
+        self.rho_sum.add(_per_sequence(chunk, rows, chunk.mask))
         self.moments.add(rho)
         self.ext.add(rho)
         self.valid += rho.size
@@ -216,7 +223,13 @@ class NemoSeqError:
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid = chunk.counts > 0
-        error = sequence_mean(chunk, np.exp(np.abs(ell64(chunk))))[valid]
+        lr = ell64(chunk)
+        with np.errstate(over="ignore", invalid="ignore"):  # δ-independent rows: once per chunk for the grid
+            mult = chunk.memo(("nemo", "mult"), lambda: np.exp(np.abs(lr)))
+            gen_kl = chunk.memo(("nemo", "gen_kl"), lambda: k3(lr))
+            policy_kl = chunk.memo(("nemo", "policy_kl"), lambda: k3(-lr))
+            js = chunk.memo(("nemo", "js"), lambda: js_divergence(chunk))
+        error = chunk.memo(("nemo", "error"), lambda: sequence_mean(chunk, mult))[valid]
         masked = error > self.threshold
         for (ext, total, n), values in ((self.all, error), (self.kept, error[~masked])):
             ext.add(values)
@@ -226,11 +239,11 @@ class NemoSeqError:
         self.correct += int(np.count_nonzero(rewards[chunk.starts][valid][masked] == 1))
         keep = d.keep
         self.tokens += int(np.count_nonzero(keep))
-        lr = ell64(chunk)[keep]
-        self.sums["mult"].add(np.exp(np.abs(lr)))
-        self.sums["gen_kl"].add(k3(lr))
-        self.sums["policy_kl"].add(k3(-lr))
-        self.sums["js"].add(js_divergence(chunk)[keep])
+        with np.errstate(over="ignore", invalid="ignore"):  # rows not kept are left out below
+            self.sums["mult"].add(_per_sequence(chunk, mult, keep))
+            self.sums["gen_kl"].add(_per_sequence(chunk, gen_kl, keep))
+            self.sums["policy_kl"].add(_per_sequence(chunk, policy_kl, keep))
+            self.sums["js"].add(_per_sequence(chunk, js, keep))
 
     def merge(self, other: NemoSeqError) -> None:
         for mine, theirs in ((self.all, other.all), (self.kept, other.kept)):

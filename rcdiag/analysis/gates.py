@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.analysis import kernels
 from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Moments, Totals, ratio
 from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
@@ -89,7 +90,8 @@ def decide(setting: GateSetting, chunk: TokenChunk, adv: np.ndarray) -> Decision
         seq_under = np.logical_or.reduceat(under, chunk.starts)
         high, low = chunk.per_row(seq_over) & mask, chunk.per_row(seq_under) & mask
         return Decision(mask & ~(high | low), high, low, seq_over, seq_under)
-    value = aggregate(chunk, stat, g.level, g.reduce)
+    value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce),  # the same for every δ of the grid
+                       lambda: aggregate(chunk, stat, g.level, g.reduce))
     hi, lo = setting.hi, setting.lo
     if ratio_space:  # ratios compared in log space, exactly (ρ ≤ C ⇔ ℓ ≤ log C)
         value = np.clip(value, -g.clamp, g.clamp) if g.clamp else value
@@ -121,30 +123,21 @@ class GateState:
         self.rho_sum, self.rho2_sum = ExactSum(), ExactSum()
         self.extras = extras_for(setting)
 
-    def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool = True) -> None:
+        """`signed`: some advantage may be known (else every sign count stays 0 without a look at the rows)."""
         d = decide(self.setting, chunk, adv)
-        mask, keep, c = chunk.mask, d.keep, self.counts
-        c["valid"] += int(np.count_nonzero(mask))
-        c["kept"] += int(np.count_nonzero(keep))
-        c["high"] += int(np.count_nonzero(d.high))
-        c["low"] += int(np.count_nonzero(d.low & ~d.high))
-        kept_per_seq = np.add.reduceat(keep.view(np.int8), chunk.starts, dtype=np.int64)
-        valid = chunk.counts > 0
-        c["seqs"] += int(np.count_nonzero(valid))
-        c["seqs_kept"] += int(np.count_nonzero(kept_per_seq > 0))
-        c["seqs_masked"] += int(np.count_nonzero(valid & (kept_per_seq < chunk.counts)))
-        for name, sign in (("pos", adv > 0), ("neg", adv < 0), ("zero", adv == 0)):
-            c[name] += int(np.count_nonzero(mask & sign))
-            c["kept_" + name] += int(np.count_nonzero(keep & sign))
-        rho = chunk.ratio(LOG_RATIO_CLAMP)
-        w = np.where(keep, rho if self.setting.gate.weight == "ratio" else 1.0, 0.0)[mask]
-        if w.size:
-            self.w_sum.add(w)
-            self.moments.add(w)
-            self.w_ext.add(w)
-        survivors = rho[keep]
-        self.rho_sum.add(survivors)
-        self.rho2_sum.add(survivors * survivors)
+        counts, per_w, per_rho, per_rho2, mean, m2, lo, hi = kernels.gate_reduce(
+            d.keep, d.high, d.low, chunk.mask, adv, signed, chunk.ratio(LOG_RATIO_CLAMP),
+            self.setting.gate.weight == "ratio", chunk.starts)
+        for name, count in zip(kernels.GATE_COUNTS, counts.tolist(), strict=True):
+            self.counts[name] += count
+        if counts[0]:  # exact sums of per-sequence sums, as every other rcdiag sum (one compiled reduction)
+            self.w_sum.add(per_w)
+            self.moments.merge(Moments(int(counts[0]), mean, m2))
+            self.w_ext.add_scalar(lo)
+            self.w_ext.add_scalar(hi)
+        self.rho_sum.add(per_rho)
+        self.rho2_sum.add(per_rho2)
         for extra in self.extras:
             extra.update(chunk, d, adv, rewards)
 
@@ -212,7 +205,7 @@ class GateAccumulator(ChunkConsumer):
                                  file=self.advantages.source, field="advantage")
         rewards = self.rewards.rows(chunk)
         for state in self.states:
-            state.update(chunk, adv, rewards)
+            state.update(chunk, adv, rewards, self.advantages.known)
 
     def merge(self, other: GateAccumulator) -> GateAccumulator:
         for mine, theirs in zip(self.states, other.states, strict=True):

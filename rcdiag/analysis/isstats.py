@@ -124,7 +124,7 @@ class ChunkView:
     @cached_property
     def seq_lr(self) -> np.ndarray:
         conv, chunk = self.conv, self.chunk
-        sh = chunk.seq_column("ell_hat") if conv.is_seq_ratio == "swift" else chunk.sum_ell
+        sh = chunk.column("sum_lhat") if conv.is_seq_ratio == "swift" else chunk.sum_ell
         return SEQ_LOG_RATIO[conv.is_seq_ratio](chunk.sum_ell, sh, chunk.counts)
 
     @property

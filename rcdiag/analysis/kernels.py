@@ -17,9 +17,19 @@ _JIT = {"cache": True, "nogil": True}
 # check_rows error codes (the caller re-runs the numpy checks to raise the exact InputError)
 OK, BAD_KEY, BAD_VALUE = 0, 1, 2
 
-# columns of seq_sums' per-sequence output
-SEQ_SUM_COLUMNS = ("a", "b", "ell", "k3", "k3_10", "k3_raw", "chi2", "ell_hat", "abs_ell")
-S_A, S_B, S_ELL, S_K3, S_K3_10, S_K3_RAW, S_CHI2, S_ELL_HAT, S_ABS = range(len(SEQ_SUM_COLUMNS))
+SEQ_COLUMNS = ("T", "sum_a", "sum_b", "sum_l", "sum_abs", "max_abs", "sum_k3", "sum_k3_swift", "sum_k3_raw",
+               "sum_chi2", "sum_lhat", "sum_sq", "max_k3", "w_sum", "w_sq", "ws_sum", "ws_sq")
+"""THE per-sequence column table (sequence_table): sums over a sequence's kept rows (valid, finite log-probs) of
+a = train, b = rollout, ℓ = a − b, |ℓ| (and its max), k3(ℓ̂) = expm1(ℓ̂) − ℓ̂ with ℓ̂ = clamp(ℓ, ±20) (also clamped
+at 10, swift's, and of ℓ unclamped), ρ̂² − 1 = expm1(ℓ̂)(expm1(ℓ̂) + 2), ℓ̂, ℓ², the max of k3(ℓ̂), and the
+token_truncate weights at the table's (C, L): w = clamp(ρ̂, L or 0, C), w², swift's ESS weight ws = clamp(ρ̂, 1/C, C)
+and ws². T is the kept rows. Every metric, the bootstrap, the strata, verl's seq_* rejection statistics, the
+sequence-level IS modes and the dashboard's sequence index read their per-sequence numbers from it."""
+COLUMN = {name: j for j, name in enumerate(SEQ_COLUMNS)}
+(C_T, C_A, C_B, C_L, C_ABS, C_MAX_ABS, C_K3, C_K3_SWIFT, C_K3_RAW, C_CHI2, C_LHAT, C_SQ, C_MAX_K3, C_W, C_W2, C_WS,
+ C_WS2) = range(len(SEQ_COLUMNS))
+SWIFT_K3_CLAMP = 10.0
+"""ms-swift clamps each token's k3 at 10 (sum_k3_swift)."""
 
 # token_mode's scalar output
 TOKEN_MODE_FIELDS = ("n", "mean", "m2", "lo", "hi", "ess_mean", "ess_m2", "ess_lo", "ess_hi", "high", "low",
@@ -66,6 +76,104 @@ def _row(a, b, mask, i):
 
 
 @numba.njit(**_JIT)
+def grow_partials(partials, count, values, plain, special, flags):
+    """Add `values` (float64 [m]) to an exact sum held as Shewchuk's non-overlapping partials (math.fsum's own
+    algorithm, msum): `partials[:count]`, increasing magnitude, whose exact sum is the exact sum of every finite
+    value added. Non-finite values go to `special` (IEEE sum: inf, or NaN for inf − inf), every finite value to
+    `plain` as well (the IEEE fallback when an intermediate sum overflows). `flags`: bit 0 a non-finite value,
+    bit 1 an overflow. Returns (count, plain, special, flags). ~3 ns a value where tolist + math.fsum took ~25."""
+    for v in values:
+        x = np.float64(v)
+        if not math.isfinite(x):
+            special += x
+            flags |= 1
+            continue
+        plain += x
+        i = 0
+        for j in range(count):
+            y = partials[j]
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo != 0.0:
+                partials[i] = lo
+                i += 1
+            x = hi
+        if not math.isfinite(x):
+            flags |= 2
+            x = 0.0
+        partials[i] = x
+        count = i + 1
+    return count, plain, special, flags
+
+
+GATE_COUNTS = ("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos", "neg", "zero",
+               "kept_pos", "kept_neg", "kept_zero")
+"""gate_reduce's counts, in order (analysis.gates.GateState.counts)."""
+
+
+@numba.njit(**_JIT)
+def gate_reduce(keep, high, low, mask, adv, signed, rho, ratio_weight, starts):
+    """One gate setting's decision on a chunk reduced in two visits of the rows (it was ~25 numpy passes per
+    setting, ×130 settings in the report's gate sweep): counts [13] (GATE_COUNTS: rows valid / kept / masked from
+    above / from below only, sequences with a valid row / a kept row / a masked valid row, valid and kept rows by
+    the advantage's sign — left 0 unless `signed`: the advantages are known), per-sequence sums [S] of the weight w
+    (ρ on kept rows, or 1 when not `ratio_weight`; 0 elsewhere) and of ρ and ρ² on kept rows (terms of one sign:
+    plain sums, as the per-sequence table's), and over the valid rows the moments of w (mean, M2 about it:
+    two-pass) and its min and max."""
+    n_seq, n = starts.size, keep.size
+    counts = np.zeros(len(GATE_COUNTS), np.int64)
+    per_w = np.zeros(n_seq)
+    per_rho = np.zeros(n_seq)
+    per_rho2 = np.zeros(n_seq)
+    lo_w, hi_w = np.inf, -np.inf
+    n_high = n_low = 0
+    for k in range(n_seq):
+        s_w = s_r = s_q = 0.0
+        valid = kept = 0
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            if not mask[i]:
+                continue
+            valid += 1
+            n_high += high[i]
+            n_low += low[i] and not high[i]
+            w = 0.0
+            if keep[i]:
+                kept += 1
+                r = rho[i]
+                w = r if ratio_weight else 1.0
+                s_r += r
+                s_q += r * r
+            s_w += w
+            lo_w, hi_w = min(lo_w, w), max(hi_w, w)
+        per_w[k], per_rho[k], per_rho2[k] = s_w, s_r, s_q
+        counts[0] += valid
+        counts[1] += kept
+        counts[4] += valid > 0
+        counts[5] += kept > 0
+        counts[6] += valid > 0 and kept < valid
+    counts[2], counts[3] = n_high, n_low
+    m = counts[0]
+    mean = per_w.sum() / m if m else 0.0
+    m2 = 0.0
+    for i in range(n):
+        if mask[i]:
+            w = (rho[i] if ratio_weight else 1.0) if keep[i] else 0.0
+            m2 += (w - mean) * (w - mean)
+            if signed:
+                a = adv[i]
+                counts[7] += a > 0
+                counts[8] += a < 0
+                counts[9] += a == 0
+                if keep[i]:
+                    counts[10] += a > 0
+                    counts[11] += a < 0
+                    counts[12] += a == 0
+    return counts, per_w, per_rho, per_rho2, mean, m2, lo_w, hi_w
+
+
+@numba.njit(**_JIT)
 def segment_starts(seq):
     """First row of each run of equal seq_id (int64 [S]); empty input → empty."""
     n = seq.size
@@ -93,52 +201,82 @@ def _total(s, c):
 
 
 @numba.njit(**_JIT)
-def seq_sums(a, b, mask, starts, clamp):
-    """Per-sequence sums over the rows of a chunk (a, b float32/64 read as 0 on masked rows), one pass.
+def sequence_table(a, b, kept, lh, em1, rho, starts, threshold, lower):
+    """SEQ_COLUMNS per sequence of a chunk, one pass over its rows: float64 [len(SEQ_COLUMNS), S].
 
-    Returns float64 [9, S] in SEQ_SUM_COLUMNS order (Σa, Σb, Σℓ, Σk3(ℓ̂), Σclamp(k3(ℓ̂), ±10), Σk3(ℓ), Σ(ρ̂²−1),
-    Σℓ̂, Σ|ℓ|), int64 [S] counts T_i, float64 [S] max |ℓ| over valid rows (−inf without one), and the rows ℓ̂ and
-    ρ̂ = exp(ℓ̂) (float64 [n]), where ℓ̂ = clamp(ℓ, ±clamp). The sums that cancel (Σℓ, Σ(ρ̂²−1), Σℓ̂) are
-    compensated; the others add terms of one sign.
-    """
-    n_seq = starts.size
-    n = a.size
-    out = np.empty((len(SEQ_SUM_COLUMNS), n_seq), np.float64)
-    counts = np.empty(n_seq, np.int64)
-    max_abs = np.empty(n_seq)
-    lr = np.empty(n, np.float64)
-    rho = np.empty(n, np.float64)
+    a, b: log-probs [n] as stored, float32 or float64, widened per row (any value on rows not `kept`); lh = ℓ̂, em1 = expm1(ℓ̂), rho = exp(ℓ̂) per row,
+    computed for the whole chunk by numpy's SIMD loops (chunks.TokenChunk.terms). The sums that cancel (Σℓ,
+    Σ(ρ̂² − 1), Σℓ̂) are compensated (TwoSum), so a sequence's sum is nearly correctly rounded and depends only
+    on its own rows; the others add terms of one sign (or Σa, Σb, whose terms share a sign). A sequence without
+    kept rows has T = 0 and every column 0."""
+    n_seq, n = starts.size, a.size
+    out = np.zeros((len(SEQ_COLUMNS), n_seq), np.float64)
+    inv = 1.0 / threshold
     for k in range(n_seq):
-        sa = sb = k3 = k3_10 = k3_raw = s_abs = 0.0
+        sa = sb = s_abs = top = k3 = k3s = k3r = sq = top_k3 = w1 = w2 = e1 = e2 = 0.0
         s_ell = c_ell = s_chi = c_chi = s_hat = c_hat = 0.0
         t = 0
-        top = -np.inf
         for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
-            x, y = _row(a, b, mask, i)
+            if not kept[i]:
+                continue
+            x, y = np.float64(a[i]), np.float64(b[i])
             ell = x - y
-            lh = min(max(ell, -clamp), clamp)
-            rm1 = math.expm1(lh)
-            lr[i] = lh
-            rho[i] = rm1 + 1.0 if lh > -0.6931471805599453 else math.exp(lh)
-            term = rm1 - lh
+            h = lh[i]
+            rm1 = em1[i]
+            r = rho[i]
+            term = rm1 - h
+            t += 1
             sa += x
             sb += y
+            mag = abs(ell)
+            s_abs += mag
+            top = max(top, mag)
             k3 += term
-            k3_10 += min(term, 10.0)
-            k3_raw += term if lh == ell else math.expm1(ell) - ell
-            s_abs += abs(ell)
+            k3s += min(term, SWIFT_K3_CLAMP)
+            k3r += term if h == ell else math.expm1(ell) - ell
+            sq += ell * ell
+            top_k3 = max(top_k3, term)
+            w = min(max(r, lower), threshold)
+            ws = min(max(r, inv), threshold)
+            w1 += w
+            w2 += w * w
+            e1 += ws
+            e2 += ws * ws
             s_ell, c_ell = _two_sum(s_ell, c_ell, ell)
             s_chi, c_chi = _two_sum(s_chi, c_chi, rm1 * (rm1 + 2.0))
-            s_hat, c_hat = _two_sum(s_hat, c_hat, lh)
-            if mask[i]:
-                t += 1
-                top = max(top, abs(ell))
-        out[S_A, k], out[S_B, k], out[S_ELL, k] = sa, sb, _total(s_ell, c_ell)
-        out[S_K3, k], out[S_K3_10, k], out[S_K3_RAW, k] = k3, k3_10, k3_raw
-        out[S_CHI2, k], out[S_ELL_HAT, k], out[S_ABS, k] = _total(s_chi, c_chi), _total(s_hat, c_hat), s_abs
-        counts[k] = t
-        max_abs[k] = top
-    return out, counts, max_abs, lr, rho
+            s_hat, c_hat = _two_sum(s_hat, c_hat, h)
+        out[C_T, k], out[C_A, k], out[C_B, k], out[C_L, k] = t, sa, sb, _total(s_ell, c_ell)
+        out[C_ABS, k], out[C_MAX_ABS, k], out[C_K3, k], out[C_K3_SWIFT, k] = s_abs, top, k3, k3s
+        out[C_K3_RAW, k], out[C_CHI2, k], out[C_LHAT, k], out[C_SQ, k] = k3r, _total(s_chi, c_chi), _total(
+            s_hat, c_hat), sq
+        out[C_MAX_K3, k], out[C_W, k], out[C_W2, k], out[C_WS, k], out[C_WS2, k] = top_k3, w1, w2, e1, e2
+    return out
+
+
+@numba.njit(**_JIT)
+def clamped_log_ratio(a, b, kept, clamp):
+    """(ℓ, ℓ̂) per row, float64 [n]: ℓ = a − b on kept rows and 0 elsewhere, ℓ̂ = clamp(ℓ, ±clamp); one pass (the
+    numpy form took four: subtract, where, clip and their temporaries)."""
+    n = a.size
+    ell = np.empty(n)
+    lh = np.empty(n)
+    for i in range(n):
+        x = np.float64(a[i]) - np.float64(b[i]) if kept[i] else 0.0
+        ell[i] = x
+        lh[i] = min(max(x, -clamp), clamp)
+    return ell, lh
+
+
+@numba.njit(**_JIT)
+def ratio_rows(lh, em1):
+    """ρ̂ = exp(ℓ̂) per row from em1 = expm1(ℓ̂) (numpy's SIMD loop): em1 + 1, exact to an ulp, where ℓ̂ > −log 2;
+    exp(ℓ̂) below, where em1 + 1 would lose the relative precision of a small ρ̂ (few rows: one libm call each)."""
+    n = lh.size
+    rho = np.empty(n)
+    for i in range(n):
+        x = lh[i]
+        rho[i] = em1[i] + 1.0 if x > -0.6931471805599453 else math.exp(x)
+    return rho
 
 
 @numba.njit(**_JIT)
@@ -213,11 +351,14 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     quiet = (max(params[:, 3].max(), params[:, 4].max()), params[:, 2].min(),
              max(params[:, 1].max(), (1.0 / upper).max()) if swift_ess else params[:, 1].max(), upper.min())
     count = loud = 0
-    for i in range(n):
-        count += stat[i]
-    if n_modes > 1:
+    if n_modes > 1:  # one visit counts the scored rows and those outside some mode's bounds
         for i in range(n):
-            loud += stat[i] and not _is_quiet(lr[i], rho[i], quiet)
+            if stat[i]:
+                count += 1
+                loud += not _is_quiet(lr[i], rho[i], quiet)
+    else:
+        for i in range(n):
+            count += stat[i]
     if n_modes > 1 and loud * 2 < count:  # measured break-even: ~60 % of the rows outside some mode's bounds
         _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows)
     else:
@@ -243,70 +384,6 @@ def _statistic(code, lh, rm1):
 
 
 @numba.njit(inline="always")
-def _valid_statistic(code, lr, rm1, mask, i):
-    """The statistic of row i, 0.0 on a masked row (what a sequence's sum, mean and max reduce)."""
-    return _statistic(code, lr[i], rm1[i]) if mask[i] else 0.0
-
-
-@numba.njit(cache=True, nogil=True)
-def _pairwise_statistic(code, lr, rm1, mask, lo, n):
-    """numpy's pairwise sum (DOUBLE_pairwise_sum, numpy/_core/src/umath/loops_utils.h.src) of rows lo … lo+n−1's
-    _valid_statistic: sequential below 8 values, 8 interleaved partial sums up to 128, halves (cut at a multiple
-    of 8) above. With the first row added in front this is np.add.reduceat's sum of a segment, bit for bit
-    (tests/analysis/test_kernels.py), which the numpy form of the seq_sum / seq_mean options uses."""
-    if n < 8:
-        res = 0.0
-        for i in range(lo, lo + n):
-            res += _valid_statistic(code, lr, rm1, mask, i)
-        return res
-    if n <= 128:
-        r0 = _valid_statistic(code, lr, rm1, mask, lo)
-        r1 = _valid_statistic(code, lr, rm1, mask, lo + 1)
-        r2 = _valid_statistic(code, lr, rm1, mask, lo + 2)
-        r3 = _valid_statistic(code, lr, rm1, mask, lo + 3)
-        r4 = _valid_statistic(code, lr, rm1, mask, lo + 4)
-        r5 = _valid_statistic(code, lr, rm1, mask, lo + 5)
-        r6 = _valid_statistic(code, lr, rm1, mask, lo + 6)
-        r7 = _valid_statistic(code, lr, rm1, mask, lo + 7)
-        i = 8
-        while i < n - n % 8:
-            j = lo + i
-            r0 += _valid_statistic(code, lr, rm1, mask, j)
-            r1 += _valid_statistic(code, lr, rm1, mask, j + 1)
-            r2 += _valid_statistic(code, lr, rm1, mask, j + 2)
-            r3 += _valid_statistic(code, lr, rm1, mask, j + 3)
-            r4 += _valid_statistic(code, lr, rm1, mask, j + 4)
-            r5 += _valid_statistic(code, lr, rm1, mask, j + 5)
-            r6 += _valid_statistic(code, lr, rm1, mask, j + 6)
-            r7 += _valid_statistic(code, lr, rm1, mask, j + 7)
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += _valid_statistic(code, lr, rm1, mask, lo + i)
-            i += 1
-        return res
-    half = n // 2
-    half -= half % 8
-    return (_pairwise_statistic(code, lr, rm1, mask, lo, half)
-            + _pairwise_statistic(code, lr, rm1, mask, lo + half, n - half))
-
-
-@numba.njit(inline="always")
-def _sequence_statistic(code, scope, lr, rm1, mask, first, end, count):
-    """One sequence's seq_sum / seq_mean / seq_max statistic as numpy reduces it: reduceat (the first row, then
-    the pairwise sum of the rest), divided by max(T_i, 1) for the mean; the max of the rows (0.0 on masked rows)."""
-    if scope == 3:
-        top = _valid_statistic(code, lr, rm1, mask, first)
-        for i in range(first + 1, end):
-            top = max(top, _valid_statistic(code, lr, rm1, mask, i))
-        return top
-    total = _valid_statistic(code, lr, rm1, mask, first)
-    if end - first > 1:  # a one-row segment is its value as it is (numpy adds nothing, not even 0.0 to a −0.0)
-        total += _pairwise_statistic(code, lr, rm1, mask, first + 1, end - first - 1)
-    return total / max(count, 1) if scope == 2 else total
-
-
-@numba.njit(inline="always")
 def _add_view(v, k, acc, scored, per_w, per_e, lo_w, hi_w, lo_e, hi_e, counts):
     """Sequence k's reduced rows (`acc`, `scored` rows) are view v's: its per-sequence sums, extrema and counts."""
     n_high, n_low, n_out, kept, s_w, c_w, lo_sw, hi_sw, s_e, c_e, lo_se, hi_se = acc
@@ -322,7 +399,7 @@ def _add_view(v, k, acc, scored, per_w, per_e, lo_w, hi_w, lo_e, hi_e, counts):
 
 
 @numba.njit(**_JIT)
-def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, counts_t, options, option_view, n_views, row_out,
+def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, seq_stat, options, option_view, n_views, row_out,
                     params, swift_ess):
     """ONE token mode (`params` [6], a row of token_modes' params) scored on K row sets, each the valid rows
     (`mask`) that its verl rejection options keep — the report's rejection options, each over token_truncate —
@@ -331,16 +408,15 @@ def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, counts_t, options,
     `options` float64 [R, 4]: statistic code (REJECTION_STATISTICS), scope code (REJECTION_SCOPES), lo, hi: an
     option keeps a row (token scope) or a whole sequence (seq_*) when lo ≤ statistic ≤ hi; `option_view` int64 [R]
     the set it belongs to (a set's options are chained: all must keep; a set without options scores every valid
-    row). The statistics are computed from ℓ̂ = `stat_lr` and ρ − 1 = `stat_rm1` (the ±20-clamped rows of
-    rcdiag.analysis.rejection; `counts_t` T_i divides a mean) exactly as its numpy form does. `row_out` (zeros,
-    unsigned [n], at least K bits) is scratch: bit j marks a row a token option of set j drops.
-    Returns per_w, per_e [K, S] and out [K, 14]: what token_modes gives for each row set alone, bit for bit.
+    row). A token option's statistic comes from ℓ̂ = `stat_lr` and ρ − 1 = `stat_rm1` per row; a seq_* option's
+    is `seq_stat[r, k]`, computed once from the chunk's per-sequence table (rcdiag.analysis.rejection), as its
+    numpy form reads it. `row_out` (zeros, unsigned [n], at least K bits) is scratch: bit j marks a row a token
+    option of set j drops. Returns per_w, per_e [K, S] and out [K, 14]: what token_modes gives for each row set
+    alone, bit for bit.
 
     A sequence a set keeps whole takes the valid rows' sums, counts and extrema, reduced once for all such sets;
     a set its seq_* option drops scores nothing there; only a set whose token option drops some of its rows sums
-    it on its own. The numpy flags of the report's five options (and their stacked copy) are gone: the report's
-    rejection group took 40.5 ns a row with them and the former kernel, 32.5 with this one (issue #15; the two
-    token options still sum most sequences a second time, since they drop a few rows of nearly every one)."""
+    it on its own. Every set's second pass (M2 about its mean) is one visit of the rows for all sets."""
     n_seq, n, n_options = starts.size, lr.size, options.shape[0]
     upper, lower, log_upper, log_lower, log_lo = params[0], params[1], params[2], params[3], params[4]
     mask_action = params[5] > 0
@@ -366,7 +442,7 @@ def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, counts_t, options,
                             row_out[i] |= 1 << v
                             partial[v] = True
             else:
-                s = _sequence_statistic(code, scope, stat_lr, stat_rm1, mask, first, end, counts_t[k])
+                s = seq_stat[r, k]
                 dropped[v, k] |= not (s >= lo and s <= hi)
         acc = (0, 0, 0, 0, 0.0, 0.0, np.inf, -np.inf, 0.0, 0.0, np.inf, -np.inf)
         scored = 0
@@ -396,24 +472,35 @@ def rejection_views(lr, rho, stat_lr, stat_rm1, mask, starts, counts_t, options,
             out[j, 9 + f] = counts[f, j]
         if counts[5, j]:
             out[j, 1], out[j, 5] = per_w[j].sum() / counts[5, j], per_e[j].sum() / counts[5, j]
-    # second pass: M2 of each set about its mean, its rows in row order (as token_modes' _second_pass adds them)
-    for j in range(n_views):
-        if not counts[5, j]:
-            continue
-        mean_w, mean_e = out[j, 1], out[j, 5]
-        m2 = m2e = 0.0
-        for k in range(n_seq):
-            if dropped[j, k]:
-                continue
-            for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
-                if mask[i] and not (row_out[i] >> j) & 1:
-                    w = w_rows[i]
-                    m2 += (w - mean_w) * (w - mean_w)
-                    if swift_ess:
-                        e = min(max(w, 1.0 / upper), upper) - mean_e
-                        m2e += e * e
-        out[j, 2], out[j, 6] = m2, m2e
+    _views_second_pass(w_rows, mask, starts, dropped, row_out, upper, swift_ess, out)
     return per_w, per_e, out
+
+
+@numba.njit(inline="always")
+def _views_second_pass(w_rows, mask, starts, dropped, row_out, upper, swift_ess, out):
+    """M2 of each row set about its mean (out[:, 2] from out[:, 1], out[:, 6] from out[:, 5]): ONE visit of the
+    rows for every set, each set's terms added in row order (as token_modes' second pass adds them)."""
+    n_views, n_seq, n = out.shape[0], starts.size, w_rows.size
+    m2 = np.zeros(n_views)
+    m2e = np.zeros(n_views)
+    mean_w = out[:, 1].copy()
+    mean_e = out[:, 5].copy()
+    for k in range(n_seq):
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            if not mask[i]:
+                continue
+            w = w_rows[i]
+            e0 = min(max(w, 1.0 / upper), upper)
+            for j in range(n_views):
+                if dropped[j, k] or (row_out[i] >> j) & 1:
+                    continue
+                m2[j] += (w - mean_w[j]) * (w - mean_w[j])
+                if swift_ess:
+                    e = e0 - mean_e[j]
+                    m2e[j] += e * e
+    for j in range(n_views):
+        if out[j, 0]:
+            out[j, 2], out[j, 6] = m2[j], m2e[j]
 
 
 @numba.njit(inline="always")

@@ -1,4 +1,5 @@
-"""The off-policy diagnostics of METRICS.md as mergeable accumulators over token batches, per convention."""
+"""The off-policy diagnostics as mergeable accumulators over token chunks, per convention: the metrics of
+analysis.metric_table, summed exactly from each chunk's per-sequence table."""
 from __future__ import annotations
 
 import math
@@ -7,39 +8,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.analysis import peer_logs
+from rcdiag.analysis import metric_table, peer_logs
 from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Totals, add_range, merge_ranges, ratio
+from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.engine import stream
+from rcdiag.analysis.kernels import C_ABS, C_MAX_ABS, SEQ_COLUMNS
+from rcdiag.analysis.metric_table import Metric, Sequences, terms
 from rcdiag.analysis.verlstats import VerlProbStats
 
-METRIC_NAMES = ("kl", "k3_kl", "training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl",
-                "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
-                "chi2_token", "chi2_seq")
+METRIC_NAMES = metric_table.METRIC_NAMES
+"""Every metric compute_metrics returns, in order: the rows of analysis.metric_table.METRICS."""
 COUNT_NAMES = ("tokens", "sequences", "empty_sequences")
-
-_TOKEN_SUMS = ("ell", "k3", "chi2")
-_SEQ_SUMS = ("train_log_ppl", "train_ppl", "rollout_log_ppl", "rollout_ppl", "diff", "abs_diff", "ppl_ratio",
-             "chi2_seq")
-# value of each per-sequence term on an empty row (ā = b̄ = ℓ̄ = S = 0), for conventions that score all B rows
-_EMPTY_ROW_VALUE = {"train_log_ppl": 0.0, "train_ppl": 1.0, "rollout_log_ppl": 0.0, "rollout_ppl": 1.0,
-                    "diff": 0.0, "abs_diff": 0.0, "ppl_ratio": 1.0, "chi2_seq": 0.0}
-
-
-_K3 = {"clamped": "k3", "clamped10": "k3_10", "raw": "k3_raw"}
-"""Per-sequence k3 sum column (kernels.SEQ_SUM_COLUMNS) by Convention.k3."""
-
-
-def _chi2_seq_geometric(mean_ell: np.ndarray, sum_ell: np.ndarray) -> np.ndarray:
-    return np.expm1(2.0 * np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-
-
-def _chi2_seq_product(mean_ell: np.ndarray, sum_ell: np.ndarray) -> np.ndarray:
-    return np.expm1(2.0 * np.clip(sum_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-
-
-_CHI2_SEQ = {"geometric": _chi2_seq_geometric, "product": _chi2_seq_product}
 
 
 class MetricsAccumulator(ChunkConsumer):
@@ -56,13 +37,21 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens = 0
         self.seen_sequences = 0
         self.valid_sequences = 0
-        self.sums = {name: ExactSum() for name in _TOKEN_SUMS + _SEQ_SUMS}
-        self.diff = Extremum()
+        self.names = tuple(m.name for m in metric_table.METRICS)  # the table as it is now (a recipe adds a row)
+        self.sums = {m.name: ExactSum() for m in self.metrics if m.kind in ("token", "sequence")}
+        self.extrema = {m.name: Extremum() for m in self.metrics if m.kind in ("max", "min")}
         self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
         self.probs = VerlProbStats() if self.convention.framework == "verl" else None  # verl's training/ keys
         self.peer = peer_logs.accumulator(self.convention.framework)  # skyrl / nemo-rl / prime-rl / roll extras
         self.seq_ranges: list[list[int]] = []  # disjoint [first, last] seq_id intervals covered
         self._chunker: Chunker | None = None
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        """This accumulator's rows of analysis.metric_table (looked up by name: the state pickles — the pass cache,
+        Ray — without the table's functions)."""
+        rows = {m.name: m for m in metric_table.METRICS}
+        return tuple(rows[name] for name in self.names)
 
     def fresh(self) -> MetricsAccumulator:
         """An empty accumulator of the same convention (stream's per-file copies)."""
@@ -93,31 +82,24 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens += int(counts.sum())
         self.seen_sequences += int(chunk.seq_ids.size)
         add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
-        sum_ell = chunk.sum_ell
-        self.sums["ell"].add(sum_ell)
-        self.sums["k3"].add(chunk.seq_column(_K3[conv.k3]))
-        self.sums["chi2"].add(chunk.seq_column("chi2"))
+        table = chunk.table()
         if conv.framework == "trl":
-            self.abs_sum.add(chunk.seq_column("abs_ell"))
-            self.abs_max.add(chunk.sums[2])  # ρ² − 1 = expm1(ℓ̂)·(expm1(ℓ̂) + 2), accurate for tiny ℓ
+            self.abs_sum.add(table[C_ABS])
+            self.abs_max.add(table[C_MAX_ABS])
         if self.probs is not None:
             self.probs.update(chunk)
         if self.peer is not None:
             self.peer.update_chunk(chunk)
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
-        t = counts[valid].astype(np.float64)
-        mean_a = chunk.seq_column("a")[valid] / t
-        mean_b = chunk.seq_column("b")[valid] / t
-        mean_ell = sum_ell[valid] / t
-        with np.errstate(over="ignore"):  # a PPL beyond 1e308 is reported as inf
-            terms = {"train_log_ppl": -mean_a, "train_ppl": np.exp(-mean_a), "rollout_log_ppl": -mean_b,
-                     "rollout_ppl": np.exp(-mean_b), "diff": -mean_ell, "abs_diff": np.abs(mean_ell),
-                     "ppl_ratio": np.exp(-mean_ell),
-                     "chi2_seq": _CHI2_SEQ[conv.chi2_seq](mean_ell, sum_ell[valid])}
-        for name, values in terms.items():
-            self.sums[name].add(values)
-        self.diff.add(-mean_ell)
+        rows = table if valid.all() else table[:, valid]
+        sequences = Sequences(dict(zip(SEQ_COLUMNS, rows, strict=True)))
+        for metric in self.metrics:  # one exact sum (or extremum) of each metric's per-sequence terms
+            values = terms(metric, sequences, conv)
+            if metric.kind in ("token", "sequence"):
+                self.sums[metric.name].add(values)
+            else:
+                self.extrema[metric.name].add(values)
 
     def merge(self, other: MetricsAccumulator) -> MetricsAccumulator:
         """Add `other` (same convention, disjoint sequences, e.g. another file); returns self."""
@@ -131,7 +113,8 @@ class MetricsAccumulator(ChunkConsumer):
         self.valid_sequences += other.valid_sequences
         for name, total in self.sums.items():
             total.merge(other.sums[name])
-        self.diff.merge(other.diff)
+        for name, extremum in self.extrema.items():
+            extremum.merge(other.extrema[name])
         self.abs_sum.merge(other.abs_sum)
         self.abs_max.merge(other.abs_max)
         if self.probs is not None:
@@ -163,29 +146,24 @@ class MetricsAccumulator(ChunkConsumer):
                      "abs_log_ratio_max": self.abs_max.hi if self.tokens else 0.0}
         swift_no_data = self.convention.no_data == "swift" and rows > 0
         if self.tokens == 0 and not swift_no_data:
-            return {**dict.fromkeys(METRIC_NAMES, math.nan), **extra, **counts}
-        n = max(self.tokens, 1)  # swift's max(N, 1); N ≥ 1 under every other convention here
+            return {**dict.fromkeys((m.name for m in self.metrics), math.nan), **extra, **counts}
         all_rows = self.convention.seq_rows == "all"
         denominator = rows if all_rows else self.valid_sequences
-
-        def seq_mean(name: str) -> float:
-            extra = empty * _EMPTY_ROW_VALUE[name] if all_rows else 0.0
-            return ratio(self.sums[name].value() + extra, denominator)
-
-        diff_max, diff_min = self.diff.hi, self.diff.lo
-        if all_rows and empty:
-            diff_max, diff_min = max(diff_max, 0.0), min(diff_min, 0.0)
-        values = {
-            "kl": -self.sums["ell"].value() / n,
-            "k3_kl": self.sums["k3"].value() / n,
-            "training_log_ppl": seq_mean("train_log_ppl"), "training_ppl": seq_mean("train_ppl"),
-            "rollout_log_ppl": seq_mean("rollout_log_ppl"), "rollout_ppl": seq_mean("rollout_ppl"),
-            "log_ppl_diff": seq_mean("diff"), "log_ppl_abs_diff": seq_mean("abs_diff"),
-            "log_ppl_diff_max": diff_max, "log_ppl_diff_min": diff_min, "ppl_ratio": seq_mean("ppl_ratio"),
-            "chi2_token": self.sums["chi2"].value() / n if self.tokens else -1.0,  # swift: mm(ρ², m) − 1 = −1
-            "chi2_seq": seq_mean("chi2_seq"),
-        }
+        values = {m.name: self._value(m, all_rows, empty, denominator) for m in self.metrics}
         return {**values, **extra, **counts}
+
+    def _value(self, metric: Metric, all_rows: bool, empty: int, denominator: int) -> float:
+        """One metric from its exact sum or extremum (metric_table: the reductions; empty rows as `empty`)."""
+        if metric.kind == "token":  # swift's max(N, 1) divisor: Σ/1 = 0 (χ²: −1) without a valid token
+            return self.sums[metric.name].value() / self.tokens if self.tokens else metric.no_token
+        if metric.kind == "sequence":
+            padding = empty * metric.empty if all_rows else 0.0
+            return ratio(self.sums[metric.name].value() + padding, denominator)
+        extremum = self.extrema[metric.name]
+        value = extremum.hi if metric.kind == "max" else extremum.lo
+        if all_rows and empty:
+            value = max(value, metric.empty) if metric.kind == "max" else min(value, metric.empty)
+        return value
 
 
 def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any = None,
@@ -220,58 +198,26 @@ def sequence_stats(data: Any, *, sequences: Any = None, batch_rows: int = DEFAUL
     training_log_ppl (−ā), rollout_log_ppl (−b̄), log_ppl_diff (b̄ − ā = −ℓ̄), seq_ratio (exp(clamp(ℓ̄, ±20)),
     canonical geometric). Sequences without valid tokens (including a Run's empty responses) have n_valid 0 and NaN.
     """
+    sums = SequenceSums()
+    stream(data, [sums], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sequences")
+    universe = sequence_universe(data, sequences)
+    return sequence_frame(*sums.table(universe))
+
+
+def sequence_frame(ids: np.ndarray, sums: np.ndarray) -> Any:
+    """sequence_stats's DataFrame from rows of the per-sequence table (SequenceSums.table: seq_id [n], sums
+    [n, len(SEQ_COLUMNS)]): the one place its per-sequence statistics are derived — sequence_stats, the dashboard's
+    sequence index (app.judged, from the report's cached table) and nothing else."""
     import pandas as pd
 
-    collector = _SequenceCollector()
-    stream(data, [collector], sequences=sequences, batch_rows=batch_rows, silent=silent, desc="sequences")
-    frame = collector.frame()
-    universe = sequence_universe(data, sequences)
-    if universe is not None:
-        missing = np.setdiff1d(universe, frame["seq_id"].to_numpy(), assume_unique=True)
-        if missing.size:
-            extra = pd.DataFrame({"seq_id": missing, "n_valid": np.zeros(missing.size, dtype=np.int64)})
-            frame = pd.concat([frame, extra], ignore_index=True).sort_values("seq_id", ignore_index=True)
-    return frame
-
-
-class _SequenceCollector(ChunkConsumer):
-    """Per-sequence sums (O(#sequences) memory) for sequence_stats."""
-
-    def __init__(self) -> None:
-        self.parts: list[dict[str, np.ndarray]] = []
-
-    def update_chunk(self, chunk: TokenChunk) -> None:
-        self.parts.append({
-            "seq_id": chunk.seq_ids, "n_valid": chunk.counts, "sum_log_ratio": chunk.sum_ell,
-            "sum_abs": chunk.seq_column("abs_ell"), "max_abs_log_ratio": chunk.sums[2],
-            "sum_a": chunk.seq_column("a"), "sum_b": chunk.seq_column("b")})
-
-    def fresh(self) -> _SequenceCollector:
-        return _SequenceCollector()
-
-    def merge(self, other: _SequenceCollector) -> _SequenceCollector:
-        self.parts += other.parts
-        return self
-
-    def finish(self, totals: Totals) -> Any:
-        return self.frame()
-
-    def frame(self) -> Any:
-        import pandas as pd
-
-        keys = ("seq_id", "n_valid", "sum_log_ratio", "sum_abs", "max_abs_log_ratio", "sum_a", "sum_b")
-        cols = {k: np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0) for k in keys}
-        t = cols["n_valid"].astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            t = np.where(t > 0, t, np.nan)
-            mean_ell = cols["sum_log_ratio"] / t
-            out = {
-                "seq_id": cols["seq_id"].astype(np.int64), "n_valid": cols["n_valid"].astype(np.int64),
-                "sum_log_ratio": np.where(np.isnan(t), np.nan, cols["sum_log_ratio"]),
-                "mean_log_ratio": mean_ell, "mean_abs_log_ratio": cols["sum_abs"] / t,
-                "max_abs_log_ratio": np.where(np.isnan(t), np.nan, cols["max_abs_log_ratio"]),
-                "training_log_ppl": -cols["sum_a"] / t, "rollout_log_ppl": -cols["sum_b"] / t,
-                "log_ppl_diff": -mean_ell,
-                "seq_ratio": np.exp(np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)),
-            }
-        return pd.DataFrame(out)
+    c = dict(zip(SEQ_COLUMNS, sums.T, strict=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(c["T"] > 0, c["T"], np.nan)
+        mean_ell = c["sum_l"] / t
+        return pd.DataFrame({
+            "seq_id": np.asarray(ids, np.int64), "n_valid": c["T"].astype(np.int64),
+            "sum_log_ratio": np.where(np.isnan(t), np.nan, c["sum_l"]), "mean_log_ratio": mean_ell,
+            "mean_abs_log_ratio": c["sum_abs"] / t,
+            "max_abs_log_ratio": np.where(np.isnan(t), np.nan, c["max_abs"]),
+            "training_log_ppl": -c["sum_a"] / t, "rollout_log_ppl": -c["sum_b"] / t, "log_ppl_diff": -mean_ell,
+            "seq_ratio": np.exp(np.clip(mean_ell, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))})

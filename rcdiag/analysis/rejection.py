@@ -87,16 +87,25 @@ class Rejection:
         name = self.statistic_name  # the statistic's rows are computed once per chunk for all options using it
         values = chunk.memo(("rejection", name), lambda: _STAT[name](chunk.log_ratio(LOG_RATIO_CLAMP),
                                                                     chunk.ratio_m1(LOG_RATIO_CLAMP)))
-        if self.scope == "token":
-            return values, None
-        values = chunk.memo(("rejection_valid", name), lambda: chunk.valid_or(values, 0.0))
-        if self.scope == "seq_max":
-            per_seq = chunk.seq_max(values, 0.0)
+        return values, (None if self.scope == "token" else self.sequence_statistic(chunk))
+
+    def sequence_statistic(self, chunk: TokenChunk) -> np.ndarray:
+        """A seq_* option's statistic per sequence [S], from the chunk's per-sequence table (kernels.SEQ_COLUMNS:
+        its compensated Σℓ̂, Σk3 and max k3, the same numbers the metrics sum) — what both the numpy form here and
+        kernels.rejection_views compare with the bounds. seq_mean divides by max(T_i, 1)."""
+        name, scope = self.statistic_name, self.scope
+        if scope == "seq_max":
+            if name == "k3":
+                return chunk.column("max_k3")
+            top = np.minimum(chunk.column("max_abs"), LOG_RATIO_CLAMP)  # max |ℓ̂|: ½x² grows with |x|
+            return 0.5 * top * top
+        if name == "k2":
+            lh = chunk.memo(("rejection_valid", name), lambda: chunk.valid_or(
+                _k2(chunk.log_ratio(LOG_RATIO_CLAMP), None), 0.0))
+            total = chunk.seq_sum(lh)
         else:
-            per_seq = chunk.seq_sum(values)
-            if self.scope == "seq_mean":
-                per_seq = per_seq / np.maximum(chunk.counts, 1)
-        return values, per_seq
+            total = -chunk.column("sum_lhat") if name == "k1" else chunk.column("sum_k3")
+        return total / np.maximum(chunk.counts, 1) if scope == "seq_mean" else total
 
     def keep_rows(self, chunk: TokenChunk) -> np.ndarray:
         """bool [n]: rows this option keeps (masked rows are irrelevant and kept)."""

@@ -101,9 +101,7 @@ class StepParts:
         self.metrics.update_chunk(chunk)
         self.correction.update_chunk(chunk)
         self.noise.update(chunk.train, chunk.rollout, chunk.mask)
-        mask = chunk.mask
-        seq = chunk.per_row(chunk.seq_ids)
-        self.sums.update(seq[mask], chunk.a[mask].astype(np.float64), chunk.b[mask].astype(np.float64))
+        self.sums.update_chunk(chunk)
 
     def merge(self, other: StepParts) -> StepParts:
         self.metrics.merge(other.metrics)

@@ -13,10 +13,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.analysis.accum import BatchConsumer, Totals
+from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
 from rcdiag.analysis.bootstrap import SequenceSums
+from rcdiag.analysis.chunks import Chunker, TokenChunk
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.engine import MapFiles, run_pass
+from rcdiag.analysis.kernels import C_T
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.analysis.scan_kernels import scan_update
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator
@@ -32,9 +34,11 @@ PROGRESS_MIN_TOKENS = 2_000_000
 
 
 @dataclass
-class Scan(BatchConsumer):
-    """Everything the report gathers from every row as read (refused rows included: the checks exist to find
-    them); each part is a mergeable accumulator."""
+class Scan(BatchConsumer, ChunkConsumer):
+    """Everything the report gathers from every row (refused rows included: the checks exist to find them): the
+    checks' evidence from each batch as read, the tails, strata and per-sequence table from each chunk (whole
+    sequences; after a refused row, cut but not validated, its non-finite rows left out). Each part is a mergeable
+    accumulator; the chunk's row terms and per-sequence table are the library's own (one computation)."""
 
     checks: CheckAccumulator
     tails: TailAccumulator
@@ -42,11 +46,20 @@ class Scan(BatchConsumer):
     sums: SequenceSums
     info: SequenceInfo
     columns: ClassVar[tuple[str, ...]] = SCAN_COLUMNS
+    strict: ClassVar[bool] = False
+    chunk_columns: ClassVar[tuple[str, ...]] = ("entropy", "token_id")
 
     def update_batch(self, rows: BatchRows, file: str, row0: int) -> None:
-        """Feed one record batch (SCAN_COLUMNS, decoded once for every part) into every accumulator."""
+        """The checks' evidence of one record batch (decoded once for every consumer)."""
         self.checks.update(rows.batch, file, row0, rows)
-        scan_update(self.tails, self.strata, self.sums, rows)
+
+    def update_chunk(self, chunk: TokenChunk) -> None:
+        """Tails, strata and the per-sequence table of one chunk."""
+        table = chunk.table(self.sums.threshold, self.sums.lower)
+        scan_update(self.tails, self.strata, chunk, table)
+        scored = table[C_T] > 0  # the sequences with a kept row (table() adds the others' zero rows)
+        self.sums.add(chunk.seq_ids, table) if scored.all() else self.sums.add(chunk.seq_ids[scored],
+                                                                               table[:, scored])
 
     def fresh(self) -> Scan:
         return new_scan(self.info, self.sums.threshold, self.sums.lower)
@@ -69,8 +82,14 @@ def new_scan(info: SequenceInfo, threshold: float, lower: float | None) -> Scan:
 
 
 def update(scan: Scan, batch: pa.RecordBatch, file: str, row0: int) -> None:
-    """Feed one record batch (SCAN_COLUMNS) into every accumulator (Scan.update_batch of its decoded rows)."""
-    scan.update_batch(BatchRows(batch), file, row0)
+    """Feed one record batch (SCAN_COLUMNS) holding whole sequences, as one stream: its batch and its chunks (cut,
+    not validated: the scan reports on refused rows too)."""
+    rows = BatchRows(batch)
+    scan.update_batch(rows, file, row0)
+    chunker = Chunker(Scan.chunk_columns)
+    for chunk in [*chunker.push(file, rows, validate=False), chunker.flush()]:
+        if chunk is not None:
+            scan.update_chunk(chunk)
 
 
 def scan_parts(shard: Run, threshold: float, lower: float | None, finish_labels: Sequence[str] | None) -> Scan:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.bootstrap import POISSON1_CDF, bootstrap, headline_functions, sequence_terms
+from rcdiag.analysis.bootstrap import COLUMNS, POISSON1_CDF, bootstrap, headline_functions, sequence_terms
 
 
 def test_poisson_totals_equal_the_numpy_weight_matrix_product():
@@ -32,7 +32,7 @@ def test_poisson_counts_follow_poisson_one():
 
 def test_bootstrap_is_seeded_and_centred():
     rng = np.random.default_rng(0)
-    sums = np.abs(rng.normal(size=(500, 14)))
+    sums = np.abs(rng.normal(size=(500, len(COLUMNS))))
     sums[:, 0] = rng.integers(1, 50, 500)
     one, two = bootstrap(sums, replicates=300, seed=4), bootstrap(sums, replicates=300, seed=4)
     assert one == two
@@ -60,7 +60,7 @@ def test_poisson_totals_ignore_an_infinite_row_its_replicate_did_not_draw():
 def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
     """Uniforms come from one seeded stream in chunk order whatever the pool: 1 thread and 3 give the same bits."""
     rng = np.random.default_rng(3)
-    sums = np.abs(rng.normal(size=(20_000, 14)))
+    sums = np.abs(rng.normal(size=(20_000, len(COLUMNS))))
     sums[:, 0] = rng.integers(1, 50, sums.shape[0])
     monkeypatch.setattr("rcdiag.analysis.bootstrap.CHUNK_CELLS", 1 << 16)  # several chunks in flight
     monkeypatch.setenv("RCDIAG_THREADS", "1")
@@ -83,7 +83,7 @@ def test_bootstrap_keeps_the_replicates_that_miss_an_infinite_sequence():
     """verl's unclamped k3 of one sequence is inf: the replicates that do not draw it (about e⁻¹ of them) still give
     a finite k3_kl, so its interval is a number — bootstrap tells the kernel the matrix is not finite."""
     rng = np.random.default_rng(1)
-    sums = np.abs(rng.normal(size=(300, 14)))
+    sums = np.abs(rng.normal(size=(300, len(COLUMNS))))
     sums[:, 0] = rng.integers(1, 50, 300)
     sums[7, 8] = np.inf  # sum_k3_raw, the column verl's k3_kl reads
     ci = bootstrap(sums, "verl", replicates=200, seed=3)["k3_kl"]

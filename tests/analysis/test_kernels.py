@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from rcdiag.analysis import kernels
@@ -19,9 +20,13 @@ def _segments(rng: np.random.Generator, n_seq: int, max_len: int) -> tuple[np.nd
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_seq_sums_match_fsum_per_sequence(dtype):
-    """Cancelling ℓ (±1e3 next to 1e-9), |ℓ| > 20 and masked NaN rows: every column against math.fsum of the same
-    terms."""
+def test_sequence_table_matches_fsum_per_sequence(dtype):
+    """THE per-sequence table (kernels.sequence_table, every metric's, the bootstrap's, the strata's and the
+    rejection options' source): cancelling ℓ (±1e3 next to 1e-9), |ℓ| > 20, masked NaN rows and a sequence without
+    a kept row — every column against math.fsum (or max) of the same terms, computed from numpy's own
+    expm1/exp as the chunk's row terms are."""
+    from rcdiag.analysis.chunks import Chunker
+
     rng = np.random.default_rng(3)
     starts, lengths = _segments(rng, 60, 300)
     lengths[0] = 3
@@ -32,32 +37,46 @@ def test_seq_sums_match_fsum_per_sequence(dtype):
     b[:3], ell[:3] = 0.0, [1e8, 1e-3, -1e8]  # a plain left-to-right sum loses the 1e-3
     a, b = (b + ell).astype(dtype), b.astype(dtype)
     mask = rng.random(n) > 0.1
+    mask[starts[5]:starts[6]] = False
     a[~mask] = np.nan
-    got, counts, max_abs, lr, rho = kernels.seq_sums(a, b, mask, starts, 20.0)
+    seq = np.repeat(np.arange(lengths.size), lengths)
+    pos = np.concatenate([np.arange(k) for k in lengths])
+    chunker = Chunker()
+    chunks = chunker.push("t", pa.record_batch({"seq_id": seq, "pos": pos, "train_logprob": a,
+                                                "rollout_logprob": b, "mask": mask}))
+    got = np.concatenate([c.table(2.0, 0.5) for c in [*chunks, chunker.flush()]], axis=1)
+    col = kernels.COLUMN
     x = np.where(mask, a.astype(np.float64), 0.0)
     y = np.where(mask, b.astype(np.float64), 0.0)
     for k, (lo, length) in enumerate(zip(starts, lengths, strict=True)):
-        rows = range(lo, lo + length)
+        rows = [i for i in range(lo, lo + length) if mask[i]]
         e = [x[i] - y[i] for i in rows]
-        eh = [min(max(v, -20.0), 20.0) for v in e]
-        want = {"a": [x[i] for i in rows], "b": [y[i] for i in rows], "ell": e, "ell_hat": eh,
-                "chi2": [math.expm1(v) * (math.expm1(v) + 2.0) for v in eh], "abs_ell": [abs(v) for v in e],
-                "k3": [math.expm1(v) - v for v in eh]}
+        eh = np.clip(np.array(e, dtype=np.float64), -20.0, 20.0)
+        em1, rho = np.expm1(eh), np.exp(eh)
+        w = np.clip(rho, 0.5, 2.0)
+        ws = np.clip(rho, 0.5, 2.0)
+        want = {"sum_a": [x[i] for i in rows], "sum_b": [y[i] for i in rows], "sum_l": e, "sum_lhat": eh.tolist(),
+                "sum_chi2": (em1 * (em1 + 2.0)).tolist(), "sum_abs": [abs(v) for v in e],
+                "sum_k3": (em1 - eh).tolist(), "sum_k3_swift": np.minimum(em1 - eh, 10.0).tolist(),
+                "sum_k3_raw": [float(np.expm1(v)) - v if abs(v) > 20 else t for v, t in zip(e, (em1 - eh).tolist(), strict=True)],
+                "sum_sq": [v * v for v in e], "w_sum": w.tolist(), "w_sq": (w * w).tolist(),
+                "ws_sum": ws.tolist(), "ws_sq": (ws * ws).tolist()}
         for name, terms in want.items():
-            value = got[kernels.SEQ_SUM_COLUMNS.index(name), k]
+            value = got[col[name], k]
+            if any(math.isinf(t) for t in terms):  # k3 of ℓ ≈ 1e3 without the clamp overflows, as it should
+                assert value == math.inf, (name, k, value)
+                continue
             exact = math.fsum(terms)
             scale = math.fsum(abs(t) for t in terms)
             # compensated sums: correctly rounded up to n·eps²·Σ|term|; one-sign sums (plain): n·eps of the sum
-            if name in ("ell", "ell_hat", "chi2"):
+            if name in ("sum_l", "sum_lhat", "sum_chi2"):
                 bound = 2.3e-16 * abs(exact) + 1.3e-32 * length * scale
             else:
                 bound = 1.2e-16 * length * scale
-            assert abs(value - exact) <= bound + 1e-300, (name, k, value, exact)
-        assert counts[k] == int(mask[lo:lo + length].sum())
-        valid = [abs(e[i - lo]) for i in rows if mask[i]]
-        assert max_abs[k] == (max(valid) if valid else -math.inf)
-    assert np.array_equal(lr, np.clip(x - y, -20, 20))
-    np.testing.assert_allclose(rho, np.exp(np.clip(x - y, -20, 20)), rtol=1e-15, atol=0)
+            assert abs(value - exact) <= bound + 1e-300 or value == exact, (name, k, value, exact)
+        assert got[col["T"], k] == len(rows)
+        assert got[col["max_abs"], k] == (max(abs(v) for v in e) if e else 0.0)
+        assert got[col["max_k3"], k] == (float((em1 - eh).max()) if e else 0.0)
 
 
 def test_check_rows_agrees_with_numpy_checks():
@@ -178,8 +197,9 @@ def _rejection_chunks(rng: np.random.Generator) -> list:
 def test_rejection_views_equal_numpy_flags_then_each_set_alone(swift, action):
     """rejection_views decides verl's rejection flags itself (all 11 options, chained options, a set without any)
     and scores one mode on each set: output by output the bits of token_modes on the valid rows that
-    rejection.keep_rows (numpy) keeps. The seq_* bounds are set to numpy's own statistic of some sequences, so a
-    sequence sum added in another order than np.add.reduceat's (its first row, then pairwise) flips their flag."""
+    rejection.keep_rows (numpy) keeps. The seq_* bounds are set to the per-sequence table's statistic of some
+    sequences, so a sequence statistic the kernel took from anywhere else than the numpy form does flips their
+    flag."""
     from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
     from rcdiag.analysis.rejection import OPTIONS, Rejection, keep_rows
 
@@ -201,7 +221,10 @@ def test_rejection_views_equal_numpy_flags_then_each_set_alone(swift, action):
         lh, rm1 = chunk.log_ratio(LOG_RATIO_CLAMP), chunk.ratio_m1(LOG_RATIO_CLAMP)
         rho = chunk.ratio(LOG_RATIO_CLAMP)
         params = np.array([2.0, 0.0, math.log(2.0), -math.inf, -math.log(2.0), action])
-        got = kernels.rejection_views(lh, rho, lh, rm1, chunk.mask, chunk.starts, chunk.counts, options,
+        flat = [r for rs in sets for r in rs]
+        seq_stat = np.array([r.sequence_statistic(chunk) if r.scope != "token" else np.zeros(chunk.seq_ids.size)
+                             for r in flat]).reshape(len(flat), chunk.seq_ids.size)
+        got = kernels.rejection_views(lh, rho, lh, rm1, chunk.mask, chunk.starts, seq_stat, options,
                                       option_view, len(sets), np.zeros(chunk.n, np.int64), params, swift)
         dropped = 0
         for j, rejections in enumerate(sets):

@@ -90,7 +90,7 @@ def test_scan_kernel_against_the_numpy_accumulators(seed):
                                            (terms[2] * terms[3]).sum()]), "tail sums")
 
     seq_row = info.lookup(seq)
-    raw_last = np.r_[seq[1:] != seq[:-1], False]
+    raw_last = np.r_[seq[1:] != seq[:-1], True]  # the last row of the stream ends its sequence
     length = info.response_len[seq_row]
     last = raw_last | ((length >= 0) & (pos + 1 >= length))
     entropy = np.asarray(batch.column("train_entropy").fill_null(np.nan), dtype=np.float64)

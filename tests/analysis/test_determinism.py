@@ -1,0 +1,75 @@
+"""Determinism (issue #32): the same run gives the same bits whatever the number of threads, the order the files'
+tasks finish in, or whether they ran in other processes (as Ray workers do: pickled tasks, a fresh interpreter,
+the parts pickled back) — for the report's numbers and for the library's calls."""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import pytest
+
+import rcdiag
+from rcdiag.analysis.correction import MODES, analyze
+from rcdiag.analysis.threads import ordered_map
+from rcdiag.analysis.trend import trend
+from rcdiag.report.build import build_report
+from rcdiag.report.options import ReportOptions
+from tests.distributed.test_report import snapshot
+from tests.fixtures.runs import SyntheticSpec, synthetic_frames
+
+OPTIONS = ReportOptions(replicates=50)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Heavy-tailed mismatch, masked rows, steps, 8+ token files."""
+    tokens, sequences = synthetic_frames(SyntheticSpec(noise=0.8, n_seq=160, seed=17))
+    tokens.loc[tokens.seq_id % 11 == 0, "mask"] = False
+    sequences["step"] = sequences["seq_id"] // 40
+    return rcdiag.write_run(tmp_path_factory.mktemp("det") / "run", tokens, sequences, shard_tokens=300)
+
+
+def _threads(n: int):
+    return lambda fn, items: ordered_map(fn, items, threads=n)
+
+
+def _last_first(fn, items):
+    """Compute the files last to first (as tasks may finish), yield them in file order (what the map promises)."""
+    items = list(items)
+    done = {i: fn(i) for i in reversed(items)}
+    return (done[i] for i in items)
+
+
+def _in_processes(fn, items):
+    """Each file's task in a fresh interpreter, its part pickled back: the path a Ray task takes."""
+    items = list(items)
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield from (pickle.loads(blob) for blob in pool.map(_pickled_call, [fn] * len(items), items))
+
+
+def _pickled_call(fn, index):
+    return pickle.dumps(fn(index), protocol=5)
+
+
+def test_report_numbers_are_the_same_bits_however_the_files_are_mapped(run):
+    """Guards against a merge that follows completion order, a reduction whose result depends on which thread ran
+    it, and state a task keeps outside what it returns (a Ray worker would not have it)."""
+    assert len(run.token_files) >= 8
+    want = snapshot(build_report(run, OPTIONS, map_files=map))
+    for mapper in (_threads(1), _threads(2), _threads(4), _last_first, _in_processes):
+        assert snapshot(build_report(rcdiag.open_run(run.path), OPTIONS, map_files=mapper)) == want
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_library_calls_are_the_same_bits_on_any_number_of_threads(run, monkeypatch, threads):
+    """analyze (every metric and the four IS modes) and the per-step trend: the same bits as on one thread."""
+    monkeypatch.setenv("RCDIAG_THREADS", "1")
+    metrics, table = analyze(run, modes=tuple(MODES), thresholds=(1.5, 2.0))
+    frame = trend(run, replicates=30)
+    monkeypatch.setenv("RCDIAG_THREADS", threads)
+    metrics_n, table_n = analyze(run, modes=tuple(MODES), thresholds=(1.5, 2.0))
+    assert repr(metrics_n) == repr(metrics)
+    assert table_n.to_json() == table.to_json()
+    assert trend(run, replicates=30).to_json() == frame.to_json()

@@ -381,7 +381,7 @@ NAME_LISTS = (
     ("rcdiag.analysis.gates", "GATE_METRIC_NAMES"), ("rcdiag.analysis.rejection", "OPTIONS"),
     ("rcdiag.analysis.conventions", "CONVENTIONS"), ("rcdiag.analysis.floor", "NOISE_NAMES"),
     ("rcdiag.analysis.bootstrap", "HEADLINE"), ("rcdiag.analysis.divergence", "PER_POSITION"),
-    ("rcdiag.checks.verdicts", "VERDICTS"),
+    ("rcdiag.checks.verdicts", "VERDICTS"), ("rcdiag.analysis.lag_trend", "LAG_NAMES"),
 )
 """The library's lists of the names it returns: each must be described in docs/metrics.md."""
 

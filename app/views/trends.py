@@ -17,7 +17,7 @@ from rcdiag.analysis.verdict import Verdict, status_changes, step_verdicts
 from rcdiag.report.options import CONVENTIONS, ReportOptions
 from rcdiag.report.plots import LOG_PANELS
 from rcdiag.report.render import md_escape
-from rcdiag.report.trend_section import PANELS, changes_text
+from rcdiag.report.trend_section import LAG_COLUMNS, LAG_PANELS, PANELS, changes_text
 from rcdiag.store.run import open_run
 
 DEFAULTS = ReportOptions()
@@ -86,10 +86,11 @@ def render(ref: data.RunRef) -> None:
 
 def _charts(frame: pd.DataFrame, start: int | None) -> int | None:
     """The six per-step panels with interval bars, each point in its metric's health-band colour (a metric without
-    a band, the clipped share: the step's verdict); returns the step of a clicked point, if any."""
+    a band, the clipped share: the step's verdict), and for a run with policy versions the stale share and the
+    lag-0 floor; returns the step of a clicked point, if any."""
     cols = st.columns(3)
     picked = None
-    for i, (column, title) in enumerate(PANELS):
+    for i, (column, title) in enumerate((*PANELS, *LAG_PANELS) if LAG_COLUMNS[0] in frame else PANELS):
         rows = frame[["step", column]].rename(columns={column: "value"})
         band = health.BY_METRIC.get(column)
         rows["band"] = [band.classify(v) for v in rows["value"]] if band else frame["status"]
@@ -154,6 +155,8 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, verdict: Verdict, step: 
             st.html(ui.card(f"{band.label} · {band.metric}", value, status, bands.describe(band)))
     st.caption(f"This step's numbers alone (input checks judge the whole run: Overview); clipped share "
                f"{ui.fmt(float(row['clipped_frac']))} at the threshold above.")
+    if LAG_COLUMNS[0] in row:
+        st.caption(lag_text(row, frame.attrs.get("lag_reference")))
     index = data.sequence_index(*ref.key)
     in_step = index[index["step"].fillna(0).astype(int) == step] if "step" in index else index
     first_ids = index[index["step"].fillna(0).astype(int) == first] if "step" in index else index
@@ -166,6 +169,21 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, verdict: Verdict, step: 
                            "finish_reason", "reward", "prompt_id") if c in shown]
     st.dataframe(shown[columns], hide_index=True, width="stretch", key="trend_sequences")
     st.caption(f"{len(in_step):,} sequences at step {step}")
+
+
+def lag_text(row: pd.Series, reference: str | None) -> str:
+    """The step's policy lag in one line (rcdiag.analysis.lag_trend's columns): tokens, and the trajectories'
+    staleness where the trainer's version is recorded."""
+    text = (f"Policy lag: mean {ui.fmt(float(row['token_lag_mean']))} versions over {int(row['lag_tokens']):,} "
+            f"tokens (max {ui.fmt(float(row['token_lag_max']))}), {ui.fmt(100 * float(row['stale_token_share']))} % "
+            f"at lag ≥ 1; mean |ℓ| {ui.fmt(float(row['floor_abs_log_ratio_mean']))} at lag 0 (the floor), "
+            f"{ui.fmt(float(row['stale_abs_log_ratio_mean']))} at lag ≥ 1.")
+    if "seq_lag_mean" in row:
+        text += (f" Trajectories: staleness mean {ui.fmt(float(row['seq_lag_mean']))}, max "
+                 f"{ui.fmt(float(row['seq_lag_max']))}; {ui.fmt(float(row['partial_seqs']))} partial.")
+    if reference == "step_newest":
+        text += " (The trainer's version is not recorded: lags count from the step's newest version.)"
+    return text
 
 
 def _log_ratios(ref: data.RunRef, rows: pd.DataFrame) -> np.ndarray:

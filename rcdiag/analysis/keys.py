@@ -46,8 +46,16 @@ VERL_KEYS: dict[str, str] = {
     "dppo_clipfrac_lower": "actor/pg_clipfrac_lower",
     "rs_masked_fraction": "rollout_corr/rollout_rs_masked_fraction",
     "rs_seq_masked_fraction": "rollout_corr/rollout_rs_seq_masked_fraction",
+    **{f"seq_{name}_{s}": f"training/off_policy/trajectory_{key}/{s}" for name, key in (
+        ("lag", "staleness"), ("lag_worst", "staleness_worst"), ("span", "spans")) for s in ("mean", "max", "min")},
+    "partial_seqs": "fully_async/partial/total_partial_num", "partial_seq_share": "fully_async/partial/partial_ratio",
+    "partial_span_max": "fully_async/partial/max_partial_span",
 }
-"""verl: rcdiag name → key. Per-option rejection numbers `rs_<option>_<suffix>` → `rollout_corr/rollout_rs_...`."""
+"""verl: rcdiag name → key. Per-option rejection numbers `rs_<option>_<suffix>` → `rollout_corr/rollout_rs_...`.
+Staleness (rcdiag.analysis.lag_trend's sequence columns): the V1 trainer's `training/off_policy/trajectory_*`
+(verl/trainer/ppo/v1/trainer_base.py @ 1dda039, `_compute_metrics` step 5) and the fully-async trainer's
+`fully_async/partial/*` (verl/experimental/fully_async_policy/detach_utils.py @ 1dda039,
+`assemble_batch_from_rollout_samples`)."""
 
 SWIFT_KEYS: dict[str, str] = {
     **{name: f"rollout_correction/{name}" for name in OFFPOLICY_NAMES},
@@ -61,8 +69,11 @@ TRL_KEYS: dict[str, str] = {
     "is_weight_max": "sampling/importance_sampling_ratio/max",
     "abs_log_ratio_mean": "sampling/sampling_logp_difference/mean",
     "abs_log_ratio_max": "sampling/sampling_logp_difference/max",
+    "seq_lag_mean": "sample/staleness_mean", "seq_lag_max": "sample/staleness_max",
 }
-"""TRL: rcdiag name → key (TRL logs no KL, PPL, χ², ESS or fractions for the mismatch)."""
+"""TRL: rcdiag name → key (TRL logs no KL, PPL, χ², ESS or fractions for the mismatch). Staleness: AsyncGRPO's
+`sample/staleness_{mean,max}` (trl 1.16.0 trl/experimental/async_grpo/async_grpo_trainer.py,
+RolloutQueueDataset.__iter__: the trainer's model_version − the sample's, per consumed sample)."""
 
 OPENRLHF_KEYS: dict[str, str] = {"kl": "train/vllm_kl", "vllm_kl": "train/vllm_kl",
                                  "is_filter_ratio": "train/is_filter_ratio"}

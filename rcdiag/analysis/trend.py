@@ -26,6 +26,7 @@ from rcdiag.analysis.defaults import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_
 from rcdiag.analysis.engine import stream
 from rcdiag.analysis.floor import NOISE_NAMES, NoiseEvidence
 from rcdiag.analysis.isstats import IS_METRIC_NAMES
+from rcdiag.analysis.lag_trend import token_lag
 from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES, MetricsAccumulator
 from rcdiag.errors import InputError
 
@@ -219,12 +220,23 @@ def trend(run: Any, convention: str = DEFAULT_CONVENTION, mode: str = DEFAULT_MO
     |ℓ| over valid tokens), the noise floor's evidence (rcdiag.analysis.floor.NOISE_NAMES), the IS metrics of `mode` at `threshold` (and `lower`), and percentile bootstrap
     intervals at `level` (NAME_low, NAME_high, NAME_se for INTERVAL_NAMES; Poisson bootstrap over the step's
     sequences, seeded `seed + step`; NaN with fewer than 2 sequences). A run without steps is one row, step 0.
-    `frame.attrs` records convention, mode, threshold, lower, level and replicates.
+    A run with policy versions also gets the lag columns (rcdiag.analysis.lag_trend.LAG_NAMES: token lag, stale
+    share, the floor's and the stale tokens' mean |ℓ|, and the frameworks' per-sequence staleness where the
+    trainer's version is recorded), from the same pass. `frame.attrs` records convention, mode, threshold, lower,
+    level and replicates (and `lag_reference` with the lag columns).
     """
     from rcdiag.store.run import Run, open_run
 
     opened = run if isinstance(run, Run) else open_run(run)
     accumulator = replace(trend_accumulator(opened, convention, mode, threshold, lower), replicates=replicates,
                           level=level, seed=seed)
-    rows = stream(opened, [accumulator], batch_rows=batch_rows, silent=silent, desc="trend")
-    return accumulator.finish(Totals(rows))
+    lag = token_lag(opened, accumulator.ids, accumulator.steps)
+    rows = stream(opened, [accumulator] if lag is None else [accumulator, lag], batch_rows=batch_rows,
+                  silent=silent, desc="trend")
+    frame = accumulator.finish(Totals(rows))
+    if lag is not None:  # the same steps in the same order (both np.unique of the run's steps)
+        lags = lag.finish(Totals(rows))
+        for name in lags.columns[1:]:
+            frame[name] = lags[name].to_numpy()
+        frame.attrs.update(lags.attrs)
+    return frame

@@ -45,6 +45,8 @@ class CrossCheck:
     not_recomputed: list[str]
     missing: list[int] = field(default_factory=list)
     """Run steps inside the logged range at which a logged key has no value: the log lost them."""
+    unversioned: list[str] = field(default_factory=list)
+    """Logged staleness keys the run cannot recompute: it stores no policy versions, or not the trainer's."""
     step_offset: int = 0
     better_offset: tuple[int, float] | None = None
     """(offset, share of values agreeing under it) when another step offset fits (OFFSET_TRIED)."""
@@ -75,6 +77,11 @@ class CrossCheck:
                          f"the values agree at logged step = run step {offset:+d}): is the dump's step numbering off "
                          "by one? verl's global_steps count from 1, a dump's steps often from 0 — re-run with "
                          f"--step-offset {self.step_offset + offset}.")
+        if self.unversioned:
+            lines.append(f"Not checked: the log has staleness keys ({', '.join(self.unversioned[:4])}"
+                         f"{' …' if len(self.unversioned) > 4 else ''}) but the run stores no policy versions with "
+                         "the trainer's version — re-import the dumps with their versions (verl max/min_global_steps, "
+                         "TRL model_version) to check them.")
         if self.only_run and not self.table.empty:
             lines.append(f"Run step(s) the log lacks (not compared): {_steps(self.only_run)}.")
         return "\n".join(lines)
@@ -82,6 +89,8 @@ class CrossCheck:
     def _verdict(self) -> str:
         n_steps = self.table["step"].nunique()
         shift = f" (logged step = run step {self.step_offset:+d})" if self.step_offset else ""
+        if self.table.empty and self.unversioned:
+            return f"Nothing compared: every logged {self.keys} key this run could check is a staleness key."
         if self.table.empty:
             return (f"No logged {self.keys} key matches a step of the run{shift} (logged steps "
                     f"{_steps(self.only_logged)}, run steps {_steps(self.only_run)}): check the key set (--keys), "
@@ -131,7 +140,8 @@ def _compare(logged: Any, ours: Any, by_key: dict[str, str], offset: int, rtol: 
             mine == value or (math.isnan(mine) and math.isnan(value)))
         rel = diff / abs(value) if value else (0.0 if diff == 0 else math.inf)
         rows.append((mine_step, key, float(value), mine, diff, rel, agree))
-    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values(["step", "key"], ignore_index=True)
+    table = pd.DataFrame(rows, columns=list(COLUMNS)).astype({"step": "int64", "agree": bool})  # typed when empty
+    return table.sort_values(["step", "key"], ignore_index=True)
 
 
 def _missing(logged: Any, run_steps: set[int], offset: int) -> list[int]:
@@ -188,6 +198,8 @@ def crosscheck(run: Any, source: str | Path, kind: str = "tensorboard", keys: st
     unmatched = sorted(k for k in raw_keys - set(table.values())
                        if any(p in k for p in prefixes) and not any(k.endswith("/" + v) for v in table.values()))
     frame = trend(run, key_convention(chosen, None), mode, threshold, lower, silent=silent)
+    unversioned = sorted(set(logged["key"]) - set(export_table(chosen, frame.columns).values()))
+    logged = logged[~logged["key"].isin(unversioned)]
     by_key = {v: k for k, v in table.items()}
     ours = frame.set_index("step")
     run_steps = {int(s) for s in ours.index}
@@ -195,5 +207,5 @@ def crosscheck(run: Any, source: str | Path, kind: str = "tensorboard", keys: st
     result = _compare(logged, ours, by_key, step_offset, rtol, atol)
     better = _better_offset(logged, ours, by_key, result, step_offset, rtol, atol)
     return CrossCheck(result, chosen, sorted(s + step_offset for s in log_steps - run_steps),
-                      sorted(run_steps - log_steps), unmatched, _missing(logged, run_steps, step_offset), step_offset,
-                      better)
+                      sorted(run_steps - log_steps), unmatched, _missing(logged, run_steps, step_offset), unversioned,
+                      step_offset, better)

@@ -18,6 +18,7 @@ from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
+from rcdiag.analysis.lag_trend import LAG_NAMES
 from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
 from rcdiag.store.names import safe_name
@@ -27,13 +28,17 @@ from rcdiag.trackers.read import need_tracker, read_wandb
 TARGETS = ("tensorboard", "wandb", "csv", "jsonl")
 WANDB_FLUSH_SECONDS = 60.0
 """How long an export waits for wandb-core to finish writing the offline run's log."""
-EXPORTED = (*(c for c in TREND_COLUMNS if c != "step"), *(f"{n}_{b}" for n in INTERVAL_NAMES for b in ("low", "high")))
-"""The trend columns a tracker gets (a framework's key style keeps those it logs; canonical all, under rcdiag/)."""
+EXPORTED = (*(c for c in TREND_COLUMNS if c != "step"), *(f"{n}_{b}" for n in INTERVAL_NAMES for b in ("low", "high")),
+            *LAG_NAMES)
+"""The trend columns a tracker gets (a framework's key style keeps those it logs; canonical all, under rcdiag/);
+the lag columns only where the run has them (rcdiag.analysis.lag_trend)."""
 
 
-def export_table(keys: str | None) -> dict[str, str]:
-    """{trend column: tracker key} of an export (and of a cross-check) under `keys`; ConfigError if unknown."""
-    return tracker_table(keys, EXPORTED)
+def export_table(keys: str | None, columns: Any = None) -> dict[str, str]:
+    """{trend column: tracker key} of an export (and of a cross-check) under `keys`; ConfigError if unknown.
+    `columns`: only those of a given trend frame (a run without versions has no lag columns)."""
+    table = tracker_table(keys, EXPORTED)
+    return table if columns is None else {c: k for c, k in table.items() if c in set(columns)}
 
 
 @dataclass(frozen=True)
@@ -48,11 +53,11 @@ class ExportResult:
 
 def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
     """(step, {tracker key: value}) per step of a trend frame, finite values only."""
-    table = export_table(keys)
+    table = export_table(keys, frame.columns)
     rows = []
     for record in frame.to_dict(orient="records"):
         values = {key: float(record[col]) for col, key in table.items()
-                  if col in record and record[col] is not None and math.isfinite(float(record[col]))}
+                  if record[col] is not None and math.isfinite(float(record[col]))}
         rows.append((int(record["step"]), values))
     return rows
 

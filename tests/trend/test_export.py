@@ -27,8 +27,8 @@ def test_tensorboard_scalars_at_their_steps(drifting_run, tmp_path, capsys):
     accumulator = EventAccumulator(str(event))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert tags == set(export_table("verl").values())
     frame = trend(drifting_run, "verl", replicates=10)
+    assert tags == set(export_table("verl", frame.columns).values())  # no versions: no staleness keys
     for column, key in (("k3_kl", "rollout_corr/k3_kl"), ("ess", "rollout_corr/rollout_is_eff_sample_size")):
         got = [(e.step, e.value) for e in accumulator.Scalars(key)]
         assert [s for s, _ in got] == list(range(STEPS))
@@ -57,9 +57,10 @@ def test_flat_tables(drifting_run, tmp_path, fmt):
     export_run(drifting_run, fmt, dest, "trl")
     table = pd.read_csv(dest) if fmt == "csv" else pd.DataFrame([json.loads(x) for x in dest.read_text().splitlines()])
     assert table["step"].tolist() == list(range(STEPS))
-    assert set(table.columns) == {"step", *export_table("trl").values()}
+    written = export_table("trl", trend(drifting_run, "trl", replicates=10).columns)
+    assert set(table.columns) == {"step", *written.values()}
     if fmt == "csv":
-        assert len(read_history_csv(dest)) == STEPS * len(export_table("trl"))
+        assert len(read_history_csv(dest)) == STEPS * len(written)
 
 
 def test_missing_tracker_is_a_clear_error(drifting_run, tmp_path, monkeypatch, capsys):
@@ -88,7 +89,10 @@ def test_export_keys_are_the_frameworks_own():
                   "chi2_token", "chi2_seq")
     verl_is = ("rollout_is_mean", "rollout_is_std", "rollout_is_min", "rollout_is_max", "rollout_is_eff_sample_size",
                "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low")
-    assert set(export_table("verl").values()) == {f"rollout_corr/{k}" for k in (*off_policy, *verl_is)}
+    staleness = {f"training/off_policy/trajectory_{k}/{s}" for k in ("staleness", "staleness_worst", "spans")
+                 for s in ("mean", "max", "min")} | {f"fully_async/partial/{k}" for k in (
+                     "total_partial_num", "partial_ratio", "max_partial_span")}
+    assert set(export_table("verl").values()) == {f"rollout_corr/{k}" for k in (*off_policy, *verl_is)} | staleness
     assert set(export_table("swift").values()) == {f"rollout_correction/{k}" for k in (
         *off_policy, "is_weight_mean", "ess", "clipped_frac")}
     assert export_table("trl") == {
@@ -96,7 +100,8 @@ def test_export_keys_are_the_frameworks_own():
         "is_weight_mean": "sampling/importance_sampling_ratio/mean",
         "is_weight_max": "sampling/importance_sampling_ratio/max",
         "abs_log_ratio_mean": "sampling/sampling_logp_difference/mean",
-        "abs_log_ratio_max": "sampling/sampling_logp_difference/max"}
+        "abs_log_ratio_max": "sampling/sampling_logp_difference/max",
+        "seq_lag_mean": "sample/staleness_mean", "seq_lag_max": "sample/staleness_max"}
     canonical = export_table("canonical")
     assert canonical["k3_kl"] == "rcdiag/k3_kl" and canonical["k3_kl_high"] == "rcdiag/k3_kl_high"
     assert "step" not in canonical and not any(k.endswith("_se") for k in canonical)

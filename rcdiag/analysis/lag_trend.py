@@ -168,6 +168,9 @@ class TokenLag(BatchConsumer):
         step = self.steps[per_row[keep]]
         lag = lag[keep].astype(np.int64)
         abs_ell = np.abs(rows.a[keep] - rows.b[keep])
+        if step[0] == step[-1] and (step == step[0]).all():  # the usual batch: one step
+            self.parts.setdefault(int(step[0]), StepLag()).add(lag, abs_ell)
+            return
         for s in np.unique(step):
             here = step == s
             self.parts.setdefault(int(s), StepLag()).add(lag[here], abs_ell[here])

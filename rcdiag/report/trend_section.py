@@ -28,9 +28,11 @@ PANELS = (("abs_log_ratio_mean", "mean |ℓ|"), ("k3_kl", "k3_kl"), ("chi2_token
 """(trend column, panel title) of the trend figure, in order (the positive, heavy-tailed ones on a log axis)."""
 TABLE_COLUMNS = ("step", "sequences", "tokens", "kl", "k3_kl", "chi2_token", "ess", "clipped_frac",
                  "abs_log_ratio_mean", "status")
-LAG_COLUMNS = ("token_lag_mean", "stale_token_share", "floor_abs_log_ratio_mean", "stale_abs_log_ratio_mean")
+LAG_COLUMNS = ("token_lag_mean", "token_lag_max", "stale_token_share", "floor_abs_log_ratio_mean",
+               "stale_abs_log_ratio_mean", "seq_lag_mean", "seq_lag_max", "partial_seqs")
 LAG_PANELS = (("stale_token_share", "share of tokens at lag ≥ 1"), ("floor_abs_log_ratio_mean", "floor mean |ℓ| (lag 0)"))
-"""The table columns and figure panels added for a run with policy versions (rcdiag.analysis.lag_trend)."""
+"""The second table (step, then those of these columns the trend has) and the figure panels added for a run with
+policy versions (rcdiag.analysis.lag_trend; the seq_ columns only with the trainer's version)."""
 SHOWN_CHANGES = 20
 """Verdict changes listed in the report (all are in metrics.json's status_changes)."""
 
@@ -124,8 +126,7 @@ def trend_section(report: Any) -> Section:
     if frame is None:
         return Section([], data=data)
     lagged = LAG_COLUMNS[0] in frame
-    columns = (*TABLE_COLUMNS[:-1], *LAG_COLUMNS, "status") if lagged else TABLE_COLUMNS
-    rows = [[fmt(r[c]) if c != "status" else r[c] for c in columns] for r in steps]
+    rows = [[fmt(r[c]) if c != "status" else r[c] for c in TABLE_COLUMNS] for r in steps]
     level = frame.attrs.get("level", 0.95)
     marks = [] if timeline is None else [(timeline.change.step, "step change")] if timeline.change else \
         [(timeline.drift.start_step, "drift starts")] if timeline.drift else []
@@ -135,12 +136,16 @@ def trend_section(report: Any) -> Section:
                          "on a log scale from per-step statistics a heavy tail cannot dominate (mean |ℓ|, the noise "
                          "scale σ̂ — a median — and the share of outlier tokens): a step change is a jump between "
                          "two plateaus, a drift a steady rise (docs/metrics.md, 'Across training')."
-                         + (" The run has policy versions: per step its mean token lag, the share of tokens at lag ≥ 1 "
-                            "and the mean |ℓ| of the lag-0 floor and of the stale tokens "
+                         + (" The run has policy versions: per step (second table) its token lag, the share of tokens "
+                            "at lag ≥ 1, the mean |ℓ| of the lag-0 floor and of the stale tokens, and the "
+                            "trajectories' staleness where the trainer's version is recorded "
                             "(docs/metrics.md, 'Policy lag')." if lagged else "")),
               Block("callout", timeline_text(timeline)),
               Block("p", changes_text(steps, changes)),
               Block("image", "mismatch per step", image=FIGURE),
-              Block("table", headers=list(columns), rows=rows)]
+              Block("table", headers=list(TABLE_COLUMNS), rows=rows)]
+    if lagged:
+        lag = ["step", *(c for c in LAG_COLUMNS if c in frame)]
+        blocks.append(Block("table", headers=lag, rows=[[fmt(r[c]) for c in lag] for r in steps]))
     panels = (*PANELS, *LAG_PANELS) if lagged else PANELS
     return Section(blocks, {FIGURE: ("trend_panels", (frame, marks, panels))}, data)

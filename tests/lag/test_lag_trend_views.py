@@ -16,18 +16,19 @@ from tests.dashboard.conftest import make_app  # noqa: F401 (fixture)
 from tests.lag.asyncrun import async_run
 
 
-def _table_header(md: str) -> str:
+def _table_headers(md: str) -> list[str]:
     at = md.index("## Across training")
-    return next(line for line in md[at:].splitlines() if line.startswith("| step |"))
+    return [line for line in md[at:].splitlines() if line.startswith("| step |")]
 
 
 def test_report_trend_shows_lag_columns(tmp_path):
     async_run(tmp_path / "run")
     assert main(["report", str(tmp_path / "run"), "-q"]) in (0, 1)
     md = (tmp_path / "run/report/report.md").read_text()
-    header = _table_header(md)
-    assert all(f" {c} " in header for c in (*TABLE_COLUMNS, *LAG_COLUMNS)), header
-    assert "The run has policy versions: per step its mean token lag" in md
+    main_table, lag_table = _table_headers(md)[:2]
+    assert main_table.split("|")[1:-1] == [f" {c} " for c in TABLE_COLUMNS]  # as before
+    assert lag_table.split("|")[1:-1] == [f" {c} " for c in ("step", *LAG_COLUMNS)], lag_table
+    assert "The run has policy versions: per step (second table) its token lag" in md
     by_step = json.loads((tmp_path / "run/report/metrics.json").read_text())["by_step"]
     frame = trend(tmp_path / "run", replicates=5)
     assert [r["stale_token_share"] for r in by_step] == frame["stale_token_share"].tolist()
@@ -39,7 +40,8 @@ def test_report_trend_without_versions_is_unchanged(tmp_path):
     async_run(tmp_path / "plain", versions=False)
     assert main(["report", str(tmp_path / "plain"), "-q"]) in (0, 1)
     md = (tmp_path / "plain/report/report.md").read_text()
-    assert _table_header(md).split("|")[1:-1] == [f" {c} " for c in TABLE_COLUMNS]
+    assert _table_headers(md)[0].split("|")[1:-1] == [f" {c} " for c in TABLE_COLUMNS]
+    assert not any("token_lag_mean" in h for h in _table_headers(md))
     assert "policy versions" not in md[md.index("## Across training"):]
     by_step = json.loads((tmp_path / "plain/report/metrics.json").read_text())["by_step"]
     assert not any(c in by_step[0] for c in LAG_COLUMNS)

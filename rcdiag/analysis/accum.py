@@ -90,6 +90,17 @@ class BatchConsumer(Mergeable, abstract=True):
     CONTRACT = {**Mergeable.CONTRACT, "update_batch": ("rows", "file", "row0"), "finish": ("totals",)}
 
 
+def merge_keyed(target: dict, other: dict) -> dict:
+    """Merge `other`'s parts into `target`'s key by key (per-step states: a part under a new key is taken as it
+    is, one under a known key merged into it). Returns target."""
+    for key, part in other.items():
+        if key in target:
+            target[key].merge(part)
+        else:
+            target[key] = part
+    return target
+
+
 def merge_fields(target: Any, other: Any, fields: tuple[str, ...]) -> Any:
     """Merge `other`'s named attributes into `target`'s by their type (torchmetrics' add_state reductions, stated
     once): a mergeable primitive or consumer merges, numbers and numpy arrays add, lists extend. Returns target."""

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.accum import BatchConsumer, ExactSum, Totals
+from rcdiag.analysis.accum import BatchConsumer, ExactSum, Totals, merge_keyed
 from rcdiag.analysis.rows import BatchRows
 
 TOKEN_NAMES = ("lag_tokens", "token_lag_mean", "token_lag_max", "stale_token_share", "floor_abs_log_ratio_mean",
@@ -179,11 +179,7 @@ class TokenLag(BatchConsumer):
         return replace(self, parts={})
 
     def merge(self, other: TokenLag) -> TokenLag:
-        for step, part in other.parts.items():
-            if step in self.parts:
-                self.parts[step].merge(part)
-            else:
-                self.parts[step] = part
+        merge_keyed(self.parts, other.parts)
         return self
 
     def finish(self, totals: Totals) -> Any:

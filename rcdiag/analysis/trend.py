@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.accum import ChunkConsumer, Totals
+from rcdiag.analysis.accum import ChunkConsumer, Totals, merge_keyed
 from rcdiag.analysis.bootstrap import SequenceSums, bootstrap
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
@@ -161,11 +161,7 @@ class TrendAccumulator(ChunkConsumer):
         return replace(self, parts={})
 
     def merge(self, other: TrendAccumulator) -> TrendAccumulator:
-        for step, part in other.parts.items():
-            if step in self.parts:
-                self.parts[step].merge(part)
-            else:
-                self.parts[step] = part
+        merge_keyed(self.parts, other.parts)
         return self
 
     def finish(self, totals: Totals) -> Any:

@@ -71,9 +71,22 @@ def test_sequence_text_decodes_without_importing_transformers(tmp_path):
     assert loaded == "False" and "⟨" not in text, out.stdout
 
 
-def test_bars_outside_jupyter_are_plain_text_and_silent_twin_hides():
+def test_bars_outside_jupyter_are_plain_text_and_silent_twin_hides(monkeypatch):
+    """Outside Jupyter a text bar: the live one on a terminal, the one-line-when-done LogBar in a log (pytest's
+    captured stderr is not a terminal)."""
+    import io
+
     from tqdm.std import tqdm as text_tqdm
 
+    from rcdiag.progress import LogBar
+
+    assert bar_class() is LogBar and issubclass(LogBar, text_tqdm)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
     assert bar_class() is text_tqdm
     with progress(total=3, desc="x", silent=True) as bar:
         bar.update(3)

@@ -1,6 +1,6 @@
 """The token strip: a response as inline tokens coloured by ℓ = a − b on a diverging scale, with hover details.
 
-Sign (METRICS.md): ℓ = a − b with a = the trainer's log-prob and b = the engine's (rollout) log-prob. Red: ℓ > 0,
+Sign (docs/metrics.md): ℓ = a − b with a = the trainer's log-prob and b = the engine's (rollout) log-prob. Red: ℓ > 0,
 the trainer gives the token more probability than the engine (IS weight > 1: truncated or masked above C); blue:
 ℓ < 0, the trainer gives it less (weight < 1). The page draws at most WINDOW tokens at a time (issue #20.11: one
 400k-token response was 101 MB of HTML), each as a span of ~250 bytes, the shared style in one class.
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 CLAMP = 20.0
-"""ratio = exp(clamp(ℓ, ±20)) in the hover text (METRICS.md ρ_t)."""
+"""ratio = exp(clamp(ℓ, ±20)) in the hover text (docs/metrics.md ρ_t)."""
 WINDOW = 1500
 """Most tokens drawn at once (≈ 0.4 MB of HTML); longer responses are paged by position."""
 STYLE = ("<style>#rcdiag-token-strip{font-family:monospace;white-space:pre-wrap;line-height:1.9;font-size:0.95em}"

@@ -6,7 +6,7 @@
 
 Builds the run shard by shard with RunWriter (never the whole table in memory), then measures, each in a fresh
 subprocess so that peak RSS is per method (imports and rcdiag's kernel loading are set-up, reported apart):
-(a) rcdiag.analysis.correction.analyze (every METRICS.md metric and the four IS modes at one threshold, one streaming pass);
+(a) rcdiag.analysis.correction.analyze (every docs/metrics.md metric and the four IS modes at one threshold, one streaming pass);
 (b) pandas: load all token files, then groupby; (c) pyarrow: read the needed columns file by file and drop them
 (the floor). (a) also runs on a run of 1/5 the size: a flat peak RSS shows
 that memory does not grow with the data. Prints tokens/s, the ratios b/a (speed-up) and a/c, and peak RSS.

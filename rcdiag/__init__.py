@@ -3,7 +3,7 @@
 Public API (imported lazily, so `import rcdiag` stays cheap)::
 
     run = rcdiag.open_run("runs/sample")          # Run: .manifest, .tokens(), .sequences(), .iter_batches()
-    rcdiag.compute_metrics(run)                   # dict of METRICS.md names
+    rcdiag.compute_metrics(run)                   # dict of docs/metrics.md names
     rcdiag.simulate(run, "token_truncate", threshold=2.0)
     rcdiag.sweep(run)                             # DataFrame: IS metrics per mode × threshold
     rcdiag.trend(run, convention="verl")          # DataFrame: every metric per training step, with intervals

@@ -65,7 +65,7 @@ class Result(dict):
 
 # ------------------------------------------------------------------------------------------- run methods
 def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
-    """compute_metrics(run, convention) as a Result (METRICS.md names plus tokens/sequences/empty_sequences)."""
+    """compute_metrics(run, convention) as a Result (docs/metrics.md names plus tokens/sequences/empty_sequences)."""
     from rcdiag.analysis.conventions import DEFAULT_CONVENTION
     from rcdiag.analysis.metrics import compute_metrics
 
@@ -390,7 +390,7 @@ class Run(store_run.Run):
         return run_verdict(self)
 
     def metrics(self, convention: str | None = None, **kwargs: Any) -> Result:
-        """Every METRICS.md diagnostic (rcdiag.compute_metrics) as a dict that renders in Jupyter."""
+        """Every docs/metrics.md diagnostic (rcdiag.compute_metrics) as a dict that renders in Jupyter."""
         return metrics(self, convention, **kwargs)
 
     def simulate(self, mode: str, threshold: float | None = None, **kwargs: Any) -> Result:

@@ -1,4 +1,4 @@
-"""The package layout's rules (DESIGN.md "Package layout"), read from every module's imports with `ast` — at module
+"""The package layout's rules (docs/design.md, 'Package layout'), read from every module's imports with `ast` — at module
 level AND inside functions, so a lazy import cannot hide a cycle or a layer breach.
 
 Guards the first wave's defect: `runstore` (the bottom) lazily imported the Jupyter layer, tying 18 modules into
@@ -42,7 +42,7 @@ ALLOWED = {
     "compat": {"ground", "store", "score"},
     "app": {"ground", "store", "analysis", "checks", "probe", "report", "notebook", "app"},
 }
-"""Which layers a layer may import (DESIGN.md): store only the ground floor; analysis/checks/score/importers the
+"""Which layers a layer may import (docs/design.md): store only the ground floor; analysis/checks/score/importers the
 store; score never analysis or report; probe score and analysis, never report; report may use probe, never
 notebook/app/cli/distributed; nothing imports cli, commands or app (the cli loads commands by name)."""
 

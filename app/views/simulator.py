@@ -42,7 +42,7 @@ def _controls(ref: data.RunRef) -> None:
     left, mid, right = st.columns([1, 2, 1])
     mode = left.selectbox("Mode", list(MODES), key="sim_mode")
     convention = left.selectbox("Convention", list(CONVENTIONS), key="sim_convention",
-                                help="canonical = METRICS.md; the others reproduce each framework's own numbers")
+                                help="canonical = docs/metrics.md; the others reproduce each framework's own numbers")
     threshold = mid.select_slider("Threshold C (log scale)", options=grid, key="sim_threshold",
                                   format_func=lambda c: f"{c:g}",
                                   help="Ratios above C are truncated to C (truncate) or dropped (mask).")

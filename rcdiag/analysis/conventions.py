@@ -1,4 +1,4 @@
-"""The per-framework formula table (METRICS.md "Conventions"): one frozen record per convention, no if-ladders."""
+"""The per-framework formula table (docs/metrics.md, its conventions section): one frozen record per convention, no if-ladders."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from rcdiag.errors import ConfigError
 
 LOG_RATIO_CLAMP = 20.0
-"""The ±20 clamp on log-ratios (METRICS.md notation ℓ̂)."""
+"""The ±20 clamp on log-ratios (docs/metrics.md notation ℓ̂)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ CONVENTIONS: dict[str, Convention] = {
                       no_upper=True, no_data="trl"),
     **{name: Convention(name, framework=name) for name in ("openrlhf", "skyrl", "nemo-rl", "prime-rl", "roll")},
 }
-"""canonical = METRICS.md definitions; swift = ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py`; verl = v0.9.0
+"""canonical = docs/metrics.md definitions; swift = ms-swift v4.5.2 `swift/rlhf_trainers/grpo_trainer.py`; verl = v0.9.0
 `verl/trainer/ppo/rollout_corr_helper.py`; trl = v1.9.0 `trl/trainer/grpo_trainer.py` (GRPOTrainer).
 
 trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl gives the canonical values plus

@@ -1,6 +1,6 @@
 """IS correction modes (TIS / MIS / sequence-level), verl rejection and threshold sweeps, simulated offline.
 
-    simulate(run, "token_truncate", threshold=2.0)            # dict of METRICS.md IS metrics
+    simulate(run, "token_truncate", threshold=2.0)            # dict of docs/metrics.md IS metrics
     simulate(run, sequence_mask, convention="swift", return_weights=True)   # + per-token weights DataFrame
     sweep(run)                                                # DataFrame: mode × threshold → IS metrics
 
@@ -79,7 +79,7 @@ def presets() -> dict[str, CorrectionMode]:
 
 
 MODES: dict[str, CorrectionMode] = presets()
-"""The presets by name at import (METRICS.md IS modes; get_mode reads the table itself)."""
+"""The presets by name at import (docs/metrics.md IS modes; get_mode reads the table itself)."""
 token_truncate, token_mask, sequence_truncate, sequence_mask = (MODES[n] for n in IS_MODES[:4])
 
 
@@ -320,7 +320,7 @@ def simulate(data: Any, mode: str | CorrectionMode, threshold: Any = DEFAULT,
     rejection.verl_rejections for verl's own config strings). `batch_normalize` divides the weights by their
     token mean (is_weight_mean becomes 1; ESS is unchanged); under verl the metrics stay as verl logs them
     (before normalisation) and `batch_norm_factor` is verl's divisor.
-    `keys`: "canonical" (METRICS.md names, default) or "verl" | "swift" | "trl" — the framework's own logged key
+    `keys`: "canonical" (docs/metrics.md names, default) or "verl" | "swift" | "trl" — the framework's own logged key
     names (keys.py; numbers the framework does not log get an "rcdiag/" prefix).
     Returns {IS metric: float} (NaN where nothing is scored; ESS NaN with a RuntimeWarning when every weight is
     0), plus "weights": DataFrame(seq_id, pos, weight, kept) when `return_weights`.

@@ -6,8 +6,8 @@ rcdiag.analysis.verdict; the report's cards; the dashboard's Overview and Compar
 | `kl`, `k3_kl` (abs) | ≤ 0.01 | ≤ 0.1 | > 0.1 | alarm: verl's documented warning abs(kl) > 0.1 (docs/algo/rollout_corr.md); healthy: rcdiag's synthesis of published k3 levels (R3, arXiv 2510.11370: dense Qwen3-8B ≈ 6.4e-4, MoE Qwen3-30B-A3B ≈ 1.5e-3; third-party dense runs 4e-4…1e-2) |
 | `log_ppl_abs_diff` | ≤ 0.01 | ≤ 0.1 | > 0.1 | rcdiag: the same scale as kl (a per-sequence mean of ℓ) |
 | `chi2_token` | ≤ 0.02 | ≤ 1 | > 1 | alarm: verl's warning chi2_token > 1 ("severe distribution shift"); healthy: rcdiag, χ² ≈ 2·KL for small gaps |
-| `abs_log_ratio_mean` | ≤ 0.02 | ≤ 0.34 | > 0.34 | rcdiag's synthesis: dense bf16 ≈ 0.005, MoE 0.14–0.34 (METRICS.md reference values) |
-| `abs_log_ratio_max` | ≤ 2 | ≤ 6 | > 6 | rcdiag's synthesis: MoE worst token 2–6 nats (METRICS.md) |
+| `abs_log_ratio_mean` | ≤ 0.02 | ≤ 0.34 | > 0.34 | rcdiag's synthesis: dense bf16 ≈ 0.005, MoE 0.14–0.34 (docs/metrics.md reference values) |
+| `abs_log_ratio_max` | ≤ 2 | ≤ 6 | > 6 | rcdiag's synthesis: MoE worst token 2–6 nats (docs/metrics.md) |
 | `frac_outside_0.5_2` | ≤ 0.1 % | ≤ 1 % | > 1 % | rcdiag's synthesis: R3 counts tokens with max(r, 1/r) > 2 as "extreme", an order of magnitude more in MoE |
 | `ess` (TIS, C) | ≥ 0.99 | ≥ 0.3 | < 0.3 | alarm: verl's warning ESS < 0.3; healthy: rcdiag (dense ≈ 0.9996) |
 | `is_weight_mean` (TIS, C) | 0.95–1.05 | 0.5–2 | outside 0.5–2 | alarm: verl's warning outside [0.5, 2]; healthy: rcdiag |

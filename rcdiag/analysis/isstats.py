@@ -2,7 +2,7 @@
 
 Sums of weights are exact (per sequence, then ExactSum, so the batching cannot change them); variances are two-pass
 per chunk merged with Chan's formula (no E[w²] − E[w]² cancellation for nearly equal weights). Threshold
-comparisons are made in log space (ℓ̂ > log C), exactly, so ties (ρ = C) follow the METRICS.md rule (a mask keeps
+comparisons are made in log space (ℓ̂ > log C), exactly, so ties (ρ = C) follow the docs/metrics.md rule (a mask keeps
 w ≤ C; "high"/"low" use strict > and <) without exp() rounding. Sequence-level weights are reduced per sequence
 (weight × T_i), never broadcast to tokens.
 """
@@ -44,7 +44,7 @@ def _product(s: np.ndarray, sh: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 SEQ_LOG_RATIO = {"geometric": _geometric, "swift": _swift, "product_clamped": _product_clamped,
                  "product": _product}
-"""log ρ_i^seq from (S_i = Σmℓ, Σmℓ̂, T_i) by Convention.is_seq_ratio (METRICS.md)."""
+"""log ρ_i^seq from (S_i = Σmℓ, Σmℓ̂, T_i) by Convention.is_seq_ratio (docs/metrics.md)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from rcdiag.errors import ConfigError
 
 KEY_STYLES = ("canonical", "verl", "swift", "trl", "openrlhf", "skyrl", "nemo-rl", "prime-rl", "roll")
-"""Values of `keys=` / `--keys`: canonical = METRICS.md names (unchanged); the others = the framework's keys."""
+"""Values of `keys=` / `--keys`: canonical = docs/metrics.md names (unchanged); the others = the framework's keys."""
 RCDIAG_PREFIX = "rcdiag/"
 
 OFFPOLICY_NAMES = ("training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl",

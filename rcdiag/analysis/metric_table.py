@@ -70,7 +70,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("chi2_token", "token", lambda s, c: s.sum_chi2, no_token=-1.0, interval=True),  # ρ² − 1, accurate
     Metric("chi2_seq", "sequence", _chi2_seq, interval=True),
 )
-"""Every metric compute_metrics returns, in METRIC_NAMES order (METRICS.md's formulas)."""
+"""Every metric compute_metrics returns, in METRIC_NAMES order (docs/metrics.md's formulas)."""
 EXTRA_INTERVALS: tuple[Metric, ...] = (
     Metric("abs_log_ratio_mean", "token", lambda s, c: s.sum_abs, interval=True),
 )

@@ -24,7 +24,7 @@ COUNT_NAMES = ("tokens", "sequences", "empty_sequences")
 
 
 class MetricsAccumulator(ChunkConsumer):
-    """Mergeable state of every METRICS.md diagnostic for one convention.
+    """Mergeable state of every docs/metrics.md diagnostic for one convention.
 
     `update(batch)` takes a RecordBatch/Table/DataFrame of token rows (a sequence may continue in the next batch;
     its rows are carried), `update_chunk(chunk)` a TokenChunk of whole sequences; `merge(other)` adds an
@@ -125,7 +125,7 @@ class MetricsAccumulator(ChunkConsumer):
 
     # ------------------------------------------------------------------ result
     def finish(self, totals: Totals | None = None) -> dict[str, float]:
-        """The metrics dict (METRICS.md names, then counts). `totals.sequences` = B, the rows of the sequences table
+        """The metrics dict (docs/metrics.md names, then counts). `totals.sequences` = B, the rows of the sequences table
         (None: the sequences seen in the token rows). Zero valid tokens → every metric NaN, counts 0.
         Under trl, also TRL's `sampling_logp_difference` mean and max of |ℓ| over valid tokens (unclamped) as
         abs_log_ratio_mean / abs_log_ratio_max: 0.0 without a valid token, as TRL v1.9.0 logs. Under verl, also
@@ -169,12 +169,12 @@ class MetricsAccumulator(ChunkConsumer):
 def compute_metrics(data: Any, convention: str | None = None, *, sequences: Any = None,
                     batch_rows: int = DEFAULT_BATCH_ROWS, silent: bool = True, keys: str | None = None
                     ) -> dict[str, float]:
-    """Every METRICS.md diagnostic of `data` in one streaming pass.
+    """Every docs/metrics.md diagnostic of `data` in one streaming pass.
 
     `data`: a `Run` (B = its sequences table, so empty responses count), or a DataFrame / Arrow table of token rows
     (seq_id int, pos int, rollout_logprob, train_logprob float; mask optional, default all valid; B = distinct
     seq_ids, or the rows of `sequences` when given). `convention`: canonical | swift | verl | trl (default
-    canonical, or the framework named by `keys`). `keys`: "canonical" (METRICS.md names) or "verl" | "swift" |
+    canonical, or the framework named by `keys`). `keys`: "canonical" (docs/metrics.md names) or "verl" | "swift" |
     "trl": the framework's logged key names (keys.py), e.g. "rollout_corr/kl"; numbers the framework does not log
     are prefixed "rcdiag/".
     Returns {metric: float} in METRIC_NAMES order (+ trl's abs_log_ratio_mean/max under trl, verl's probs_diff_*

@@ -16,7 +16,7 @@ from rcdiag.errors import ConfigError
 STATISTICS = kernels.REJECTION_STATISTICS
 SCOPES = kernels.REJECTION_SCOPES
 OPTIONS = tuple(f"{scope}_{stat}" for scope in SCOPES for stat in STATISTICS if (scope, stat) != ("seq_max", "k1"))
-"""token_k1, token_k2, token_k3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2, seq_max_k3 (METRICS.md)."""
+"""token_k1, token_k2, token_k3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2, seq_max_k3 (docs/metrics.md)."""
 
 
 def _k1(lh: np.ndarray, rho_m1: np.ndarray) -> np.ndarray:
@@ -183,7 +183,7 @@ def keep_rows(rejections: tuple[Rejection, ...], chunk: TokenChunk) -> np.ndarra
 
 
 REJECTION_OPTIONS = ("token_k1", "token_k3", "seq_mean_k1", "seq_mean_k3", "seq_max_k3")
-"""verl's rejection options the report simulates at --threshold (on top of token_truncate), METRICS.md."""
+"""verl's rejection options the report simulates at --threshold (on top of token_truncate), docs/metrics.md."""
 
 
 def rejection_bound(option: str, threshold: float) -> tuple[str, float]:

@@ -1,4 +1,4 @@
-"""Stratification of ℓ = a − b (METRICS.md 'Beyond the frameworks') as mergeable per-bucket sums.
+"""Stratification of ℓ = a − b (docs/metrics.md, 'Strata') as mergeable per-bucket sums.
 
 Each stratum is a row of the STRATA table: a function giving every token a bucket index and the buckets' labels.
 Per bucket the accumulator keeps exact sums (tokens, Σℓ, Σ|ℓ|, Σℓ², Σk3, max |ℓ|), so memory is
@@ -162,7 +162,7 @@ class StrataAccumulator:
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """{stratum: [{bucket, tokens, share, kl, mean_log_ratio, mean_abs, rms, max_abs, k3_kl}]}; empty buckets
-        are left out. kl = E[b − a] and k3_kl as METRICS.md, within the bucket."""
+        are left out. kl = E[b − a] and k3_kl as docs/metrics.md, within the bucket."""
         out: dict[str, list[dict[str, Any]]] = {}
         for stratum in STRATA:
             table = self.sums[stratum.name]

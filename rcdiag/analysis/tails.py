@@ -19,7 +19,7 @@ LOG10_MIN, LOG10_MAX = -9, 4
 EDGES = np.logspace(LOG10_MIN, LOG10_MAX, (LOG10_MAX - LOG10_MIN) * BINS_PER_DECADE + 1)
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 RATIO_BANDS = ((0.9, 1.1), (0.8, 1.25), (0.5, 2.0))
-"""METRICS.md 'Beyond the frameworks': share of tokens whose ratio exp(ℓ̂) lies outside each band."""
+"""docs/metrics.md, 'Tails': share of tokens whose ratio exp(ℓ̂) lies outside each band."""
 CLAMP = LOG_RATIO_CLAMP
 DENSITY_RANGE = (-30.0, 0.0)
 DENSITY_BINS = 300

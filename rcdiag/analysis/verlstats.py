@@ -8,7 +8,7 @@ Written from verl v0.9.0 (`483b8a009ba3`) `verl/trainer/ppo/rollout_corr_helper.
 once per training step over the whole step batch, on the ORIGINAL response mask (before rejection) and before batch
 normalisation; rcdiag pools the whole data set as one batch (a data set of one step reproduces verl's values).
 
-Differences kept on purpose (documented in METRICS.md): sums are exact float64 (verl float32); the `_std` values are
+Differences kept on purpose (documented in docs/metrics.md): sums are exact float64 (verl float32); the `_std` values are
 the two-pass float64 population std, exactly 0 for equal values (verl float32 `sqrt(max(E[x²] − E[x]², 0))`, which
 is noise below ~1e-3); k3 is
 `expm1(ℓ̂) − ℓ̂` (verl's float32 `exp(ℓ̂) − 1 − ℓ̂` is rounding noise for |ℓ| ≲ 1e-3); ties are decided exactly in

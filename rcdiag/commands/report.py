@@ -62,7 +62,7 @@ def command(
     The verdict comes first: healthy / warning / alarm with its reasons (health bands and input checks), what
     to do, and the trainer settings to paste (verl, TRL, ms-swift, slime). Input checks (alignment,
     placeholders, temperature, top-p/top-k, storage precision) come next; then every
-    METRICS.md metric with a 95% bootstrap interval, tail statistics, ℓ by position/probability/entropy/…,
+    docs/metrics.md metric with a 95% bootstrap interval, tail statistics, ℓ by position/probability/entropy/…,
     the four IS modes and verl's rejection options at --threshold, a threshold sweep and a recommendation.
 
     --fail-if NAME OP VALUE (OP: < <= > >= == !=) exits 1 listing the conditions that hold. NAME is a metric

@@ -91,7 +91,7 @@ class RunReport:
 
     @property
     def counts(self) -> dict[str, int]:
-        """tokens (valid, METRICS.md's count), token_rows (all), sequences (B), empty_sequences."""
+        """tokens (valid, docs/metrics.md's count), token_rows (all), sequences (B), empty_sequences."""
         keys = ("tokens", "sequences", "empty_sequences")
         counts = {k: int(self.metrics[k]) for k in keys if k in self.metrics}
         counts.setdefault("tokens", int(self.scan.checks.valid))

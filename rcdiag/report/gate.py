@@ -1,6 +1,6 @@
 """The CI gate of `rcdiag report --fail-if "kl>1e-3"`: parse conditions once, evaluate them on report values.
 
-A condition is `NAME OP VALUE` with OP one of < <= > >= == !=. NAME is a metric (METRICS.md), a tail
+A condition is `NAME OP VALUE` with OP one of < <= > >= == !=. NAME is a metric (docs/metrics.md), a tail
 statistic, a count, an IS metric of the default mode token_truncate at --threshold (`ess`), or `MODE.NAME` for
 another mode or a rejection option (`sequence_mask.kept_seq_frac`). A NaN value fails its condition.
 A VALUE ending in `x` (`k3_kl>2x`) compares the ratio to the same value of a baseline run (`--baseline`).

@@ -41,7 +41,7 @@ STRATUM_COLUMNS = ("bucket", "tokens", "share", "mean_log_ratio", "mean_abs", "r
 
 
 def value_of(report: RunReport, name: str) -> float:
-    """A headline value: METRICS.md metric, else token_truncate IS metric (ess), else tail statistic."""
+    """A headline value: docs/metrics.md metric, else token_truncate IS metric (ess), else tail statistic."""
     if name in report.metrics:
         return report.metrics[name]
     if name in ("ess", "is_weight_mean"):
@@ -301,7 +301,7 @@ def _short(value: Any, limit: int = 160) -> Any:
 
 
 def run_data(report: RunReport) -> dict[str, Any]:
-    """metrics.json of one run (names as METRICS.md; sections as documented in the README)."""
+    """metrics.json of one run (names as docs/metrics.md; sections as documented in the README)."""
     o = report.options
     counts_keys = ("tokens", "sequences", "empty_sequences")
     return {

@@ -2,7 +2,7 @@
 
 Every implementation receives one packed row `[1, T]` with position ids restarting at 0 per sequence and the
 `cu_seq_lens_q/k`, `max_length_q/k` keyword arguments, and never a 2-D attention mask (see
-research/padding-free-cpu.md: with a 2-D mask or a KV cache transformers silently turns packed detection off).
+docs/design.md, "Padding-free rescoring": with a 2-D mask or a KV cache transformers silently turns packed detection off).
 
 - `sdpa_varlen` (rcdiag's own, registered with transformers' AttentionInterface): one causal SDPA call per
   sequence, read from `cu_seq_lens_q`; no T×T mask is built. Bit-identical to one-at-a-time scoring; fastest on CPU.

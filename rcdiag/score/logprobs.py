@@ -41,7 +41,7 @@ def compiled_epilogue() -> Epilogue:
 COMPILE_MIN_ELEMENTS = 1_000_000_000
 """Compile the epilogue only when tokens × vocab reaches this. The compile costs 4–17 s on 2 CPU cores (idle vs
 heavily loaded) and saves about 0.5 s per 1024 × 32k chunk, i.e. ≈1.5e-8 s per element (measured;
-research/padding-free-cpu.md and benchmarks/bench_rescore.py): break-even at 3e8–1.1e9 elements."""
+benchmarks/bench_rescore.py): break-even at 3e8–1.1e9 elements."""
 
 
 def choose_epilogue(n_tokens: int, vocab_size: int, device: str) -> tuple[str, Epilogue]:

@@ -1,6 +1,6 @@
 """Reading a run directory: `Run` (pandas, Arrow and streaming readers) and `open_run`.
 
-Layout (DESIGN.md)::
+Layout (docs/design.md)::
 
     <run>/manifest.json            written last; its presence marks the run complete
     <run>/sequences/part-NNNNN.parquet

@@ -1,4 +1,4 @@
-"""Independent float64 reference of METRICS.md: plain Python loops over sequences, written from the text of the
+"""Independent float64 reference of docs/metrics.md: plain Python loops over sequences, written from the text of the
 contract and sharing no code with rcdiag. Exact sums (math.fsum) so that the reference itself has no rounding drift.
 
 Threshold comparisons are written in log space (ℓ̂ ≤ log C ⟺ ρ ≤ C), which is how a tie ρ = C is decided exactly.
@@ -157,7 +157,7 @@ def seq_log_ratio(s: Seq, convention: str) -> float:
 def is_metrics(seqs: list[Seq], convention: str, mode: str, upper: float, lower: float | None = None,
                rejection: tuple = (), batch_normalize: bool = False,
                applied: list[float] | None = None) -> dict[str, float]:
-    """IS metrics of METRICS.md; `applied` (when given) receives each valid token's applied weight in (seq, pos)
+    """IS metrics of docs/metrics.md; `applied` (when given) receives each valid token's applied weight in (seq, pos)
     order, 0 for tokens a rejection option removed."""
     level, action = mode.split("_")
     log_c = math.log(upper)

@@ -1,5 +1,5 @@
 """The same numbers however the token rows are split: 1, 2 or 97 batches (sequences cut mid-way), accumulators
-merged per file, and multi-shard Parquet runs (METRICS.md "Numerical rules": 1e-12 relative / 1e-14 absolute)."""
+merged per file, and multi-shard Parquet runs (docs/metrics.md, 'Numerical rules': 1e-12 relative / 1e-14 absolute)."""
 from __future__ import annotations
 
 import math

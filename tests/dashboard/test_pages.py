@@ -30,7 +30,7 @@ def valid_tokens(run) -> pd.DataFrame:
 
 
 def token_truncate_reference(tokens: pd.DataFrame, threshold: float) -> dict[str, float]:
-    """METRICS.md token_truncate (TIS) in float64: w = min(ρ, C), ρ = exp(clamp(ℓ, ±20))."""
+    """docs/metrics.md token_truncate (TIS) in float64: w = min(ρ, C), ρ = exp(clamp(ℓ, ±20))."""
     rho = np.exp(np.clip(tokens["l"].to_numpy(), -20, 20))
     w = np.minimum(rho, threshold)
     return {"clipped_frac": float(np.mean(rho > threshold)), "is_weight_mean": float(w.mean()),

@@ -1,6 +1,6 @@
 """Fixtures of the Ray tests: one local Ray cluster per test module (2 CPUs), and a model with a tokenizer —
 the shipped sample model when present, else a seeded tiny Qwen2 built from config with a byte-level BPE trained
-on the sample prompts (research/padding-free-cpu.md §1)."""
+on the sample prompts (docs/design.md, "Padding-free rescoring")."""
 from __future__ import annotations
 
 import json

@@ -92,7 +92,7 @@ def test_distances_match_float64_recomputation(probed, against: str) -> None:
             continue
         x, y = {"vs_reference": (row["name"], "reference"), "vs_rollout": ("rollout", row["name"]),
                 "vs_baseline": (row["name"], row["baseline"])}[against]
-        ell = _valid(frame, y) - _valid(frame, x)  # METRICS.md ℓ = a − b with a = y (trainer role), b = x
+        ell = _valid(frame, y) - _valid(frame, x)  # docs/metrics.md ℓ = a − b with a = y (trainer role), b = x
         clamped = np.clip(ell, -20, 20)
         expected = {"kl": float(np.mean(-ell)), "k3_kl": float(np.mean(np.expm1(clamped) - clamped)),
                     "mean_abs": float(np.abs(ell).mean()), "p99_abs": float(np.quantile(np.abs(ell), 0.99)),

@@ -82,7 +82,7 @@ def test_unknown_keys_and_target(drifting_run, tmp_path, capsys):
 
 
 def test_export_keys_are_the_frameworks_own():
-    """The exact strings verl 0.9 / ms-swift 4.5 / TRL 1.9 log (research/framework_keys.md), from the one table
+    """The exact strings verl 0.9 / ms-swift 4.5 / TRL 1.9 log (docs/framework-keys.md), from the one table
     metrics.json uses; nothing rcdiag-only is passed off under a framework's prefix."""
     off_policy = ("training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl",
                   "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",

@@ -25,6 +25,8 @@ _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "sample_data"
 SAMPLE_MODEL = SAMPLE_DIR / "tiny-model"
+SAMPLE_MOE = SAMPLE_DIR / "tiny-moe"
+"""The mixture-of-experts sample (Qwen3-MoE, 8 experts, top-2; sample_data/build_moe_model.py)."""
 SAMPLE_PROMPTS = SAMPLE_DIR / "prompts.jsonl"
 
 

@@ -38,16 +38,24 @@ SEQUENCE_SCHEMA = pa.schema([
 TOKEN_OPTIONAL = pa.schema([
     ("policy_version", pa.int64()),
     ("advantage", pa.float32()),
+    ("engine_routes", pa.list_(pa.int16())),
+    ("train_routes", pa.list_(pa.int16())),
+    ("engine_route_probs", pa.list_(pa.float32())),
+    ("train_route_probs", pa.list_(pa.float32())),
 ])
 """Token columns a run may carry (written only when the source has them; a run without them opens unchanged):
 `policy_version` the version of the weights that generated the token, where a dump records it per token (AReaL
-`versions`); `advantage` the token's advantage (NeMo-RL, prime-rl, OpenRLHF per-token advantages)."""
+`versions`); `advantage` the token's advantage (NeMo-RL, prime-rl, OpenRLHF per-token advantages); for
+mixture-of-experts models each side's routes (`engine_routes`, `train_routes`: the top-k expert ids of every MoE
+layer, layer-major, L·k values) and router probabilities (`*_route_probs`: L·(k+1) values), laid out and checked by
+rcdiag.store.routes."""
 
 SEQUENCE_OPTIONAL = pa.schema([
     ("policy_version", pa.int64()),
     ("policy_version_min", pa.int64()),
     ("trainer_version", pa.int64()),
     ("advantage", pa.float64()),
+    ("engine_prompt_routes", pa.list_(pa.int16())),
 ])
 """Sequence columns a run may carry, written only when the source has them:
 - `policy_version`: the newest weights version that generated the sequence (verl `max_global_steps`, slime the
@@ -55,7 +63,9 @@ SEQUENCE_OPTIONAL = pa.schema([
 - `policy_version_min`: the oldest, where a sequence spans versions (partial rollouts: verl `min_global_steps`);
 - `trainer_version`: the version of the weights whose log-probs are `train_logprob` (verl `global_steps − 1`;
   the recorder's step). lag = trainer_version − policy_version ≥ 0;
-- `advantage`: the sequence's advantage (GRPO: one per sequence)."""
+- `advantage`: the sequence's advantage (GRPO: one per sequence);
+- `engine_prompt_routes`: the engine's routes at the prompt positions before the first response token ((P−1)·L·k
+  values; rcdiag.store.routes), what a trainer replays with the response tokens' routes (R3)."""
 
 OPTIONAL = {"tokens": TOKEN_OPTIONAL, "sequences": SEQUENCE_OPTIONAL}
 FULL_TOKEN_SCHEMA = pa.schema(list(TOKEN_SCHEMA) + list(TOKEN_OPTIONAL))
@@ -172,9 +182,14 @@ def type_problem(kind: pa.DataType, field: pa.Field) -> str | None:
     if pa.types.is_string(target) and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
                                            or pa.types.is_dictionary(kind) or pa.types.is_integer(kind)):
         return f"wrong dtype {kind}: must be a text column"
-    if pa.types.is_list(target) and not ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
-                                         and pa.types.is_integer(kind.value_type)):
+    if pa.types.is_list(target) and not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return f"wrong dtype {kind}: must be a list"
+    if pa.types.is_list(target) and pa.types.is_integer(target.value_type) and not pa.types.is_integer(
+            kind.value_type):
         return f"wrong dtype {kind}: must be a list of integers"
+    if pa.types.is_list(target) and pa.types.is_floating(target.value_type) and not (
+            pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)):
+        return f"wrong dtype {kind}: must be a list of numbers"
     return None
 
 

@@ -115,7 +115,7 @@ def input_defects(checks: Iterable[Any]) -> list[Cause]:
         if severity == "error":
             found.append(Cause("input_defect", ALARM, f"fix the failed input check {name} first"
                                + (f": {means}" if means else ""),
-                               (f"check {name}: {message}",), fix + (" " if fix else "") +
+                               (f"check {name}: {message}",), _sentence(fix) + (" " if fix else "") +
                                "The numbers measure that defect, not numerical mismatch: re-run the report once "
                                "it is fixed.", CHECKS_SOURCE, correct=False))
         elif severity == "warning":
@@ -230,7 +230,8 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                       "policy version and the kernels (`rcdiag probe`) before correcting; a token-level correction "
                       "(the recommendation below) bounds these tokens meanwhile." if ctx.architecture == "dense" else
                       "This is what MoE routing flips give: a token-level correction bounds these tokens (the "
-                      "recommendation below) and routing replay (R3) removes them at the source."
+                      "recommendation below) and routing replay (R3: the engine's expert choices replayed in the "
+                      "trainer) removes them at the source."
                       + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check "
                          "the weight sync and the policy version instead.")),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")
@@ -295,6 +296,12 @@ def primary(causes: list[Cause]) -> Cause:
             return hit
     status = worst(c.status for c in causes)
     return next(c for c in causes if c.status == status)
+
+
+def _sentence(text: str) -> str:
+    """`text` ending in a full stop ('' stays '')."""
+    text = text.strip()
+    return text if not text or text.endswith((".", "!", "?")) else text + "."
 
 
 def _factor(pair: tuple[float, float]) -> str:

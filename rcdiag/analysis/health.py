@@ -76,14 +76,14 @@ class Band:
 
 BANDS: tuple[Band, ...] = (
     Band("kl", "KL(rollout‖train)", 0, 0.01, 0, 0.1, True,
-         "verl warns at |kl| > 0.1; dense bf16 ≈ 4e-4…1e-2, MoE ≈ 1.5e-3 (R3)"),
+         "verl warns at |kl| > 0.1; dense bf16 ≈ 4e-4…1e-2, MoE ≈ 1.5e-3 (the R3 paper, arXiv 2510.11370)"),
     Band("k3_kl", "k3 KL", 0, 0.01, 0, 0.1, True, "as kl"),
     Band("log_ppl_abs_diff", "mean |log-PPL diff|", 0, 0.01, 0, 0.1, True, "as kl (rcdiag)"),
     Band("chi2_token", "χ² (token)", -INF, 0.02, -INF, 1.0, False, "verl warns at chi2_token > 1"),
     Band("abs_log_ratio_mean", "mean |ℓ|", 0, 0.02, 0, 0.34, False, "rcdiag: dense ≈ 0.005; MoE 0.14–0.34"),
     Band("abs_log_ratio_max", "max |ℓ|", 0, 2.0, 0, 6.0, False, "rcdiag: MoE worst token 2–6"),
     Band("frac_outside_0.5_2", "tokens with ratio outside [½, 2]", 0, 1e-3, 0, 1e-2, False,
-         "rcdiag, after R3's 'extreme tokens' (ratio > 2)"),
+         "rcdiag, after the R3 paper's 'extreme tokens' (ratio > 2; arXiv 2510.11370)"),
     Band("ess", "ESS (TIS)", 0.99, INF, 0.3, INF, False, "dense ≈ 0.9996; verl warns at ESS < 0.3"),
     Band("is_weight_mean", "IS weight mean (TIS)", 0.95, 1.05, 0.5, 2.0, False, "verl warns outside [0.5, 2]"),
 )

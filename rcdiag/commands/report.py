@@ -59,11 +59,13 @@ def command(
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 
-    The verdict comes first: healthy / warning / alarm with its reasons (health bands and input checks), what
-    to do, and the trainer settings to paste (verl, TRL, ms-swift, slime). Input checks (alignment,
-    placeholders, temperature, top-p/top-k, storage precision) come next; then every
-    docs/metrics.md metric with a 95% bootstrap interval, tail statistics, ℓ by position/probability/entropy/…,
-    the four IS modes and verl's rejection options at --threshold, a threshold sweep and a recommendation.
+    The verdict comes first: healthy / warning / alarm (n/a: nothing measured) and its cause — a failed input
+    check, tokens no precision explains, a jump at a named step or a drift, staleness, or numerical mismatch
+    against the run's own noise floor — with the evidence, what to do, and the trainer settings to paste (verl,
+    TRL, ms-swift, slime) unless a correction would hide a bug. Then the recommendation, what changed across
+    training (when something did), the input checks, every metric of docs/metrics.md with a 95% bootstrap
+    interval, tail statistics, ℓ by position/probability/entropy/…, the IS modes, verl's rejection options and
+    the gate families at --threshold, and a threshold sweep.
 
     --fail-if NAME OP VALUE (OP: < <= > >= == !=) exits 1 listing the conditions that hold. NAME is a metric
     (kl, k3_kl, chi2_token …), a tail statistic (abs_log_ratio_p99 …), a count, an IS metric of

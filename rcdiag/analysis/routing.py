@@ -21,9 +21,24 @@ estimate; the probe's `router_replay` factor measures it by forcing the engine's
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rcdiag.analysis.accum import BatchConsumer, ExactSum, Totals
+from rcdiag.analysis.rows import BatchRows
+from rcdiag.errors import InputError
+from rcdiag.store.routes import (
+    PROB_COLUMN,
+    ROUTE_COLUMN,
+    SIDES,
+    RoutingInfo,
+    confidence_from_probs,
+    routing_info,
+)
 
 
 def _routes(x: np.ndarray, name: str) -> np.ndarray:
@@ -33,13 +48,21 @@ def _routes(x: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
-def layer_agreement(engine: np.ndarray, trainer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(exact `[T, L]` bool, overlap `[T, L]` float64) of two `[T, L, k]` route arrays (see the module doc)."""
+def layer_hits(engine: np.ndarray, trainer: np.ndarray) -> np.ndarray:
+    """|engine ∩ trainer| per token and layer (`[T, L]` int64) of two `[T, L, k]` route arrays: both sides' k ids
+    sorted together, the equal neighbours counted ([T, L, 2k] of memory, not [T, L, k, k]: a 48-layer top-8
+    batch of 65k tokens stays ~50 MB). The k ids of one side's layer are a top-k set (distinct)."""
     e, t = _routes(engine, "engine"), _routes(trainer, "trainer")
     if e.shape != t.shape:
         raise ValueError(f"engine routes {e.shape} and trainer routes {t.shape} differ in shape")
-    k = e.shape[2]
-    hits = (np.sort(e, axis=2)[:, :, :, None] == np.sort(t, axis=2)[:, :, None, :]).any(axis=3).sum(axis=2)
+    both = np.sort(np.concatenate([e, t], axis=2), axis=2)
+    return (both[:, :, 1:] == both[:, :, :-1]).sum(axis=2, dtype=np.int64)
+
+
+def layer_agreement(engine: np.ndarray, trainer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exact `[T, L]` bool, overlap `[T, L]` float64) of two `[T, L, k]` route arrays (see the module doc)."""
+    hits = layer_hits(engine, trainer)
+    k = np.asarray(engine).shape[2]
     return hits == k, hits / k
 
 
@@ -152,3 +175,313 @@ def routing_explains(abs_ell: np.ndarray, layers_disagree: np.ndarray, replay_ga
         return RoutingShare(math.nan, gap, agreeing, disagreeing, "observational")
     counterfactual = float(np.where(agree, a, agreeing).mean())
     return RoutingShare(1 - counterfactual / gap, gap, agreeing, disagreeing, "observational")
+
+
+# --------------------------------------------------------------------------------------------- over a run
+MARGIN_EDGES = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, math.inf)
+"""Bins (nats) of a token's smallest k/(k+1) router margin over its layers: fixed edges, so a streamed run bins
+the same way whatever its size (quantile bins would need every margin at once). Below ~0.1 nats a bf16 rounding of
+the router logits (relative 2⁻⁸, ~0.01–0.05 nats on logits of size 1–10) can flip the choice."""
+NEAR_TIE = 0.1
+"""A (token, layer) whose k/(k+1) margin is below this many nats is a near tie (counted per layer)."""
+ROUTING_EXPLAINS = 0.5
+"""The verdict names routing as the cause of a heavy mismatch when routing explains at least this share of it."""
+MIN_GROUP = 50
+"""The observational estimate needs at least this many tokens whose routes agree and as many whose routes differ
+(fewer: the share is not judged; the section still shows it)."""
+
+
+def disagreement_bins(layers: int) -> list[tuple[int, int]]:
+    """(low, high) ranges of 'layers whose expert set differs': 0, 1, then doubling (2–3, 4–7, …) up to L, so a
+    48-layer model reads in 7 rows and a 4-layer one as 0, 1, 2–3, 4."""
+    bins, low = [(0, 0), (1, 1)], 2
+    while low <= layers:
+        bins.append((low, min(2 * low - 1, layers)))
+        low *= 2
+    return [b for b in bins if b[0] <= layers]
+
+
+def _label(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}–{high}"
+
+
+class RoutingAccumulator(BatchConsumer):
+    """One pass's routing statistics over the valid token rows that carry routes (a BatchConsumer: it reads the
+    route list columns of each record batch; O(L) state). Per layer: tokens whose expert sets are equal and the
+    summed |∩|; per token: the number of disagreeing layers, binned with |ℓ|; per side with router probabilities:
+    the selected mass and k/(k+1) margin per layer; |ℓ| and disagreement by the smallest margin of `margin_side`.
+    Sums of |ℓ|, mass and margin are exact (accum.ExactSum), so the numbers do not depend on how the run is split."""
+
+    def __init__(self, info: RoutingInfo, sides: tuple[str, ...], prob_sides: tuple[str, ...] = (),
+                 margin_side: str | None = None) -> None:
+        self.info, self.sides, self.prob_sides = info, tuple(sides), tuple(prob_sides)
+        self.margin_side = margin_side
+        self.columns = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask",
+                        *(ROUTE_COLUMN[s] for s in self.sides), *(PROB_COLUMN[s] for s in self.prob_sides))
+        L = info.layers
+        self.valid = self.routed = self.scored = 0
+        self.exact = np.zeros(L, np.int64)
+        self.hits = np.zeros(L, np.int64)
+        self.layers_off = np.zeros(L + 1, np.int64)
+        """Routed tokens by number of disagreeing layers (0 … L)."""
+        self.scored_off = np.zeros(L + 1, np.int64)
+        self.abs_off = [ExactSum() for _ in range(L + 1)]
+        self.mass = {s: [ExactSum() for _ in range(L)] for s in self.prob_sides}
+        self.margin = {s: [ExactSum() for _ in range(L)] for s in self.prob_sides}
+        self.near = {s: np.zeros(L, np.int64) for s in self.prob_sides}
+        self.confident = {s: 0 for s in self.prob_sides}
+        bins = len(MARGIN_EDGES) - 1
+        self.by_margin = np.zeros(bins, np.int64)
+        self.by_margin_off = np.zeros(bins, np.int64)
+        self.by_margin_scored = np.zeros(bins, np.int64)
+        self.by_margin_abs = [ExactSum() for _ in range(bins)]
+
+    def fresh(self) -> RoutingAccumulator:
+        return RoutingAccumulator(self.info, self.sides, self.prob_sides, self.margin_side)
+
+    def merge(self, other: RoutingAccumulator) -> RoutingAccumulator:
+        for name in ("valid", "routed", "scored"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("exact", "hits", "layers_off", "scored_off", "by_margin", "by_margin_off", "by_margin_scored"):
+            getattr(self, name)[...] += getattr(other, name)
+        for mine, theirs in zip([*self.abs_off, *self.by_margin_abs], [*other.abs_off, *other.by_margin_abs],
+                                strict=True):
+            mine.merge(theirs)
+        for s in self.prob_sides:
+            for mine, theirs in zip([*self.mass[s], *self.margin[s]], [*other.mass[s], *other.margin[s]], strict=True):
+                mine.merge(theirs)
+            self.near[s] += other.near[s]
+            self.confident[s] += other.confident[s]
+        return self
+
+    def _column(self, rows: BatchRows, name: str, width: int, file: str, row0: int) -> tuple[np.ndarray, np.ndarray]:
+        """(present `[n]` bool, values `[present, width]`) of one list column, its lengths checked."""
+        column = rows.batch.column(name)
+        present = ~np.asarray(column.is_null(), dtype=bool)
+        lengths = np.asarray(pc.fill_null(pc.list_value_length(column), width), dtype=np.int64)
+        bad = np.flatnonzero(lengths != width)
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(f"{lengths[i]} values where {width} were expected ({self.info.layers} layers × "
+                             f"{width // self.info.layers} per layer): the route count must equal the token count",
+                             file=file, row=row0 + i + 1, field=name)
+        values = np.asarray(pc.list_flatten(column))
+        return present, values.reshape(-1, width)
+
+    def update_batch(self, rows: BatchRows, file: str, row0: int) -> None:
+        L, k = self.info.layers, self.info.top_k
+        valid = rows.mask
+        self.valid += int(valid.sum())
+        routes = {}
+        keep = valid.copy()
+        for side in self.sides:
+            present, ids = self._column(rows, ROUTE_COLUMN[side], L * k, file, row0)
+            full = np.zeros((rows.n, L, k), np.int16)
+            full[present] = ids.reshape(-1, L, k)
+            routes[side] = full
+            keep &= present
+        probs = {}
+        for side in self.prob_sides:
+            present, p = self._column(rows, PROB_COLUMN[side], L * (k + 1), file, row0)
+            full = np.full((rows.n, L, k + 1), np.nan)
+            full[present] = p.reshape(-1, L, k + 1)
+            probs[side] = full
+        idx = np.flatnonzero(keep)
+        self.routed += idx.size
+        if not idx.size:
+            return
+        ell = np.abs(rows.a[idx] - rows.b[idx])
+        finite = np.isfinite(ell)
+        self.scored += int(finite.sum())
+        if len(self.sides) == 2:
+            hits = layer_hits(routes["engine"][idx], routes["trainer"][idx])
+            exact = hits == k
+            self.exact += exact.sum(axis=0)
+            self.hits += hits.sum(axis=0)
+            off = (~exact).sum(axis=1)
+        else:
+            off = None
+        if off is not None:
+            self.layers_off += np.bincount(off, minlength=L + 1)
+            self.scored_off += np.bincount(off[finite], minlength=L + 1)
+            for d in np.unique(off[finite]):
+                self.abs_off[d].add(ell[finite & (off == d)])
+        margins = None
+        for side in self.prob_sides:
+            p = probs[side][idx]
+            ok = np.isfinite(p).all(axis=(1, 2))
+            if not ok.any():
+                continue
+            mass, margin = confidence_from_probs(p[ok], k)
+            self.confident[side] += int(ok.sum())
+            for layer in range(L):
+                self.mass[side][layer].add(mass[:, layer])
+                self.margin[side][layer].add(np.minimum(margin[:, layer], 1e300))
+            self.near[side] += (margin < NEAR_TIE).sum(axis=0)
+            if side == self.margin_side:
+                margins = np.full(idx.size, np.nan)
+                margins[ok] = margin.min(axis=1)
+        if margins is not None:
+            known = np.isfinite(margins) | (margins == np.inf)
+            which = np.clip(np.searchsorted(MARGIN_EDGES, margins, side="right") - 1, 0, len(MARGIN_EDGES) - 2)
+            self.by_margin += np.bincount(which[known], minlength=self.by_margin.size)
+            if off is not None:
+                self.by_margin_off += np.bincount(which[known & (off > 0)], minlength=self.by_margin.size)
+            sel = known & finite
+            self.by_margin_scored += np.bincount(which[sel], minlength=self.by_margin.size)
+            for b in np.unique(which[sel]):
+                self.by_margin_abs[b].add(ell[sel & (which == b)])
+
+    def finish(self, totals: Totals) -> RoutingSummary:
+        return RoutingSummary.from_state(self)
+
+
+@dataclass(frozen=True)
+class RoutingSummary:
+    """A run's routing numbers (see docs/metrics.md, 'Routing'): per-layer agreement, |ℓ| by the number of
+    disagreeing layers and by router margin, router confidence per side, and how much of the gap routing explains.
+    Rates are NaN where nothing was counted; `agreement` is False when only one side has routes."""
+
+    layers: int
+    top_k: int
+    experts: int | None
+    engine: str | None
+    trainer: str | None
+    sides: tuple[str, ...]
+    valid_tokens: int
+    """Valid (mask True) token rows of the run."""
+    tokens: int
+    """Valid tokens with routes on every side read."""
+    scored: int
+    """Of those, the ones with both log-probs (finite |ℓ|)."""
+    exact_by_layer: list[float]
+    overlap_by_layer: list[float]
+    exact_rate: float
+    mean_overlap: float
+    any_disagree_share: float
+    mean_layers_disagree: float
+    by_disagreement: list[dict[str, Any]]
+    confidence: dict[str, dict[str, Any]]
+    margin_side: str | None
+    by_margin: list[dict[str, Any]]
+    explains: RoutingShare | None
+
+    @property
+    def agreement(self) -> bool:
+        return len(self.sides) == 2
+
+    @staticmethod
+    def from_state(acc: RoutingAccumulator) -> RoutingSummary:
+        L, k, n = acc.info.layers, acc.info.top_k, acc.routed
+        both = len(acc.sides) == 2 and n > 0
+        nan = [math.nan] * L
+        exact = (acc.exact / n).tolist() if both else nan
+        overlap = (acc.hits / (n * k)).tolist() if both else nan
+        by_disagreement, explains = [], None
+        if len(acc.sides) == 2:
+            scored = max(int(acc.scored_off.sum()), 1)
+            for low, high in disagreement_bins(L):
+                tokens = int(acc.layers_off[low:high + 1].sum())
+                count = int(acc.scored_off[low:high + 1].sum())
+                total = math.fsum(acc.abs_off[d].value() for d in range(low, high + 1))
+                by_disagreement.append({"layers_disagree": _label(low, high), "low": low, "high": high,
+                                        "tokens": tokens, "share": tokens / n if n else math.nan,
+                                        "scored": count, "score_share": count / scored,
+                                        "mean_abs_log_ratio": total / count if count else math.nan})
+            explains = _explains(acc)
+        confidence = {}
+        for side in acc.prob_sides:
+            m = acc.confident[side]
+            mass = [s.value() / m if m else math.nan for s in acc.mass[side]]
+            margin = [s.value() / m if m else math.nan for s in acc.margin[side]]
+            near = (acc.near[side] / m).tolist() if m else nan
+            confidence[side] = {"tokens": m, "selected_mass": float(np.mean(mass)) if m else math.nan,
+                                "selected_mass_by_layer": mass, "margin_mean": float(np.mean(margin)) if m else
+                                math.nan, "margin_by_layer": margin,
+                                "near_tie_share": float(np.mean(near)) if m else math.nan, "near_tie_by_layer": near}
+        by_margin = []
+        if acc.margin_side is not None and acc.by_margin.sum():
+            for b in range(acc.by_margin.size):
+                tokens, scored = int(acc.by_margin[b]), int(acc.by_margin_scored[b])
+                by_margin.append({"margin_low": MARGIN_EDGES[b], "margin_high": MARGIN_EDGES[b + 1], "tokens": tokens,
+                                  "disagree_share": int(acc.by_margin_off[b]) / tokens if tokens and both else
+                                  math.nan,
+                                  "mean_abs_log_ratio": acc.by_margin_abs[b].value() / scored if scored else math.nan})
+        layers_off = np.arange(L + 1)
+        return RoutingSummary(
+            layers=L, top_k=k, experts=acc.info.experts, engine=acc.info.engine, trainer=acc.info.trainer,
+            sides=acc.sides, valid_tokens=acc.valid, tokens=n, scored=acc.scored, exact_by_layer=exact,
+            overlap_by_layer=overlap, exact_rate=float(acc.exact.sum() / (n * L)) if both else math.nan,
+            mean_overlap=float(acc.hits.sum() / (n * L * k)) if both else math.nan,
+            any_disagree_share=float(acc.layers_off[1:].sum() / n) if both else math.nan,
+            mean_layers_disagree=float((acc.layers_off * layers_off).sum() / n) if both else math.nan,
+            by_disagreement=by_disagreement, confidence=confidence, margin_side=acc.margin_side,
+            by_margin=by_margin, explains=explains)
+
+    def with_replay(self, gap: float, replay_gap: float) -> RoutingSummary:
+        """This summary with the share measured by a replay (the probe's `router_replay`: mean |ℓ| `gap` without
+        and `replay_gap` with the engine's routes forced, on the probe's sample) instead of estimated."""
+        if self.explains is None or not (gap > 0 and math.isfinite(replay_gap)):
+            return self
+        share = RoutingShare(1 - replay_gap / gap, gap, self.explains.agreeing_gap, self.explains.disagreeing_share,
+                             "replay")
+        return replace(self, explains=share)
+
+    @property
+    def judged(self) -> bool:
+        """Whether the share may name a cause: measured by replay, or observed on enough tokens of each kind."""
+        if self.explains is None or not math.isfinite(self.explains.share):
+            return False
+        if self.explains.method == "replay":
+            return True
+        agree = self.by_disagreement[0]["scored"] if self.by_disagreement else 0
+        return agree >= MIN_GROUP and self.scored - agree >= MIN_GROUP
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["explains"] = None if self.explains is None else self.explains.to_dict()
+        out["sides"] = list(self.sides)
+        out["agreement"] = self.agreement
+        out["judged"] = self.judged
+        return out
+
+
+def _explains(acc: RoutingAccumulator) -> RoutingShare:
+    """routing_explains from the accumulated bins (the same formula: 1 − agreeing mean |ℓ| / mean |ℓ|)."""
+    count = int(acc.scored_off.sum())
+    total = math.fsum(s.value() for s in acc.abs_off)
+    agree_n = int(acc.scored_off[0])
+    gap = total / count if count else math.nan
+    agreeing = acc.abs_off[0].value() / agree_n if agree_n else math.nan
+    disagreeing = (count - agree_n) / count if count else math.nan
+    if not (count and agree_n and gap > 0):
+        return RoutingShare(math.nan, gap, agreeing, disagreeing, "observational")
+    return RoutingShare(1 - agreeing / gap, gap, agreeing, disagreeing, "observational")
+
+
+def run_sides(run: Any, info: RoutingInfo) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(sides with route columns in every token file, sides with probability columns in every token file) — read
+    from the Parquet footers only."""
+    names = [set(pq.read_schema(f).names) for f in run.token_files]
+    sides = tuple(s for s in SIDES if names and all(ROUTE_COLUMN[s] in n for n in names))
+    probs = tuple(s for s in sides if all(PROB_COLUMN[s] in n for n in names))
+    return sides, probs
+
+
+def routing_summary(run: Any, *, map_files: Any = None) -> RoutingSummary | None:
+    """The routing summary of a Run (one pass over its route columns, file by file, merged in file order); None
+    for a run without a `routing` section or without any route column (a dense run: nothing is read)."""
+    from rcdiag.analysis.engine import Fresh, run_pass
+
+    info = routing_info(run.manifest)
+    if info is None or not run.token_files:
+        return None
+    sides, probs = run_sides(run, info)
+    if not sides:
+        return None
+    margin_side = "trainer" if "trainer" in probs else (probs[0] if probs else None)
+    acc = RoutingAccumulator(info, sides, probs, margin_side)
+    merged = run_pass(run, Fresh((acc,)), map_files=map_files, desc="routes", strict=False)
+    if not merged.consumers:
+        return acc.finish(merged.totals)
+    return merged.consumers[0].finish(merged.totals)

@@ -29,6 +29,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.accum import BatchConsumer, ExactSum, Totals
+from rcdiag.analysis.causes import Cause
+from rcdiag.analysis.health import HEALTHY
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.errors import InputError
 from rcdiag.store.routes import (
@@ -186,6 +188,9 @@ NEAR_TIE = 0.1
 """A (token, layer) whose k/(k+1) margin is below this many nats is a near tie (counted per layer)."""
 ROUTING_EXPLAINS = 0.5
 """The verdict names routing as the cause of a heavy mismatch when routing explains at least this share of it."""
+MARGIN_CAP = 20.0
+"""Margins are averaged capped at this many nats (an unchosen expert of probability 0 has an infinite margin; no
+margin above a few nats is ever flipped by rounding)."""
 MIN_GROUP = 50
 """The observational estimate needs at least this many tokens whose routes agree and as many whose routes differ
 (fewer: the share is not judged; the section still shows it)."""
@@ -316,7 +321,7 @@ class RoutingAccumulator(BatchConsumer):
             self.confident[side] += int(ok.sum())
             for layer in range(L):
                 self.mass[side][layer].add(mass[:, layer])
-                self.margin[side][layer].add(np.minimum(margin[:, layer], 1e300))
+                self.margin[side][layer].add(np.minimum(margin[:, layer], MARGIN_CAP))
             self.near[side] += (margin < NEAR_TIE).sum(axis=0)
             if side == self.margin_side:
                 margins = np.full(idx.size, np.nan)
@@ -485,3 +490,65 @@ def routing_summary(run: Any, *, map_files: Any = None) -> RoutingSummary | None
     if not merged.consumers:
         return acc.finish(merged.totals)
     return merged.consumers[0].finish(merged.totals)
+
+
+# --------------------------------------------------------------------------------------------- the verdict
+REPLAY_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("verl", "actor_rollout_ref.actor.megatron.router_replay.mode=R3 "
+             "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+     "verl examples/router_replay/README.md (Megatron engine; VeOmni: actor_rollout_ref.actor.veomni.router_replay."
+     "mode)"),
+    ("ms-swift", "--router_replay_mode R3",
+     "ms-swift docs/source_en/Instruction/GRPO/AdvancedResearch/router_replay.md (Megatron backend, megatron-core "
+     "≥ 0.16, vLLM ≥ 0.14)"),
+    ("slime / miles", "--use-rollout-routing-replay",
+     "slime docs, customization: MoE routing replay (the slime router path; whether your version also needs "
+     "--use-slime-router is not verified)"),
+    ("NeMo-RL", "policy.router_replay.enabled=true",
+     "NeMo-RL nemo_rl/models/megatron/router_replay.py (Megatron policy, vLLM generation)"),
+    ("prime-rl", "[trainer] enable_router_replay = true",
+     "prime-rl docs/inference.md, Router Replay (it sets inference.vllm.enable_return_routed_experts)"),
+)
+"""Each framework's routing replay (R3) setting, with where it was read; TRL has none."""
+HEAVY_KINDS = ("heavy_tail", "above_floor", "bands")
+"""Numerical causes that mean the mismatch is larger than the run's floor or a health band allows."""
+
+
+def replay_action(summary: RoutingSummary) -> str:
+    """What to do when routing explains the gap: replay the engine's routes, with every framework's setting."""
+    settings = "; ".join(f"{name} `{setting}`" for name, setting, _ in REPLAY_SETTINGS)
+    measure = ("" if summary.explains is not None and summary.explains.method == "replay" else
+               " The share is observational (tokens whose routes agree may also be easier tokens): "
+               "`rcdiag probe RUN --factors router_replay` measures it by forcing the engine's routes in the "
+               "trainer.")
+    return (f"Replay the engine's expert choices in the trainer (routing replay, R3) rather than only correcting with "
+            f"IS weights: {settings}. TRL has no routing replay. An IS correction (the recommendation below) "
+            f"bounds what is left meanwhile.{measure}")
+
+
+def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | None:
+    """The verdict's routing cause: when the mismatch is heavy (the numerical cause is a heavy tail, above the
+    floor or outside a band) and routing explains at least ROUTING_EXPLAINS of it (measured, or observed on at
+    least MIN_GROUP tokens of each kind), routing is named, at the numerical cause's status. None otherwise."""
+    if summary is None or not summary.agreement or not summary.judged:
+        return None
+    if numerical.kind not in HEAVY_KINDS or numerical.status == HEALTHY:
+        return None
+    share = summary.explains
+    if share.share < ROUTING_EXPLAINS:
+        return None
+    how = ("measured: the trainer with the engine's routes forced (the probe's router_replay) leaves mean |ℓ| "
+           f"{share.gap * (1 - share.share):.3g} of {share.gap:.3g}" if share.method == "replay" else
+           f"mean |ℓ| {share.gap:.3g} over the routed tokens against {share.agreeing_gap:.3g} where every layer "
+           "chose the same experts")
+    grows = ", ".join(f"{r['layers_disagree']} → {r['mean_abs_log_ratio']:.3g}" for r in summary.by_disagreement
+                      if r["scored"])
+    low = int(np.nanargmin(summary.exact_by_layer))
+    evidence = (how, f"mean |ℓ| by layers whose experts differ: {grows}",
+                f"{summary.exact_rate:.1%} of (token, layer) choices agree (lowest: layer {low}, "
+                f"{summary.exact_by_layer[low]:.1%})", f"what the mismatch looks like: {numerical.title}")
+    return Cause("routing", numerical.status,
+                 f"routing differences explain {share.share:.0%} of the gap ({summary.any_disagree_share:.0%} of "
+                 "tokens see a different expert in some layer)", evidence, replay_action(summary),
+                 "rcdiag's routing agreement (docs/metrics.md, 'Routing'); R3, arXiv 2510.11370; the settings: "
+                 + "; ".join(source for _, _, source in REPLAY_SETTINGS))

@@ -36,6 +36,7 @@ from rcdiag.report.lag_section import LagFindings, lag_findings
 from rcdiag.report.options import WORST_SEQUENCES, ReportOptions
 from rcdiag.report.passes import Library
 from rcdiag.report.recommend import Recommendation, recommend
+from rcdiag.report.routing_section import RoutingFindings, routing_context, routing_findings
 from rcdiag.report.scan import Scan
 from rcdiag.report.trend_section import report_trend
 from rcdiag.store.run import read_columns
@@ -75,6 +76,7 @@ class RunReport:
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
     timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.drift), multi-step only
     lag: LagFindings = field(default_factory=LagFindings)  # policy lag split, weights unchanged (report.lag_section)
+    routing: RoutingFindings = field(default_factory=RoutingFindings)  # MoE routing agreement (routing_section)
     baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)
 
     @property
@@ -149,6 +151,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     report.trend = report_trend(run, options)
     report.timeline = None if report.trend is None else timeline(report.trend)
     report.lag = lag_findings(run, options.threshold)
+    report.routing = routing_findings(run)
     report.context = verdict_context(report)
     report.verdict = verdict(headline_values(report), report.checks, report.context)
     return report
@@ -156,11 +159,13 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
 
 def verdict_context(report: RunReport) -> Context:
     """What the verdict knows besides the numbers: the coarser dtype of the two sides, the architecture, whether
-    the rollout side is a replay, the timeline, and whether the metrics refused the data."""
-    return Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
-                   replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
-                   refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c),
-                   probe=None if (answer := latest_answer(report.path)) is None else answer.top_line)
+    the rollout side is a replay, the timeline, whether the metrics refused the data, and the causes the lag split
+    and the routing agreement contribute."""
+    ctx = Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
+                  replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
+                  refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c),
+                  probe=None if (answer := latest_answer(report.path)) is None else answer.top_line)
+    return routing_context(ctx, report, headline_values(report))
 
 
 def headline_values(report: RunReport) -> dict[str, float]:

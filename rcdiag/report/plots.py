@@ -292,3 +292,51 @@ def png_bytes(fig: Figure) -> bytes:
     fits = isinstance(fig, FixedFigure) or fig.get_layout_engine() is not None
     fig.savefig(buffer, format="png", **({} if fits else {"bbox_inches": "tight", "pad_inches": 0.08}))
     return buffer.getvalue()
+
+
+def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[Mapping[str, Any]],
+                   margins: Sequence[Mapping[str, Any]]) -> Figure:
+    """An MoE run's routing (rcdiag.analysis.routing.RoutingSummary rows): the share of tokens whose expert set is
+    the same on both sides per layer (and the mean overlap |∩|/k), mean |ℓ| by the number of layers whose experts
+    differ (bar labels: tokens), and mean |ℓ| with the share of tokens that disagree somewhere by the token's
+    smallest k/(k+1) router margin (omitted without router probabilities)."""
+    panels = 3 if margins else 2
+    fig = Figure(figsize=(4.2 * panels, 3.4), dpi=110, layout="constrained")
+    axes = fig.subplots(1, panels)
+    ax = axes[0]
+    x = np.arange(len(layers))
+    ax.bar(x, [r["exact"] for r in layers], color=COLORS[0], label="same expert set")
+    ax.plot(x, [r["overlap"] for r in layers], "o-", color=COLORS[1], label="overlap |∩|/k")
+    ax.set_xticks(x, [str(r["layer"]) for r in layers], fontsize=8 if len(layers) <= 16 else 6)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("MoE layer", fontsize=8)
+    ax.set_ylabel("share of tokens", fontsize=8)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title("Agreement by layer", fontsize=10)
+    ax = axes[1]
+    rows = [r for r in disagreement if r["tokens"]]
+    values = [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0 for r in rows]
+    bars = ax.bar(range(len(rows)), values, color=COLORS[2])
+    ax.bar_label(bars, [f"{r['tokens']:,}" for r in rows], fontsize=7)
+    ax.set_xticks(range(len(rows)), [r["layers_disagree"] for r in rows], fontsize=8)
+    ax.set_xlabel("layers whose experts differ", fontsize=8)
+    ax.set_ylabel("mean |ℓ|", fontsize=8)
+    ax.set_title("|ℓ| by routing disagreement", fontsize=10)
+    if margins:
+        ax = axes[2]
+        rows = [r for r in margins if r["tokens"]]
+        labels = [f"{r['margin_low']:g}–{r['margin_high']:g}" if math.isfinite(r["margin_high"]) else
+                  f"≥{r['margin_low']:g}" for r in rows]
+        ax.bar(range(len(rows)), [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0
+                                  for r in rows], color=COLORS[3], label="mean |ℓ|")
+        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30)
+        ax.set_xlabel("smallest k/(k+1) router margin (nats)", fontsize=8)
+        ax.set_ylabel("mean |ℓ|", fontsize=8)
+        twin = ax.twinx()
+        twin.plot(range(len(rows)), [r["disagree_share"] for r in rows], "o-", color=COLORS[4],
+                  label="tokens with a differing layer")
+        twin.set_ylim(0, 1.05)
+        twin.tick_params(labelsize=7)
+        twin.legend(fontsize=7, loc="upper right")
+        ax.set_title("|ℓ| by router margin", fontsize=10)
+    return fig

@@ -29,6 +29,7 @@ from rcdiag.report.lag_section import lag_section
 from rcdiag.report.options import ESS_TARGET, MODES, ReportOptions
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.render import BADGE, Block, fmt, render_files
+from rcdiag.report.routing_section import routing_section
 from rcdiag.report.section import Section
 from rcdiag.report.trend_section import trend_section
 from rcdiag.store.names import unique_run_names
@@ -247,6 +248,7 @@ SECTIONS: tuple[tuple[str, Callable[[RunReport], Section | None]], ...] = (
     ("distributions", _distributions),
     ("correction", lambda r: Section(correction_blocks(r))),
     ("where", lambda r: Section(_strata_blocks(r))),
+    ("routing", routing_section),
     ("worst", lambda r: Section(_worst_blocks(r))),
     ("baseline", baseline_section),
     ("trend", _trend),

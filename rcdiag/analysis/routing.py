@@ -529,7 +529,8 @@ def replay_action(summary: RoutingSummary) -> str:
 def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | None:
     """The verdict's routing cause: when the mismatch is heavy (the numerical cause is a heavy tail, above the
     floor or outside a band) and routing explains at least ROUTING_EXPLAINS of it (measured, or observed on at
-    least MIN_GROUP tokens of each kind), routing is named, at the numerical cause's status. None otherwise."""
+    least MIN_GROUP tokens of each kind), routing is named, at the numerical cause's status (the verdict lists the
+    numerical cause after it, as what the mismatch looks like). None otherwise."""
     if summary is None or not summary.agreement or not summary.judged:
         return None
     if numerical.kind not in HEAVY_KINDS or numerical.status == HEALTHY:
@@ -546,7 +547,7 @@ def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | N
     low = int(np.nanargmin(summary.exact_by_layer))
     evidence = (how, f"mean |ℓ| by layers whose experts differ: {grows}",
                 f"{summary.exact_rate:.1%} of (token, layer) choices agree (lowest: layer {low}, "
-                f"{summary.exact_by_layer[low]:.1%})", f"what the mismatch looks like: {numerical.title}")
+                f"{summary.exact_by_layer[low]:.1%})")
     return Cause("routing", numerical.status,
                  f"routing differences explain {share.share:.0%} of the gap ({summary.any_disagree_share:.0%} of "
                  "tokens see a different expert in some layer)", evidence, replay_action(summary),

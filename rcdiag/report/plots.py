@@ -294,6 +294,13 @@ def png_bytes(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _log_if_positive(ax: Any, values: Sequence[float]) -> None:
+    """A log y axis when every value is positive and they span more than a factor of 10 (|ℓ| grows by orders of
+    magnitude with disagreeing layers: one linear axis hides the small bars)."""
+    if values and min(values) > 0 and max(values) > 10 * min(values):
+        ax.set_yscale("log")
+
+
 def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[Mapping[str, Any]],
                    margins: Sequence[Mapping[str, Any]]) -> Figure:
     """An MoE run's routing (rcdiag.analysis.routing.RoutingSummary rows): the share of tokens whose expert set is
@@ -318,17 +325,19 @@ def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[M
     values = [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0 for r in rows]
     bars = ax.bar(range(len(rows)), values, color=COLORS[2])
     ax.bar_label(bars, [f"{r['tokens']:,}" for r in rows], fontsize=7)
+    _log_if_positive(ax, values)
     ax.set_xticks(range(len(rows)), [r["layers_disagree"] for r in rows], fontsize=8)
     ax.set_xlabel("layers whose experts differ", fontsize=8)
-    ax.set_ylabel("mean |ℓ|", fontsize=8)
+    ax.set_ylabel("mean |ℓ| (bar labels: tokens)", fontsize=8)
     ax.set_title("|ℓ| by routing disagreement", fontsize=10)
     if margins:
         ax = axes[2]
         rows = [r for r in margins if r["tokens"]]
         labels = [f"{r['margin_low']:g}–{r['margin_high']:g}" if math.isfinite(r["margin_high"]) else
                   f"≥{r['margin_low']:g}" for r in rows]
-        ax.bar(range(len(rows)), [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0
-                                  for r in rows], color=COLORS[3], label="mean |ℓ|")
+        values = [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0 for r in rows]
+        ax.bar(range(len(rows)), values, color=COLORS[3], label="mean |ℓ|")
+        _log_if_positive(ax, values)
         ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30)
         ax.set_xlabel("smallest k/(k+1) router margin (nats)", fontsize=8)
         ax.set_ylabel("mean |ℓ|", fontsize=8)

@@ -127,7 +127,7 @@ def layer_rows(summary: RoutingSummary) -> list[dict[str, Any]]:
 
 def _shape(summary: RoutingSummary) -> str:
     experts = f" of {summary.experts}" if summary.experts else ""
-    sides = "; ".join(f"{side.capitalize()} routes: {what.get(kind, kind)}" for side, kind, what in
+    sides = ". ".join(f"{side.capitalize()} routes: {what.get(kind, kind)}" for side, kind, what in
                       (("engine", summary.engine, ENGINE_ROUTES), ("trainer", summary.trainer, TRAINER_ROUTES))
                       if kind)
     return (f"{summary.layers} MoE layers × top-{summary.top_k}{experts} experts. {summary.tokens:,} of "

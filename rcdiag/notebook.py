@@ -7,6 +7,7 @@
     run.sweep()                           # DataFrame (mode × threshold)
     run.worst_sequences(5)                # DataFrame with prompt/response text
     run.sequence(17)                      # token-by-token view coloured by ℓ = a − b
+    run.routing()                         # MoE runs with routes: agreement, |ℓ| by agreement (.by_layer …)
     run.plot.histogram(other_run)         # matplotlib Figures (rcdiag.report.plots)
     rcdiag.notebook.compare({"bf16": run, "fp32": other_run})
 
@@ -377,6 +378,52 @@ def _cached_scan(run: Any) -> Any:
     return cached
 
 
+class RoutingResult(Result):
+    """A MoE run's routing (rcdiag.analysis.routing.RoutingSummary, the report's numbers): the headline numbers as
+    a dict; `.by_layer` (agreement and router confidence per layer), `.by_disagreement` (|ℓ| by the number of
+    layers whose experts differ) and `.by_margin` (|ℓ| by the smallest router margin) as DataFrames; `.summary`
+    the summary itself."""
+
+    def __init__(self, summary: Any, probe: str | None = None) -> None:
+        import pandas as pd
+
+        from rcdiag.report.routing_section import layer_rows
+
+        share = summary.explains
+        super().__init__({
+            "layers": summary.layers, "top_k": summary.top_k, "experts": summary.experts,
+            "tokens": summary.tokens, "any_disagree_share": summary.any_disagree_share,
+            "exact_rate": summary.exact_rate, "mean_overlap": summary.mean_overlap,
+            "mean_layers_disagree": summary.mean_layers_disagree,
+            "routing_explains": share.share if share else float("nan"),
+            "explains_method": share.method if share else "n/a", "gap": share.gap if share else float("nan"),
+            "agreeing_gap": share.agreeing_gap if share else float("nan"), "replay_probe": probe or "",
+            **{f"{side}_selected_mass": c["selected_mass"] for side, c in summary.confidence.items()},
+            **{f"{side}_near_tie_share": c["near_tie_share"] for side, c in summary.confidence.items()}},
+            "routing (mixture of experts)")
+        self.summary = summary
+        self.by_layer = pd.DataFrame(layer_rows(summary))
+        self.by_disagreement = pd.DataFrame(summary.by_disagreement)
+        self.by_margin = pd.DataFrame(summary.by_margin)
+
+    def _repr_html_(self) -> str:
+        return super()._repr_html_() + self.by_disagreement.to_html(index=False) + self.by_layer.to_html(index=False)
+
+
+def routing(run: Any) -> RoutingResult:
+    """The routing of a run with routes (what the report's Routing section shows, with a probe's measured replay
+    where there is one); ConfigError for a run without routes."""
+    from rcdiag.report.routing_section import routing_findings
+
+    found = routing_findings(run)
+    if found.error:
+        raise ConfigError(f"{run.path}: routing not computed: {found.error}")
+    if found.summary is None:
+        raise ConfigError(f"{run.path}: no routes in this run (no 'routing' section or route columns: a dense "
+                          "model, or a run scored without route capture)")
+    return RoutingResult(found.summary, found.probe)
+
+
 # ------------------------------------------------------------------------------------------- the Run
 class Run(store_run.Run):
     """A run directory with notebook conveniences (rcdiag.store.Run plus metrics, simulate, sweep, worst
@@ -404,6 +451,11 @@ class Run(store_run.Run):
     def worst_sequences(self, k: int = 10, by: str = "mean", tokenizer: Any = None) -> Any:
         """The k sequences with the largest |mean ℓ| ("mean"), |Σℓ| ("sum") or max |ℓ| ("max"), with text."""
         return worst_sequences(self, k, by, tokenizer)
+
+    def routing(self) -> RoutingResult:
+        """MoE routing agreement and |ℓ| by agreement (RoutingResult: a dict of headline numbers with .by_layer,
+        .by_disagreement, .by_margin frames); ConfigError for a run without routes."""
+        return routing(self)
 
     def sequence(self, seq_id: int, tokenizer: Any = None) -> SequenceView:
         """One sequence token by token (`.frame`; renders coloured by ℓ in Jupyter)."""

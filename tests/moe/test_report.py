@@ -154,3 +154,24 @@ def test_the_cli_line_names_routing(tmp_path, capsys):
     path, _ = write_moe_run(tmp_path / "cli", MoESpec(n_seq=120, seed=5))
     assert main(["report", str(path), "--out", str(tmp_path / "r"), "--fail-on", "warning"]) == 1
     assert "routing differences explain" in capsys.readouterr().out
+
+
+def test_notebook_routing_is_the_reports(heavy, tmp_path):
+    """run.routing() gives the report's numbers (the same summary), its frames have a row per layer / bin, it
+    renders in Jupyter; a dense run's is a ConfigError that says why."""
+    import rcdiag
+    from rcdiag.errors import ConfigError
+
+    report, out, _ = heavy
+    result = rcdiag.open_run(report.path).routing()
+    data = json.loads((out / "metrics.json").read_text())["routing"]
+    assert result["routing_explains"] == pytest.approx(data["explains"]["share"], rel=1e-15)
+    assert result["any_disagree_share"] == data["any_disagree_share"] and result["explains_method"] == "observational"
+    assert len(result.by_layer) == HEAVY.layers and list(result.by_disagreement["layers_disagree"]) == \
+        ["0", "1", "2–3", "4"]
+    assert result.by_disagreement["tokens"].sum() == data["tokens"]
+    assert "routing (mixture of experts)" in result._repr_html_()
+    dense = write_run(tmp_path / "dense", pd.DataFrame({"seq_id": [0], "pos": [0], "rollout_logprob": [-1.0],
+                                                        "train_logprob": [-1.0]}))
+    with pytest.raises(ConfigError, match="no routes in this run"):
+        rcdiag.open_run(dense.path).routing()

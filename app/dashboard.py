@@ -6,7 +6,9 @@ folder-based multipage mode, in which a rerun executes the page alone and the si
 """
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -27,9 +29,32 @@ PAGES = (
     ("sequences.py", "Sequences", "sequences"),
     ("trends.py", "Trends", "trends"),
     ("lag.py", "Policy lag", "lag"),
+    ("routing.py", "Routing", "routing"),
     ("compare.py", "Compare", "compare"),
     ("probes.py", "Probes", "probes"),
 )
+
+
+
+
+def routed(path: str | None) -> bool:
+    """Whether the run at `path` carries MoE routes (its manifest has a routing section): the Routing page is
+    listed only for such runs."""
+    try:
+        manifest = json.loads((Path(path) / "manifest.json").read_text()) if path else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("routing"), dict)
+
+
+ONLY_FOR: dict[str, Callable[[str], bool]] = {"routing.py": routed}
+"""Pages listed only when the sidebar's run passes a test (file → predicate of its path)."""
+
+
+def shown(current: str | None, given: list[str]) -> list[tuple[str, str, str]]:
+    """The PAGES rows to list for the sidebar's run `current` (a run outside the path policy passes no test)."""
+    ok = bool(current) and ui.allowed(current, given)
+    return [row for row in PAGES if row[0] not in ONLY_FOR or (ok and ONLY_FOR[row[0]](current))]
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -37,8 +62,9 @@ def run(argv: list[str] | None = None) -> None:
     given = [str(Path(a).resolve()) for a in (sys.argv[1:] if argv is None else argv) if a]
     st.set_page_config(page_title="rcdiag dashboard", layout="wide")
     ui.sidebar(given)
+    rows = shown(st.session_state.get(ui.CURRENT), given)
     pages = [st.Page(Path(__file__).parent / "views" / file, title=title, url_path=url, default=(i == 0))
-             for i, (file, title, url) in enumerate(PAGES)]
+             for i, (file, title, url) in enumerate(rows)]
     st.navigation(pages).run()
     heap.settle()  # after the page's imports: Streamlit's collection after this rerun skips what they made
 

@@ -30,6 +30,8 @@ FORMATS: dict[str, tuple[str, str]] = {
     "swift": ("text", "ms-swift completions.jsonl (text only: retokenized with --tokenizer)"),
     "verl-text": ("text", "verl trainer.rollout_data_dir {step}.jsonl (text only, special tokens stripped: "
                           "retokenized with --tokenizer)"),
+    "sglang": ("sglang", "SGLang native /generate responses with MoE routes (meta_info.routed_experts; "
+                         "--tokenizer MODEL_DIR gives the routes' shape)"),
     "nemo-rl": ("nemo_rl", "NeMo-RL log dir train_data_step{N}.jsonl (both sides per token, advantages)"),
     "prime-rl": ("prime_rl", "prime-rl token_exports/step_N/rank_R.jsonl (STABLE steps; trainer side is π_θ at "
                              "the micro-step)"),

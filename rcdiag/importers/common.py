@@ -116,6 +116,10 @@ class Imported:
     retokenized: bool = False
     sections: dict[str, Any] = field(default_factory=dict)
     mask_counts: dict[str, int] = field(default_factory=dict)
+    token_columns: dict[str, pa.Array] = field(default_factory=dict)
+    """Optional token columns beyond the records' (name → Arrow array in token-row order): MoE routes."""
+    sequence_columns: dict[str, pa.Array] = field(default_factory=dict)
+    """Optional sequence columns in record order (the engine's prompt routes)."""
 
 
 def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -329,7 +333,12 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             manifest = {"source": source_section(imported), **imported.sections}
-            write_run(tmp, token_table(imported.records), sequence_table(imported.records), manifest)
+            tokens, sequences = token_table(imported.records), sequence_table(imported.records)
+            for name, values in imported.token_columns.items():
+                tokens = tokens.append_column(name, values)
+            for name, values in imported.sequence_columns.items():
+                sequences = sequences.append_column(name, values)
+            write_run(tmp, tokens, sequences, manifest)
             swap_in(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,8 @@ Layouts accepted as PATH:
 - a `--dump-details DIR`: `DIR/rollout_data/{id}.pt` with `DIR/train_data/{id}.pt` or `{id}_{rank}.pt`;
 - a directory of rollout dumps (`*.pt`).
 Train dumps are `{"rollout_id", "rank", "rollout_data": {column: [per sample]}}` (`sample_indices`, `log_probs`,
-…) or `{"samples": [{"index"|"sample_index", "log_probs", …}]}`; log_probs are matched by sample index.
+…) or `{"samples": [{"index"|"sample_index", "log_probs", …}]}`; log_probs are matched by sample index. MoE
+samples' `rollout_routed_experts` become the engine's routes (rcdiag.importers.routes).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_lengths, check_presence
+from rcdiag.importers.routes import RouteCollector, route_tensor
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
 from rcdiag.importers.steps import step_from_name
 from rcdiag.importers.values import whole_number
@@ -216,6 +218,7 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
             raise InputError("--train-data goes with a single rollout dump file", file=str(path))
         pairs = [(pairs[0][0], [Path(opts.train_path)])]
     records: list[Record] = []
+    routes = RouteCollector()
     with_train = 0
     for file, train_files in iterate(pairs, desc="slime dumps", silent=opts.quiet):
         data = _load(file, opts, "rollout dump")
@@ -224,7 +227,10 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
                              file=str(file), field="samples")
         rollout_id = step_from_name(file) if data.get("rollout_id") is None else data["rollout_id"]
         # rows count from 1, as in every importer's errors (sample i of the dump is row i + 1)
-        batch = [_record(_as_dict(s, file, i), file, i, rollout_id) for i, s in enumerate(data["samples"], 1)]
+        dicts = [_as_dict(s, file, i) for i, s in enumerate(data["samples"], 1)]
+        batch = [_record(d, file, i, rollout_id) for i, d in enumerate(dicts, 1)]
+        for sample, record in zip(dicts, batch, strict=True):
+            _routes(sample, record, routes)
         if train_files:
             _attach_train(batch, _train_logprobs(train_files, opts))
             with_train += 1
@@ -241,5 +247,22 @@ def read(path: Path, opts: ImportOptions, fmt: str = "slime") -> Imported:
                    if with_train else "none"}
     if pairs and all(f.name.startswith("eval_") for f, _ in pairs):
         conventions["population"] = "evaluation samples (slime eval_{id}.pt dumps), not training rollouts"
-    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks,
-                    warnings=_skipped_line(evals))
+    imported = Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks,
+                        warnings=_skipped_line(evals))
+    routes.attach(imported, str(path))
+    return imported
+
+
+ROUTES_FIELD = "rollout_routed_experts"
+
+
+def _routes(sample: dict[str, Any], record: Record, routes: RouteCollector) -> None:
+    """A sample's `rollout_routed_experts` — [len(tokens) − 1, num_layers, moe_router_topk] (slime/rollout/
+    sglang_rollout.py @ 624b824 reshapes SGLang's buffer so) — into `routes` (null routes without them)."""
+    value = sample.get(ROUTES_FIELD)
+    if value is None:
+        routes.add_none(len(record.response_ids))
+        return
+    rows = route_tensor(value, record.where, ROUTES_FIELD)
+    routes.add(rows, prompt_len=len(record.prompt_ids), response_len=len(record.response_ids), where=record.where,
+               field_name=ROUTES_FIELD)

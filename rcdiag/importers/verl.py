@@ -9,7 +9,8 @@ searched for `**/gen_batch.dp`. verl's RolloutSkip (`verl/utils/rollout_skip.py`
 VERL_DATAPROTO_SERIALIZATION_METHOD=numpy, (batch_size, device, {key: (dtype, shape, uint8 bytes)}) first.
 Tensors: `responses` [B, R] right-padded, `response_mask` [B, R] (0 on padding and tool tokens),
 `rollout_log_probs` [B, R] float32 right-padded with 0.0, `old_log_probs` [B, R] where present (trainer side),
-`prompts` [B, P] left-padded, `attention_mask` [B, P+R] (gives the true prompt and response lengths).
+`prompts` [B, P] left-padded, `attention_mask` [B, P+R] (gives the true prompt and response lengths), and for MoE
+runs with R3 `routed_experts` [B, P+R, layers, top_k] (the engine's routes: rcdiag.importers.routes).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.importers.common import Imported, ImportOptions, Record, check_presence, length_pattern
+from rcdiag.importers.routes import RouteCollector, route_tensor
 from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_consent
 from rcdiag.importers.tensordicts import TORCH_DTYPES, load_tensordict_bytes
 from rcdiag.importers.values import whole_number
@@ -127,7 +129,26 @@ def _non_tensor(values: dict[str, Any], name: str, i: int) -> Any:
     return None if column is None or i >= len(column) else column[i]
 
 
-def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str, Any]]:
+ROUTES_FIELD = "routed_experts"
+
+
+def _routed(batch: dict[str, Any], file: Path, shape: tuple[int, int], prompts: np.ndarray | None
+            ) -> np.ndarray | None:
+    """`routed_experts` [B, P_pad + R_pad, layers, top_k] (R3: verl/experimental/agent_loop/agent_loop.py places the
+    engine's rows from the left-padded prompt's first token, zeros elsewhere), None when the batch has none; its
+    width must be the prompts' plus the responses'."""
+    value = batch.get(ROUTES_FIELD)
+    if value is None:
+        return None
+    routed = route_tensor(value, (str(file), None), ROUTES_FIELD, ndim=4)
+    width = shape[1] + (0 if prompts is None else prompts.shape[1])
+    if routed.shape[0] != shape[0] or routed.shape[1] != width:
+        raise InputError(f"shape {routed.shape[:2]} does not match [batch, prompt + response] = {(shape[0], width)}: "
+                         "the route count must equal the token count", file=str(file), field=ROUTES_FIELD)
+    return routed
+
+
+def _records(file: Path, step: int | None, routes: RouteCollector) -> tuple[list[Record], bool, dict[str, Any]]:
     batch, non_tensor, meta = _unwrap(load_pickle_file(file), file)
     responses = _matrix(batch, "responses", file, None)
     if responses is None:
@@ -139,6 +160,7 @@ def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str
     mask = _matrix(batch, "response_mask", file, shape)
     lengths, prompt_valid = _lengths(batch, file, responses, mask)
     prompts = _matrix(batch, "prompts", file, None)
+    routed = _routed(batch, file, shape, prompts)
     records = []
     for i in range(shape[0]):
         n = int(lengths[i])
@@ -149,6 +171,14 @@ def _records(file: Path, step: int | None) -> tuple[list[Record], bool, dict[str
             prompt_ids=None if prompt_valid is None else prompts[i][prompt_valid[i]].astype(np.int64),
             prompt_id=_str(_non_tensor(non_tensor, "uid", i)), sample_index=i, step=step,
             reward=_float(_non_tensor(non_tensor, "score", i)), **_versions(non_tensor, i, step, (str(file), i + 1))))
+        if routed is not None:
+            record = records[-1]
+            if prompt_valid is None:
+                raise InputError("routed_experts need the prompts and attention_mask to find each sample's first "
+                                 "prompt token", file=str(file), row=i + 1, field=ROUTES_FIELD)
+            first = prompts.shape[1] - int(prompt_valid[i].sum())
+            routes.add(routed[i, first:], prompt_len=len(record.prompt_ids), response_len=n, where=record.where,
+                       field_name=ROUTES_FIELD, padded=True)
     scalars = {str(k): v for k, v in meta.items() if isinstance(v, str | int | float | bool)}
     return records, train is not None, scalars
 
@@ -216,10 +246,11 @@ def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
     """Read verl batch caches into records (see the module docstring)."""
     require_consent(path, fmt, opts.allow_pickle)
     records: list[Record] = []
+    routes = RouteCollector()
     have_train = []
     meta: dict[str, Any] = {}
     for file, step in iterate(_files(path), desc="verl batches", silent=opts.quiet):
-        batch_records, has_train, scalars = _records(file, step)
+        batch_records, has_train, scalars = _records(file, step, routes)
         records += batch_records
         have_train.append(has_train)
         meta = meta or scalars
@@ -236,4 +267,6 @@ def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
     if any(have_train) and not all(have_train):
         raise InputError("old_log_probs present in some batches but not others", file=str(path),
                          field="old_log_probs")
-    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks)
+    imported = Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks)
+    routes.attach(imported, str(path))
+    return imported

@@ -47,8 +47,9 @@ def routed(path: str | None) -> bool:
     return isinstance(manifest, dict) and isinstance(manifest.get("routing"), dict)
 
 
+# Pages listed only when the sidebar's run passes a test (file → predicate of its path). A comment, not a
+# docstring: Streamlit's "magic" would write a bare string of this script onto every page.
 ONLY_FOR: dict[str, Callable[[str], bool]] = {"routing.py": routed}
-"""Pages listed only when the sidebar's run passes a test (file → predicate of its path)."""
 
 
 def shown(current: str | None, given: list[str]) -> list[tuple[str, str, str]]:

@@ -62,3 +62,14 @@ def test_routing_page_is_listed_only_for_routed_runs(routed, tmp_path):
     assert "routing.py" not in [row[0] for row in shown(str(dense.path), given)]
     assert "routing.py" not in [row[0] for row in shown("/etc", given)]
     assert "routing.py" not in [row[0] for row in shown(None, given)]
+
+
+def test_no_page_text_leaks_from_the_entry_script():
+    """Streamlit's magic writes every bare string expression of a script onto the page: app/dashboard.py may hold
+    none but its module docstring (a docstring under ONLY_FOR appeared above every page's header)."""
+    import ast
+
+    tree = ast.parse(APP.read_text())
+    bare = [node.lineno for node in tree.body[1:] if isinstance(node, ast.Expr) and isinstance(node.value,
+                                                                                              ast.Constant)]
+    assert bare == []

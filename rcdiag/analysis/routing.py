@@ -343,9 +343,10 @@ class RoutingAccumulator(BatchConsumer):
 
 @dataclass(frozen=True)
 class RoutingSummary:
-    """A run's routing numbers (see docs/metrics.md, 'Routing'): per-layer agreement, |ℓ| by the number of
-    disagreeing layers and by router margin, router confidence per side, and how much of the gap routing explains.
-    Rates are NaN where nothing was counted; `agreement` is False when only one side has routes."""
+    """A run's routing numbers (see docs/metrics.md, 'Routing (mixture of experts)'): per-layer agreement, |ℓ| by
+    the number of disagreeing layers and by router margin, router confidence per side, and how much of the gap
+    routing explains. Rates are NaN where nothing was counted; `agreement` is False when only one side has
+    routes."""
 
     layers: int
     top_k: int
@@ -551,5 +552,6 @@ def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | N
     return Cause("routing", numerical.status,
                  f"routing differences explain {share.share:.0%} of the gap ({summary.any_disagree_share:.0%} of "
                  "tokens see a different expert in some layer)", evidence, replay_action(summary),
-                 "rcdiag's routing agreement (docs/metrics.md, 'Routing'); R3, arXiv 2510.11370; the settings: "
+                 "rcdiag's routing agreement (docs/metrics.md, 'Routing (mixture of experts)'); R3, arXiv 2510.11370; "
+                 "the settings: "
                  + "; ".join(source for _, _, source in REPLAY_SETTINGS))

@@ -210,6 +210,14 @@ def _label(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
+def _take(present: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The rows of `values` (one per present row of the batch, in order) of the batch rows `wanted` (⊆ present):
+    no copy into a batch-sized array when every row is present, the common case."""
+    if present.all():
+        return values if wanted.all() else values[wanted]
+    return values[(np.cumsum(present) - 1)[wanted]]
+
+
 class RoutingAccumulator(BatchConsumer):
     """One pass's routing statistics over the valid token rows that carry routes (a BatchConsumer: it reads the
     route list columns of each record batch; O(L) state). Per layer: tokens whose expert sets are equal and the
@@ -277,20 +285,15 @@ class RoutingAccumulator(BatchConsumer):
         L, k = self.info.layers, self.info.top_k
         valid = rows.mask
         self.valid += int(valid.sum())
-        routes = {}
+        columns = {side: self._column(rows, ROUTE_COLUMN[side], L * k, file, row0) for side in self.sides}
         keep = valid.copy()
-        for side in self.sides:
-            present, ids = self._column(rows, ROUTE_COLUMN[side], L * k, file, row0)
-            full = np.zeros((rows.n, L, k), np.int16)
-            full[present] = ids.reshape(-1, L, k)
-            routes[side] = full
+        for present, _ in columns.values():
             keep &= present
+        routes = {side: _take(present, ids, keep).reshape(-1, L, k) for side, (present, ids) in columns.items()}
         probs = {}
         for side in self.prob_sides:
             present, p = self._column(rows, PROB_COLUMN[side], L * (k + 1), file, row0)
-            full = np.full((rows.n, L, k + 1), np.nan)
-            full[present] = p.reshape(-1, L, k + 1)
-            probs[side] = full
+            probs[side] = (present[keep], _take(present, p, keep & present).reshape(-1, L, k + 1))
         idx = np.flatnonzero(keep)
         self.routed += idx.size
         if not idx.size:
@@ -299,7 +302,7 @@ class RoutingAccumulator(BatchConsumer):
         finite = np.isfinite(ell)
         self.scored += int(finite.sum())
         if len(self.sides) == 2:
-            hits = layer_hits(routes["engine"][idx], routes["trainer"][idx])
+            hits = layer_hits(routes["engine"], routes["trainer"])
             exact = hits == k
             self.exact += exact.sum(axis=0)
             self.hits += hits.sum(axis=0)
@@ -313,11 +316,10 @@ class RoutingAccumulator(BatchConsumer):
                 self.abs_off[d].add(ell[finite & (off == d)])
         margins = None
         for side in self.prob_sides:
-            p = probs[side][idx]
-            ok = np.isfinite(p).all(axis=(1, 2))
+            ok, p = probs[side]
             if not ok.any():
                 continue
-            mass, margin = confidence_from_probs(p[ok], k)
+            mass, margin = confidence_from_probs(p, k)
             self.confident[side] += int(ok.sum())
             for layer in range(L):
                 self.mass[side][layer].add(mass[:, layer])

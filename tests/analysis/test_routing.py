@@ -72,7 +72,7 @@ HAND_PROBS = [[[0.5, 0.3, 0.1], [0.6, 0.2, 0.15]], [[0.4, 0.3, 0.29], [0.6, 0.2,
               [[0.5, 0.3, 0.1], [0.6, 0.2, 0.15]]]
 
 
-def hand_run(path, *, shard_tokens: int = 1 << 20):
+def hand_run(path, *, shard_tokens: int = 1 << 20, null_trainer_row: int | None = None):
     """Two sequences, 2 MoE layers × top-2 of 8 experts. Seq 0: token 0 agrees (layer 1's ids swapped), token 1
     shares one of two experts in layer 0, token 2 none in layer 1. Seq 1: token 0 agrees, token 1 is masked out
     (its disagreement and |ℓ| = 5 must not count). Trainer router probabilities: token 1 is a near tie in layer 0
@@ -91,6 +91,8 @@ def hand_run(path, *, shard_tokens: int = 1 << 20):
         columns = token_columns(side, [np.array([x]) for x in ids], info, source="hand", probs=probs)
         for name, column in columns.items():
             tokens[name] = column.to_pylist()
+    if null_trainer_row is not None:
+        tokens.at[null_trainer_row, "train_routes"] = None
     return write_run(path, tokens, None, {"routing": info.to_dict()}, shard_tokens=shard_tokens)
 
 
@@ -189,3 +191,17 @@ def test_a_damaged_route_column_is_refused_naming_file_row_and_column(tmp_path):
         routing_summary(open_run(run.path))
     text = str(err.value)
     assert "part-00000.parquet" in text and "row 3" in text and "engine_routes" in text, text
+
+
+def test_a_token_without_the_trainers_route_is_left_out(tmp_path):
+    """hand_run with seq 1's valid token lacking its trainer route (null): 3 routed tokens — layer 0 exact 2/3,
+    layer 1 2/3, 2 of 3 with a differing layer, gap (0.01 + 0.3 + 0.5)/3 — and its probabilities not counted."""
+    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.store.run import open_run
+
+    summary = routing_summary(open_run(hand_run(tmp_path / "run", null_trainer_row=3).path))
+    assert (summary.valid_tokens, summary.tokens) == (4, 3)
+    assert summary.exact_by_layer == pytest.approx([2 / 3, 2 / 3])
+    assert summary.any_disagree_share == pytest.approx(2 / 3)
+    assert summary.explains.gap == pytest.approx(0.81 / 3, abs=1e-6)
+    assert summary.confidence["trainer"]["tokens"] == 3

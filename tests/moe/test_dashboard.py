@@ -1,6 +1,6 @@
 """The dashboard's Routing page (app/views/routing.py) on a routed MoE run, opened through the real app with
-Streamlit's AppTest: the report's numbers (agreement, routing's share, |ℓ| by agreement) on the page, listed in the
-navigation only for runs that carry routes."""
+Streamlit's AppTest and in headless Chromium (`rcdiag dashboard` as a subprocess): the report's numbers (agreement,
+routing's share, |ℓ| by agreement) on the page, listed in the navigation only for runs that carry routes."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +13,7 @@ from rcdiag.report.build import judge
 from rcdiag.store.run import open_run
 from rcdiag.store.writer import write_run
 from tests.dashboard.conftest import APP
+from tests.dashboard.test_browser import assert_no_exception, page, server, settle, traffic  # noqa: F401 (fixtures)
 from tests.moe.routed_runs import MoESpec, write_moe_run
 
 
@@ -73,3 +74,32 @@ def test_no_page_text_leaks_from_the_entry_script():
     bare = [node.lineno for node in tree.body[1:] if isinstance(node, ast.Expr) and isinstance(node.value,
                                                                                               ast.Constant)]
     assert bare == []
+
+
+# ------------------------------------------------------------------------------------------ a real browser
+
+
+@pytest.fixture(scope="module")
+def served(routed, tmp_path_factory) -> list:
+    """`rcdiag dashboard` serves the routed run and a dense one (tests/dashboard/test_browser's server fixture)."""
+    dense = write_run(tmp_path_factory.mktemp("dense") / "dense", pd.DataFrame(
+        {"seq_id": [0, 0], "pos": [0, 1], "rollout_logprob": [-1.0, -0.5], "train_logprob": [-1.0, -0.6]}))
+    return [routed, dense.path]
+
+
+@pytest.mark.browser
+def test_routing_page_in_chromium(server, page, routed):  # noqa: F811 (the imported fixtures)
+    """Headless Chromium: the routed run's navigation lists Routing, its page draws both charts with the report's
+    share and no stray text above the header; the dense run's navigation has no Routing entry."""
+    summary = judge(open_run(routed)).routing.summary
+    page.goto(f"{server}/routing?run=moe", timeout=120_000)
+    settle(page, "Agreement by layer")
+    assert_no_exception(page)
+    body = page.inner_text('[data-testid="stMain"]')
+    assert body.lstrip().startswith("Routing · moe"), body[:300]
+    assert f"{summary.explains.share:.0%}" in body and "|ℓ| by agreement" in body
+    assert page.locator('[data-testid="stVegaLiteChart"]').count() == 2
+    assert "Routing" in page.inner_text('[data-testid="stSidebarNav"]')
+    page.goto(f"{server}/?run=dense", timeout=120_000)
+    settle(page, "Overview")
+    assert "Routing" not in page.inner_text('[data-testid="stSidebarNav"]')

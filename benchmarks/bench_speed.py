@@ -25,14 +25,16 @@ DuckDB, peak RSS and minor page faults (the process's, warm-up and all repeats i
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import json
 import os
 import resource
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_metrics import build_run  # noqa: E402  (the shared shard-by-shard builder)
@@ -100,42 +102,52 @@ def build_steps_run(path: Path, steps: int, per_step: int = 8, length: int = 250
     writer.finish(new_manifest("bench"))
 
 
-def _bare_run(run_path: str):
-    """The run without rcdiag's door check (rcdiag.store.validate reads every file's seq_id column: 0.9 s of a
-    50 M-token run before issue #15's last round, which the "bare read" used to include and so flattered every
-    ratio): what is left is pyarrow's iter_batches over the token files."""
-    from rcdiag.store.run import Run
+def _read(run_path: str, columns: list[str]) -> int:
+    """The bare read: pyarrow's iter_batches over the token files, in the passes' batch size, nothing else — no
+    rcdiag door check (rcdiag.store.validate: 0.9 s of a 50 M-token run before issue #15's last round, which the
+    "bare read" used to include and so flattered every ratio), no rcdiag code at all (the same floor for both trees)."""
+    import pyarrow.parquet as pq
 
-    return Run(run_path, validate=False)
+    from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS
+
+    return sum(batch.num_rows for file in sorted(Path(run_path, "tokens").glob("part-*.parquet"))
+               for batch in pq.ParquetFile(file).iter_batches(batch_size=DEFAULT_BATCH_ROWS, columns=columns))
 
 
 def method_read(run_path: str) -> int:
-    return sum(batch.num_rows for _, batch in _bare_run(run_path).iter_batches(REPORT_COLUMNS))
+    return _read(run_path, REPORT_COLUMNS)
 
 
 def method_read_analyze(run_path: str) -> int:
     """The bare read of the five columns analyze reads (its own floor; `read` has the report's seven)."""
-    return sum(batch.num_rows for _, batch in _bare_run(run_path).iter_batches(ANALYZE_COLUMNS))
+    return _read(run_path, ANALYZE_COLUMNS)
 
 
 def method_read_cores(run_path: str) -> int:
+    import pyarrow.parquet as pq
+
+    from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS
     from rcdiag.analysis.threads import ordered_map
 
-    run = _bare_run(run_path)
-    files = [run.shard(k) for k in range(len(run.token_files))]
-    return sum(ordered_map(lambda shard: sum(b.num_rows for _, b in shard.iter_batches(REPORT_COLUMNS)), files))
+    def one(file: Path) -> int:
+        return sum(b.num_rows for b in pq.ParquetFile(file).iter_batches(batch_size=DEFAULT_BATCH_ROWS,
+                                                                           columns=REPORT_COLUMNS))
+
+    return sum(ordered_map(one, sorted(Path(run_path, "tokens").glob("part-*.parquet"))))
 
 
 def _passes(run_path: str, threads: int | None) -> int:
     import rcdiag
-    from rcdiag.analysis.accum import Totals
     from rcdiag.analysis.threads import ordered_map
     from rcdiag.report.options import ReportOptions
     from rcdiag.report.passes import run_passes
 
     run = rcdiag.open_run(run_path)
     scan, library = run_passes(run, ReportOptions(), lambda fn, items: ordered_map(fn, items, threads=threads))
-    assert library.finish(Totals(library.rows))["metrics"]["tokens"] > 0
+    if hasattr(library, "finish"):  # the fused engine's library finishes here; the old one in build_report
+        from rcdiag.analysis.accum import Totals
+
+        assert library.finish(Totals(library.rows))["metrics"]["tokens"] > 0
     return int(scan.checks.tokens)
 
 
@@ -166,14 +178,14 @@ def method_overview(run_path: str) -> int:
     from streamlit.testing.v1 import AppTest
 
     os.environ["RCDIAG_CACHE_DIR"] = tempfile.mkdtemp(prefix="rcdiag-bench-cache-")
-    app_file = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
+    import rcdiag
+
+    app_file = Path(rcdiag.__file__).resolve().parents[1] / "app" / "dashboard.py"  # the measured tree's app
     sys.argv = [str(app_file), run_path]
     app = AppTest.from_file(str(app_file), default_timeout=1800)
     app.run()
     if app.exception or app.error:
         raise SystemExit(f"overview: {[e.value for e in (*app.exception, *app.error)]}")
-    import rcdiag
-
     return rcdiag.open_run(run_path).num_tokens
 
 
@@ -210,8 +222,17 @@ METHODS = {"read": method_read, "read-a": method_read_analyze, "read-cores": met
            "analyze": method_analyze, "duckdb": method_duckdb, "report": method_report, "overview": method_overview}
 
 
-def _measure(name: str, run_path: str, repeats: int = 1) -> dict[str, float]:
-    """Best wall and best CPU seconds of `repeats` runs (a shared machine's neighbours only ever add time)."""
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ("read", "read-a", "read-cores", "duckdb")
+"""Methods that run no rcdiag pass (pyarrow, DuckDB): one floor for both trees, measured once per round."""
+
+
+def _measure(name: str, run_path: str, warm: str | None, repeats: int, where: bool) -> dict[str, Any]:
+    """In the child: a warm-up on `warm` (loads the numba cache, imports), then the best wall and best CPU seconds
+    of `repeats` runs (a shared machine's neighbours only ever add time); peak RSS from VmHWM (this image's own:
+    ru_maxrss would carry the parent's peak across exec). `where`: one more run under the RSS sampler."""
+    if warm is not None and name not in SHARED[-1:]:
+        METHODS[name](warm)
     best = {"seconds": float("inf"), "cpu": float("inf")}
     for _ in range(repeats):
         start, cpu = time.perf_counter(), time.process_time()
@@ -219,83 +240,208 @@ def _measure(name: str, run_path: str, repeats: int = 1) -> dict[str, float]:
         best = {"seconds": min(best["seconds"], time.perf_counter() - start),
                 "cpu": min(best["cpu"], time.process_time() - cpu)}
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {**best, "rows": rows, "rss_mib": usage.ru_maxrss / 1024, "faults_k": usage.ru_minflt / 1e3}
+    out: dict[str, Any] = {**best, "rows": rows, "rss_mib": peak_rss_mib(), "faults_k": usage.ru_minflt / 1e3}
+    if where:
+        with RssSampler() as sampler:
+            METHODS[name](run_path)
+        out["growth"] = sampler.growth
+    return out
 
 
-def measure(name: str, run_path: Path, warm: Path, repeats: int = 1) -> dict[str, float]:
-    """Best of `repeats` runs of the method in one fresh process, after a warm-up on `warm` (loads the numba
-    cache; peak RSS is the process's, warm-up included)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        if name != "duckdb":
-            pool.submit(_measure, name, str(warm)).result()
-        return pool.submit(_measure, name, str(run_path), repeats).result()
+class RssSampler:
+    """Where the resident memory grows: a thread reads /proc/self/statm every 2 ms and, each time RSS passes its
+    previous high by ≥ 4 MiB, records the RSS and the innermost rcdiag frames of every thread (the passes run on
+    worker threads). Comparing two run sizes' records names the code whose memory grows with the run."""
+
+    STEP = 4 * 2 ** 20
+
+    def __init__(self) -> None:
+        self.growth: list[tuple[float, list[str]]] = []
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * self._page
+
+    def _where(self) -> list[str]:
+        me = threading.get_ident()
+        found = []
+        for ident, frame in sys._current_frames().items():
+            if ident == me:
+                continue
+            chain = []
+            while frame is not None and len(chain) < 3:
+                name = frame.f_code.co_filename
+                if "/rcdiag/" in name or "/app/" in name:
+                    chain.append(f"{Path(name).stem}.{frame.f_code.co_name}:{frame.f_lineno}")
+                frame = frame.f_back
+            if chain:
+                found.append(" < ".join(chain))
+        return found
+
+    def _loop(self) -> None:
+        high = self._rss()
+        while not self._stop.wait(0.002):
+            rss = self._rss()
+            if rss >= high + self.STEP:
+                high = rss
+                self.growth.append((rss / 2 ** 20, self._where()))
+
+    def __enter__(self) -> RssSampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
-def command_seconds(args: list[str], repeats: int) -> float:
-    """Best wall seconds of `python -m rcdiag ARGS` (a fresh interpreter each time, as a user runs it)."""
-    env = {**os.environ, "RCDIAG_CACHE_DIR": "off"}
+def peak_rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _env(tree: Path) -> dict[str, str]:
+    """The environment that runs `tree`'s rcdiag (PYTHONPATH wins over the venv's editable install)."""
+    return {**os.environ, "PYTHONPATH": str(tree), "RCDIAG_CACHE_DIR": "off"}
+
+
+def measure(name: str, run_path: Path, warm: Path | None, repeats: int, tree: Path = ROOT,
+            where: bool = False) -> dict[str, Any]:
+    """One method in a fresh interpreter running `tree`'s code (warm-up, best of `repeats`, peak RSS)."""
+    command = [sys.executable, __file__, "--child", name, str(run_path), str(warm or ""), str(repeats),
+               "1" if where else "0"]
+    result = subprocess.run(command, capture_output=True, text=True, env=_env(tree), check=False)
+    if result.returncode:
+        raise SystemExit(f"{name} ({tree}) failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def command_seconds(args: list[str], repeats: int, tree: Path = ROOT) -> float:
+    """Best wall seconds of `python -m rcdiag ARGS` run by `tree`'s code (a fresh interpreter each time, as a
+    user runs it; the pass cache off)."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rcdiag", *args], check=True, capture_output=True, env=env)
+        subprocess.run([sys.executable, "-m", "rcdiag", *args], check=True, capture_output=True, env=_env(tree))
         best = min(best, time.perf_counter() - start)
     return best
 
 
+def ensure(path: Path, build: Callable[[], None]) -> Path:
+    if not (path / "manifest.json").exists():
+        start = time.perf_counter()
+        build()
+        print(f"built {path} in {time.perf_counter() - start:.1f} s", flush=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=float, default=10e6)
+    parser.add_argument("--tokens", type=float, default=2e6, help="token rows of the measured run (default 2e6; "
+                        "the issue's sizes: 10e6 and, with --grow, 50e6)")
+    parser.add_argument("--grow", type=float, default=0,
+                        help="also a run of this many tokens: report/passes time and peak RSS at both sizes, and "
+                             "where RSS grows (e.g. --tokens 10e6 --grow 50e6)")
     parser.add_argument("--shard-tokens", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/rcdiag-bench"))
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
-    parser.add_argument("--quick", action="store_true", help="one start-up repeat instead of three")
+    parser.add_argument("--quick", action="store_true", help="one repeat of everything instead of three")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each method (best wall, best CPU)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of an older commit (git worktree add /tmp/base COMMIT): every rcdiag "
+                             "method and command also runs its code, alternately with this tree's, in this run")
     parser.add_argument("--runs", type=Path, nargs="*", default=[],
                         help="more run directories to time `rcdiag report` on (the sample run, a real model's)")
     parser.add_argument("--steps", type=int, default=0, help="also build and time a run of this many steps")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        name, run, warm, repeats, where = args.child
+        print(json.dumps(_measure(name, run, warm or None, int(repeats), where == "1")))
+        return
+    repeats = 1 if args.quick else args.repeats
+    trees = {"after": ROOT} if args.baseline is None else {"before": args.baseline.resolve(), "after": ROOT}
     n = int(args.tokens)
-    paths = {}
-    for key, size in (("large", n), ("tiny", 2_000)):
-        paths[key] = args.dir / f"run-{size}"
-        if not (paths[key] / "manifest.json").exists():
-            build_run(paths[key], size, args.shard_tokens)
+    tiny = ensure(args.dir / "run-2000", lambda: build_run(args.dir / "run-2000", 2_000, args.shard_tokens))
+    sizes = {"main": n} if not args.grow else {"main": n, "grow": int(args.grow)}
+    paths = {key: ensure(args.dir / f"run-{size}", lambda size=size: build_run(args.dir / f"run-{size}", size,
+                                                                               args.shard_tokens))
+             for key, size in sizes.items()}
     if args.steps:
-        paths["steps"] = args.dir / f"run-steps-{args.steps}"
-        if not (paths["steps"] / "manifest.json").exists():
-            build_steps_run(paths["steps"], args.steps)
-        args.runs = [*args.runs, paths["steps"]]
-    results = {m: measure(m, paths["large"], paths["tiny"], args.repeats if m != "overview" else 1)
-               for m in args.methods.split(",")}
-    print(f"\n{n:,} tokens, {len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'method':<10}{'wall s':>9}{'CPU s':>9}{'Mtok/s':>9}{'× read':>9}{'× read CPU':>12}{'RSS MiB':>9}"
-          f"{'faults k':>10}")
-    read = results.get("read")
-    for name, r in results.items():
-        ratio = r["seconds"] / read["seconds"] if read else float("nan")
-        cpu_ratio = r["cpu"] / read["cpu"] if read else float("nan")
-        print(f"{name:<10}{r['seconds']:>9.2f}{r['cpu']:>9.2f}{r['rows'] / r['seconds'] / 1e6:>9.2f}{ratio:>9.2f}"
-              f"{cpu_ratio:>12.2f}{r['rss_mib']:>9.0f}{r['faults_k']:>10.0f}")
-    if "analyze" in results and "read-a" in results:
-        print(f"analyze vs the read of its own 5 columns: {results['analyze']['seconds'] / results['read-a']['seconds']:.2f}× "
-              f"wall, {results['analyze']['cpu'] / results['read-a']['cpu']:.2f}× CPU")
-    if "analyze" in results and "duckdb" in results:
-        print(f"analyze speed vs DuckDB: {results['duckdb']['seconds'] / results['analyze']['seconds']:.2f}× "
-              "(> 1: rcdiag faster)")
-    if "report" in args.methods:
-        repeats = 1 if args.quick else 3
-        print(f"start-up: `rcdiag report` on 2,000 tokens {command_seconds(['report', str(paths['tiny']), '--quiet', '--out', str(args.dir / 'tiny-report')], repeats):.2f} s, "
-              f"`rcdiag report --help` {command_seconds(['report', '--help'], repeats):.2f} s, "
-              f"`rcdiag --help` {command_seconds(['--help'], repeats):.2f} s (wall, best of {repeats})")
-        for extra in args.runs:  # the sample run, a real model's, a many-step run: `rcdiag report` as a user runs it
-            seconds = command_seconds(['report', str(extra), '--quiet', '--out', str(args.dir / f'{extra.name}-report')],
-                                      repeats)
-            print(f"`rcdiag report {extra}` (no cache) {seconds:.2f} s")
-        if (SAMPLE_RUN / "manifest.json").is_file():  # what a user runs first: a real tokenizer decodes its worst tokens
-            seconds = command_seconds(['report', str(SAMPLE_RUN), '--quiet', '--out', str(args.dir / 'sample-report')],
-                                      repeats)
-            print(f"`rcdiag report runs/sample` (the README's run, its tokenizer decoding the worst tokens, no "
-                  f"cache) {seconds:.2f} s")
+        steps = args.dir / f"run-steps-{args.steps}"
+        args.runs = [*args.runs, ensure(steps, lambda: build_steps_run(steps, args.steps))]
+    if (SAMPLE_RUN / "manifest.json").is_file() and SAMPLE_RUN not in args.runs:
+        args.runs = [*args.runs, SAMPLE_RUN]
+    methods = args.methods.split(",")
+    results: dict[str, Any] = {"tokens": n, "cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0],
+                               "methods": {}, "grow": {}, "commands": {}}
+    for name in methods:  # the trees alternate method by method: a neighbour's burst hits both, not one
+        for label, tree in (("shared", ROOT),) if name in SHARED else trees.items():
+            results["methods"].setdefault(name, {})[label] = measure(
+                name, paths["main"], tiny, repeats if name != "overview" else 1, tree)
+    if args.grow:
+        for name in ("read", "passes", "report"):
+            for label, tree in (("shared", ROOT),) if name in SHARED else trees.items():
+                for key in ("main", "grow"):
+                    results["grow"].setdefault(name, {}).setdefault(label, {})[key] = measure(
+                        name, paths[key], tiny, 1, tree, where=name == "report")
+    if "report" in methods:
+        commands = {"report 2,000 tokens": ["report", str(tiny), "--quiet", "--out", str(args.dir / "tiny-report")],
+                    "report --help": ["report", "--help"], "--help": ["--help"]}
+        commands.update({f"report {extra}": ["report", str(extra), "--quiet", "--out",
+                                             str(args.dir / f"{extra.name}-report")] for extra in args.runs})
+        for label, argv_ in commands.items():
+            for tree_label, tree in trees.items():
+                results["commands"].setdefault(label, {})[tree_label] = command_seconds(argv_, repeats, tree)
+    results["load_after"] = os.getloadavg()[0]
+    print_results(results, trees)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def print_results(results: dict[str, Any], trees: dict[str, Path]) -> None:
+    """Every method per tree: wall, CPU, × the bare read (wall and CPU, within the tree's round), peak RSS; then
+    the issue's targets as ratios, the growth with the run's size and the commands' wall seconds."""
+    m = results["methods"]
+    read = m.get("read", {}).get("shared")
+    print(f"\n{results['tokens']:,} tokens, {results['cpus']} CPUs, load average {results['load_before']:.1f} → "
+          f"{results['load_after']:.1f}; best of the repeats")
+    print(f"{'method':<15}{'tree':<8}{'wall s':>8}{'CPU s':>8}{'Mtok/s':>8}{'× read':>8}{'× rd CPU':>9}"
+          f"{'RSS MiB':>9}")
+    for name, by_tree in m.items():
+        for label, r in by_tree.items():
+            ratio = r["seconds"] / read["seconds"] if read else float("nan")
+            cpu = r["cpu"] / read["cpu"] if read else float("nan")
+            print(f"{name:<15}{label:<8}{r['seconds']:>8.2f}{r['cpu']:>8.2f}{r['rows'] / r['seconds'] / 1e6:>8.2f}"
+                  f"{ratio:>8.2f}{cpu:>9.2f}{r['rss_mib']:>9.0f}")
+    print("\ntargets (ratios within this run):")
+    for label in trees:
+        def get(name: str, label: str = label) -> float:
+            by_tree = m.get(name, {})
+            return by_tree.get(label, by_tree.get("shared", {})).get("seconds", float("nan"))
+
+        print(f"  {label:<7} report ≤ 3× read: {get('report') / get('read'):.2f}× (passes {get('passes') / get('read'):.2f}×)"
+              f" | analyze ≥ 1.5× DuckDB: {get('duckdb') / get('analyze'):.2f}×"
+              f" | analyze ≤ 1.5× its read: {get('analyze') / get('read-a'):.2f}× | first Overview ≤ 5 s: "
+              f"{get('overview'):.2f} s")
+    for name, by_tree in results["grow"].items():
+        for label, r in by_tree.items():
+            main_, grow = r["main"], r["grow"]
+            print(f"  {label:<7} {name:<7} {main_['rows']:,} → {grow['rows']:,} tokens: {main_['seconds']:.2f} → "
+                  f"{grow['seconds']:.2f} s, peak RSS {main_['rss_mib']:.0f} → {grow['rss_mib']:.0f} MiB "
+                  f"({grow['rss_mib'] - main_['rss_mib']:+.0f})")
+            for key in ("main", "grow"):
+                for rss, where in r[key].get("growth", [])[-6:]:  # the last steps up: where the peak is reached
+                    print(f"      {key} {rss:7.0f} MiB  {' | '.join(where)[:200]}")
+    for label, by_tree in results["commands"].items():
+        print(f"  `rcdiag {label}` " + ", ".join(f"{t} {s:.2f} s" for t, s in by_tree.items()))
 
 
 if __name__ == "__main__":

@@ -73,3 +73,72 @@ def test_library_calls_are_the_same_bits_on_any_number_of_threads(run, monkeypat
     assert repr(metrics_n) == repr(metrics)
     assert table_n.to_json() == table.to_json()
     assert trend(run, replicates=30).to_json() == frame.to_json()
+
+
+def _metrics_json(run, out, map_files=None) -> dict[str, Any]:
+    """metrics.json of `rcdiag report` (make_report, as the command writes it) without what names the output's place
+    and time — every number, verdict and setting kept."""
+    import json
+
+    from rcdiag.report.make import make_report
+
+    result = make_report([rcdiag.open_run(run.path)], out, OPTIONS, map_files=map_files)
+    data = json.loads((result.out / "metrics.json").read_text())
+    return _without_places(data, str(out))
+
+
+def _without_places(value: Any, out: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_places(v, out) for k, v in value.items() if k not in ("created", "generated")}
+    if isinstance(value, list):
+        return [_without_places(v, out) for v in value]
+    return value.replace(out, "OUT") if isinstance(value, str) else value
+
+
+def _equal_bits(got: Any, want: Any, where: str = "") -> list[str]:
+    """Paths of every value that differs — floats compared by their bits (repr round-trips a double; NaN = NaN)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        keys = sorted(set(want) | set(got))
+        return [p for k in keys for p in _equal_bits(got.get(k, "<missing>"), want.get(k, "<missing>"), f"{where}.{k}")]
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        return [p for i, (g, w) in enumerate(zip(got, want, strict=True)) for p in _equal_bits(g, w, f"{where}[{i}]")]
+    return [] if repr(got) == repr(want) else [f"{where}: {got!r} != {want!r}"]
+
+
+def test_metrics_json_is_the_same_bits_on_any_number_of_threads_and_file_order(run, tmp_path, monkeypatch):
+    """The file a CI gate reads: every number of metrics.json the same bits with RCDIAG_THREADS = 1, 2 and 5 (the
+    project's thread setting, threads.workers), files computed last to first, and each file in another process.
+    Guards a reduction that depends on the pool's size — what the library-level tests cannot see, since the
+    report also runs the bootstrap's threads and the figure process."""
+    monkeypatch.setenv("RCDIAG_THREADS", "1")
+    want = _metrics_json(run, tmp_path / "one")
+    assert want["counts"]["token_rows"] == run.num_tokens and len(want["gate_sweep"]) > 100
+    for threads in ("2", "5"):
+        monkeypatch.setenv("RCDIAG_THREADS", threads)
+        assert _equal_bits(_metrics_json(run, tmp_path / f"t{threads}"), want) == []
+    assert _equal_bits(_metrics_json(run, tmp_path / "last", _last_first), want) == []
+    assert _equal_bits(_metrics_json(run, tmp_path / "procs", _in_processes), want) == []
+
+
+def test_metrics_json_is_the_same_bits_on_ray(run, tmp_path, monkeypatch):
+    """--ray: the per-file parts as Ray tasks (a local 2-CPU cluster) give metrics.json's bits of one thread."""
+    ray = pytest.importorskip("ray")
+    from rcdiag.distributed.report import ray_map
+
+    monkeypatch.setenv("RCDIAG_THREADS", "1")
+    want = _metrics_json(run, tmp_path / "local")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        assert _equal_bits(_metrics_json(run, tmp_path / "ray", ray_map(ray)), want) == []
+    finally:
+        ray.shutdown()
+
+
+def test_equal_bits_sees_one_ulp():
+    """The comparison itself: one ulp in a nested float is a difference, NaN equals NaN."""
+    import math
+
+    want = {"a": [1.0, {"b": 0.1}], "n": math.nan}
+    assert _equal_bits({"a": [1.0, {"b": 0.1}], "n": math.nan}, want) == []
+    assert _equal_bits({"a": [1.0, {"b": math.nextafter(0.1, 1)}], "n": math.nan}, want) == [
+        ".a[1].b: 0.10000000000000002 != 0.1"]

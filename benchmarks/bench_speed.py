@@ -358,10 +358,19 @@ def main(argv: list[str] | None = None) -> None:
                              "method and command also runs its code, alternately with this tree's, in this run")
     parser.add_argument("--runs", type=Path, nargs="*", default=[],
                         help="more run directories to time `rcdiag report` on (the sample run, a real model's)")
+    parser.add_argument("--commands", action="store_true",
+                        help="time the commands (start-up, --runs, --steps) even when `report` is not a method")
     parser.add_argument("--steps", type=int, default=0, help="also build and time a run of this many steps")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--print-json", type=Path, default=None, help="print the tables of a saved --json")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.print_json:
+        saved = json.loads(args.print_json.read_text())
+        saved.setdefault("load_after", float("nan"))
+        labels = {label for by_tree in saved["methods"].values() for label in by_tree} - {"shared"}
+        print_results(saved, {label: Path() for label in ("before", "after") if label in labels})
+        return
     if args.child:
         name, run, warm, repeats, where = args.child
         print(json.dumps(_measure(name, run, warm or None, int(repeats), where == "1")))
@@ -379,20 +388,22 @@ def main(argv: list[str] | None = None) -> None:
         args.runs = [*args.runs, ensure(steps, lambda: build_steps_run(steps, args.steps))]
     if (SAMPLE_RUN / "manifest.json").is_file() and SAMPLE_RUN not in args.runs:
         args.runs = [*args.runs, SAMPLE_RUN]
-    methods = args.methods.split(",")
+    methods = [m for m in args.methods.split(",") if m]
     results: dict[str, Any] = {"tokens": n, "cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0],
                                "methods": {}, "grow": {}, "commands": {}}
     for name in methods:  # the trees alternate method by method: a neighbour's burst hits both, not one
         for label, tree in (("shared", ROOT),) if name in SHARED else trees.items():
             results["methods"].setdefault(name, {})[label] = measure(
                 name, paths["main"], tiny, repeats if name != "overview" else 1, tree)
+            save(args.json, results)
     if args.grow:
         for name in ("read", "passes", "report"):
             for label, tree in (("shared", ROOT),) if name in SHARED else trees.items():
                 for key in ("main", "grow"):
                     results["grow"].setdefault(name, {}).setdefault(label, {})[key] = measure(
                         name, paths[key], tiny, 1, tree, where=name == "report")
-    if "report" in methods:
+                    save(args.json, results)
+    if "report" in methods or args.commands:
         commands = {"report 2,000 tokens": ["report", str(tiny), "--quiet", "--out", str(args.dir / "tiny-report")],
                     "report --help": ["report", "--help"], "--help": ["--help"]}
         commands.update({f"report {extra}": ["report", str(extra), "--quiet", "--out",
@@ -400,10 +411,16 @@ def main(argv: list[str] | None = None) -> None:
         for label, argv_ in commands.items():
             for tree_label, tree in trees.items():
                 results["commands"].setdefault(label, {})[tree_label] = command_seconds(argv_, repeats, tree)
+                save(args.json, results)
     results["load_after"] = os.getloadavg()[0]
+    save(args.json, results)
     print_results(results, trees)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+
+
+def save(path: Path | None, results: dict[str, Any]) -> None:
+    """Every figure so far (a long run killed midway keeps what it measured; --print-json reads it back)."""
+    if path is not None:
+        path.write_text(json.dumps(results, indent=1))
 
 
 def print_results(results: dict[str, Any], trees: dict[str, Path]) -> None:

@@ -6,6 +6,7 @@ merges exactly like the sequential one.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -27,12 +28,17 @@ def workers() -> int:
 
 def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], threads: int | None = None) -> Iterator[Any]:
     """Like the builtin `map` (results in input order) on a pool of `threads` threads (default `workers()`); at
-    most 2 × threads items are in flight, so memory stays bounded by the pool, not by the number of items."""
+    most 2 × threads items are in flight, so memory stays bounded by the pool, not by the number of items. A
+    single item runs on the calling thread: a 1,000-step report's per-step bootstraps (one block each) spent
+    ~6 s starting and joining 1,000 pools."""
     count = threads or workers()
     todo = iter(items)
-    if count < 2:
+    first = _take(todo, 2)
+    if count < 2 or len(first) < 2:  # one item (a per-step bootstrap's one block): no pool to start and join
+        yield from map(fn, first)
         yield from map(fn, todo)
         return
+    todo = itertools.chain(first, todo)
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rcdiag-pass") as pool:
         pending = [pool.submit(fn, item) for _, item in zip(range(2 * count), todo, strict=False)]
         while pending:

@@ -34,8 +34,6 @@ class Library(ChunkConsumer):
     rows: int = 0
     gates: GateAccumulator | None = None
     """The gate families' sweep (rcdiag.analysis.gates), or None (a file whose advantages cannot be read)."""
-    gates: Any = None
-    """The gate families' sweep (rcdiag.analysis.gates.GateAccumulator), or None."""
 
     def __post_init__(self) -> None:
         self._group = ISGroup(list(self.rejections.values()))

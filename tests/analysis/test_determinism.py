@@ -142,3 +142,21 @@ def test_equal_bits_sees_one_ulp():
     assert _equal_bits({"a": [1.0, {"b": 0.1}], "n": math.nan}, want) == []
     assert _equal_bits({"a": [1.0, {"b": math.nextafter(0.1, 1)}], "n": math.nan}, want) == [
         ".a[1].b: 0.10000000000000002 != 0.1"]
+
+
+def test_ordered_map_keeps_order_and_runs_one_item_on_the_caller():
+    """One item needs no pool (the per-step bootstraps of a long run started and joined 1,000 of them); several
+    go to the pool threads; either way the results come in input order, whatever finishes first."""
+    import threading
+    import time
+
+    def where(i: int) -> tuple[int, str]:
+        time.sleep(0.02 if i == 0 else 0.0)  # the first item finishes last
+        return i, threading.current_thread().name
+
+    assert list(ordered_map(where, [7], threads=4)) == [(7, threading.current_thread().name)]
+    got = list(ordered_map(where, iter(range(6)), threads=3))
+    assert [i for i, _ in got] == list(range(6))
+    assert all(name.startswith("rcdiag-pass") for _, name in got)
+    assert list(ordered_map(lambda i: i * i, iter(range(5)), threads=1)) == [0, 1, 4, 9, 16]
+    assert list(ordered_map(lambda i: i, [], threads=4)) == []

@@ -14,6 +14,7 @@ from typing import Any
 
 from rcdiag.errors import ConfigError
 from rcdiag.score.config import EngineSettings
+from rcdiag.score.routes import engine_kwargs
 
 LOGPROBS_MODE = "processed_logprobs"
 """Log-probs of the distribution tokens are sampled from: after temperature (and top-p/top-k renormalisation)."""
@@ -172,7 +173,8 @@ def _scan_safe_modules() -> Iterator[None]:
 
 
 def build_engine(settings: EngineSettings) -> Any:
-    """A `vllm.LLM` returning processed log-probs. Sets ENV_DEFAULTS first (where unset)."""
+    """A `vllm.LLM` returning processed log-probs. Sets ENV_DEFAULTS first (where unset). An MoE model gets what
+    its route capture needs (rcdiag.score.routes.engine_kwargs: eager on CPU, returned routes where vLLM can)."""
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     try:
@@ -188,7 +190,7 @@ def build_engine(settings: EngineSettings) -> Any:
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
                    trust_remote_code=settings.trust_remote_code, disable_log_stats=True, use_tqdm_on_load=False,
-                   **_cpu_scheduler_kwargs(settings))
+                   **_cpu_scheduler_kwargs(settings), **engine_kwargs(settings.model))
     _log_each_vllm_message_once()  # after: vLLM re-applies its logging config (new handlers) while it builds
     return llm
 
@@ -240,8 +242,8 @@ def engine_facts(llm: Any) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     return {"dtype_resolved": str(config.dtype).removeprefix("torch."), "max_model_len": int(config.max_model_len),
-            "device": str(current_platform.device_type),
-            "cpu_kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
+            "device": str(current_platform.device_type), "cpu_kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+            **({"enforce_eager": True} if config.enforce_eager else {})}  # MoE on CPU (rcdiag.score.routes)
 
 
 def close_engine(llm: Any) -> None:

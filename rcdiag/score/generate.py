@@ -29,9 +29,19 @@ from rcdiag.score.engine import (
     model_files_hash,
 )
 from rcdiag.score.prompts import RenderedPrompt, load_prompts, render_prompts
+from rcdiag.score.routes import (
+    PREFILL,
+    SAMPLED,
+    MoeShape,
+    engine_moe_layers,
+    engine_shard_routes,
+    moe_shape,
+    returns_routes,
+)
 from rcdiag.score.spec import generate_manifest, reward_function, run_spec, tokenizer_section
 from rcdiag.store.files import MANIFEST_NAME
 from rcdiag.store.manifest import read_manifest
+from rcdiag.store.routes import PROMPT_ROUTES, ROUTING_SECTION, RoutingInfo, with_column
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA
 from rcdiag.store.writer import RunWriter
 from rcdiag.tokenizers import load_tokenizer
@@ -61,6 +71,8 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str | None
+    output: Any = None
+    """vLLM's CompletionOutput (its `routed_experts` where the engine returns routes)."""
 
 
 def sampled_logprobs(completion: Any) -> list[float]:
@@ -93,7 +105,8 @@ def run_requests(llm: Any, chunk: Sequence[RenderedPrompt], config: GenerateConf
     completions = []
     for output in outputs:
         (done,) = output.outputs
-        completions.append(Completion(list(done.token_ids), sampled_logprobs(done), done.text, done.finish_reason))
+        completions.append(Completion(list(done.token_ids), sampled_logprobs(done), done.text, done.finish_reason,
+                                      done))
     return [completions[i * config.n:(i + 1) * config.n] for i in range(len(chunk))]
 
 
@@ -129,6 +142,30 @@ def shard_tables(chunk: Sequence[RenderedPrompt], results: Sequence[Sequence[Com
         pa.array(np.ones(count, dtype=bool))], schema=TOKEN_SCHEMA)
     sequences = pa.Table.from_pydict(seq_rows, schema=SEQUENCE_SCHEMA)
     return tokens, sequences
+
+
+# --------------------------------------------------------------------------------------------------- routes
+def engine_routing(llm: Any, model_dir: Path) -> tuple[RoutingInfo, MoeShape] | None:
+    """(route shape, MoE shape) of the engine's model, None for a dense model (nothing is asked of the engine)."""
+    shape = moe_shape(model_dir)
+    if shape is None:
+        return None
+    layers = engine_moe_layers(llm)
+    return (shape.info(layers), shape) if layers else None
+
+
+def add_engine_routes(llm: Any, chunk: Sequence[RenderedPrompt], results: Sequence[Sequence[Completion]],
+                      routing: tuple[RoutingInfo, MoeShape], tokens: pa.Table, sequences: pa.Table, *,
+                      source: str) -> tuple[str, pa.Table, pa.Table]:
+    """(what the routes are, tokens, sequences) of one shard with the engine's route columns added
+    (rcdiag.score.routes.engine_shard_routes: returned by vLLM while sampling, or a prefill replay)."""
+    pairs = [(item.token_ids, done.token_ids) for item, samples in zip(chunk, results, strict=True)
+             for done in samples]
+    outputs = [done.output for samples in results for done in samples]
+    found = engine_shard_routes(llm, pairs, outputs, *routing, source=source)
+    for name, values in found.tokens.items():
+        tokens = with_column(tokens, name, values)
+    return found.what, tokens, with_column(sequences, PROMPT_ROUTES, found.prompt)
 
 
 # --------------------------------------------------------------------------------------------------- the run
@@ -171,13 +208,19 @@ def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config
     with contextlib.ExitStack() as stack:
         with phases("starting vLLM engine", f"{model_dir.name}, loads the model"):
             engine = stack.enter_context(engine_session(config.engine_settings(str(model_dir)), llm))
+            routing = engine_routing(engine, model_dir)
+        what = PREFILL if routing is not None and not returns_routes() else SAMPLED
         requests = sum(len(rendered[k * size:(k + 1) * size]) for k in todo) * config.n
         with phases("generating", f"{requests} sequences"), \
                 progress(total=requests, desc="generate", unit="seq", silent=silent) as bar:
             written = 0
             for k in todo:
                 chunk = rendered[k * size:(k + 1) * size]
-                tokens, sequences = shard_tables(chunk, run_requests(engine, chunk, config, bar), config.n, reward)
+                results = run_requests(engine, chunk, config, bar)
+                tokens, sequences = shard_tables(chunk, results, config.n, reward)
+                if routing is not None:  # an MoE model: the engine's routes beside each token
+                    what, tokens, sequences = add_engine_routes(engine, chunk, results, routing, tokens, sequences,
+                                                                source=f"shard {k}")
                 writer.write_shard(k, tokens, sequences)
                 written += tokens.num_rows
                 bar.set_postfix_str(f"{written:,} response tokens, shard {k + 1}/{todo[-1] + 1} written")
@@ -185,4 +228,6 @@ def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config
     with phases("writing manifest"):
         manifest = generate_manifest(config, model_dir, model_hash, Path(prompts), rendered, facts,
                                      tokenizer_section(model_dir), reward is not None)
+        if routing is not None:
+            manifest = {**manifest, ROUTING_SECTION: routing[0].with_side("engine", what).to_dict()}
         return writer.finish(manifest)

@@ -28,6 +28,7 @@ from rcdiag.score.devices import resolve_device
 from rcdiag.score.engine import model_files_hash
 from rcdiag.score.logprobs import choose_epilogue
 from rcdiag.score.packing import cu_seqlens_from_lengths, unpack_positions
+from rcdiag.score.routes import RESCORED, routing_update, trainer_hooks, with_trainer_routes
 from rcdiag.score.scoring import (
     RescoreWarning,
     attention_used,
@@ -190,6 +191,8 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
                            trust_remote_code=config.trust_remote_code)
     epilogue_name, epilogue = choose_epilogue(response_total, vocab_size, config.device)
     settings = trainer_settings(model_path, model, config, temperature, epilogue_name)
+    hooks = trainer_hooks(model)  # MoE models only: the trainer's routes (rcdiag.score.routes)
+    settings.update({"routes": RESCORED} if hooks is not None else {})
     with phases("rescoring", f"{response_total:,} response tokens"), \
             progress(total=response_total, desc="rescore", unit="tok", unit_scale=True, silent=silent) as bar:
         for k, (tok_file, seq_file) in enumerate(files):
@@ -202,14 +205,17 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
                 bar.update(responses)
                 continue
             share = responses / max(_input_tokens(pairs), 1)  # rows report model input tokens; the bar counts
-            scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
-                                     chunk_tokens=config.chunk_tokens, epilogue=epilogue,
-                                     on_row=lambda n, share=share, cap=done_before + responses:
-                                     advance(bar, n * share, cap),
-                                     source=f"{SEQUENCES_DIR}/{seq_file.name}")
+            with hooks or contextlib.nullcontext():
+                scored = score_sequences(model, pairs, temperature=temperature, token_budget=config.token_budget,
+                                         chunk_tokens=config.chunk_tokens, epilogue=epilogue,
+                                         on_row=lambda n, share=share, cap=done_before + responses:
+                                         advance(bar, n * share, cap),
+                                         source=f"{SEQUENCES_DIR}/{seq_file.name}", routes=hooks)
+            tokens = with_trainer_routes(tokens, hooks, source=f"{TOKENS_DIR}/{tok_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
             advance(bar, done_before + responses - bar.n, done_before + responses)  # exact at each shard's end
-    return update_manifest(run.path, {"trainer": settings})
+    routing = routing_update(run.manifest, hooks and hooks.shape, hooks.layers if hooks else 0, "trainer", RESCORED)
+    return update_manifest(run.path, {"trainer": settings, **routing})
 
 
 def advance(bar: Any, amount: float, cap: float) -> None:

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from rcdiag.score.devices import resolve_device
 from rcdiag.score.engine import context_from_config
 from rcdiag.score.logprobs import Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
 from rcdiag.score.packing import PaddingSide, cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows
+
+if TYPE_CHECKING:
+    from rcdiag.score.routes import RouteHooks
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """rcdiag.score.config.TRAIN_DTYPES as torch dtypes."""
@@ -152,7 +155,8 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
                     temperature: float = 1.0, token_budget: int = 4096, chunk_tokens: int = 1024,
                     epilogue: Epilogue = epilogue_inplace, on_row: Callable[[int], None] | None = None,
                     source: str = "sequences",
-                    on_logits: Callable[[np.ndarray, torch.Tensor], None] | None = None) -> ScoredTokens:
+                    on_logits: Callable[[np.ndarray, torch.Tensor], None] | None = None,
+                    routes: RouteHooks | None = None) -> ScoredTokens:
     """Log-prob and entropy of every response token under `model`, from packed rows of ≤ token_budget tokens.
 
     `sequences` holds (prompt ids, response ids) pairs; the model input is prompt + response[:-1] (the last
@@ -181,11 +185,17 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
     all_targets = np.concatenate(responses) if responses else np.zeros(0, dtype=np.int64)
     base, head, transform = model.base_model, model.get_output_embeddings(), logit_transform(model.config)
     device = model.device
+    if routes is not None:
+        routes.start(logprobs.size)
     for row in rows:
         packed = pack_row(inputs, row)
+        if routes is not None:
+            routes.begin_row(packed.seq_index, np.array([inputs[i].size for i in packed.seq_index], np.int64))
         hidden = base(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                       **packed_kwargs(packed.cu_seqlens, packed.max_len, device)).last_hidden_state[0]
         src, dest = _row_gather(packed.seq_index, packed.cu_seqlens.numpy().astype(np.int64), prompt_lens, out_cu)
+        if routes is not None:
+            routes.end_row(src, dest)
         targets = torch.from_numpy(all_targets[dest])
         hook = None if on_logits is None else (
             lambda start, stop, logits, dest=dest: on_logits(dest[start:stop], logits))

@@ -104,7 +104,7 @@ def explains_line(summary: RoutingSummary, probe: str | None = None, run: str = 
                 "gap) to compare with.")
     line = share.sentence()[0].upper() + share.sentence()[1:]
     if share.method == "replay":
-        return f"{line} — the probe {probe}'s router_replay factor."
+        return f"{line} (probe '{probe}', factor router_replay)."
     note = ("" if summary.judged else f" Too few tokens to judge (fewer than {MIN_GROUP} agreeing or disagreeing "
             "tokens): the verdict does not use it.")
     return (f"{line}. Observational: the tokens whose routes agree may differ in other ways; `rcdiag probe "

@@ -28,7 +28,9 @@ CAUSES = {"engine_dtype": "the engine's {run_dtype}", "decode_vs_prefill": "the 
           "other requests in the batch), not its numerics", "batch_invariance": "batch composition in the engine",
           "train_dtype": "the trainer's precision", "attention": "the trainer's attention kernel",
           "packing": "the trainer's packing", "chunk": "the trainer's LM-head chunking",
-          "prefix_caching": "the engine's prefix cache", "engine_numerics": "the engine's numerics"}
+          "prefix_caching": "the engine's prefix cache", "engine_numerics": "the engine's numerics",
+          "router_replay": "routing: the engine and the trainer pick different experts",
+          "router_precision": "the trainer's router precision"}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ ENGINE_RUN = "engine_replay"
 class TrainSetting:
     """The transformers rescorer (`rcdiag.score.scoring.score_sequences`) with one configuration.
 
-    token_budget None: one sequence per forward (alone); an int: packed rows of at most that many tokens."""
+    token_budget None: one sequence per forward (alone); an int: packed rows of at most that many tokens.
+    MoE models only: `routes` "engine" forces the run's engine routes in every MoE layer (routing replay, R3:
+    rcdiag.score.routes.RouteHooks); `router_dtype` recomputes the routers' logits in that dtype."""
 
     name: str
     factor: str
@@ -32,10 +34,19 @@ class TrainSetting:
     token_budget: int | None = None
     chunk_tokens: int = 1024
     side: str = "trainer"
+    routes: str | None = None
+    router_dtype: str | None = None
+
+    @property
+    def routed(self) -> bool:
+        """Whether the setting acts on an MoE model's routers (skipped on a dense model)."""
+        return self.routes is not None or self.router_dtype is not None
 
     def describe(self) -> str:
         packing = "alone" if self.token_budget is None else f"packed ≤{self.token_budget} tok"
-        return f"trainer {self.dtype}, {self.attn}, {packing}, LM-head chunk {self.chunk_tokens}"
+        extra = (", the engine's routes forced (R3)" if self.routes == "engine" else "") + (
+            f", router in {self.router_dtype}" if self.router_dtype else "")
+        return f"trainer {self.dtype}, {self.attn}, {packing}, LM-head chunk {self.chunk_tokens}{extra}"
 
 
 @dataclass(frozen=True)
@@ -90,8 +101,16 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
     "batch_invariance": (EngineSetting("engine_alone", "batch_invariance", one_at_a_time=True),),
     "attention_flex": (TrainSetting("attn_flex", "attention_flex", attn="flex_attention", token_budget=1024),),
     "divergence": (),  # exact divergences of whole distributions: engine replays and the reference's logits
+    "router_replay": (TrainSetting("router_replay", "router_replay", routes="engine"),),
+    "router_precision": (TrainSetting("router_bf16", "router_precision", router_dtype="bfloat16"),
+                         TrainSetting("train_bf16_router_fp32", "router_precision", baseline="train_bf16",
+                                      dtype="bfloat16", router_dtype="float32")),
 }
-"""Every factor and its settings. `decode_vs_prefill` needs `engine_numerics` (its replay)."""
+"""Every factor and its settings. `decode_vs_prefill` needs `engine_numerics` (its replay). MoE models: `router_replay`
+(the float32 trainer with the run's engine routes forced: the gap left with routing replay) and `router_precision`
+(the float32 trainer with its routers in bfloat16; a bfloat16 trainer with its routers in float32, against the
+bfloat16 trainer); skipped, with a note, on a dense model or a run without engine routes."""
+ROUTER_FACTORS = ("router_replay", "router_precision")
 DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numerics", "decode_vs_prefill",
                    "engine_dtype", "batch_invariance", "divergence")
 """Left out by default: `prefix_caching` (experimental: a non-finite value was seen once on a bf16 engine at
@@ -99,7 +118,8 @@ T = 0.9, not yet explained), `attention_flex` (flex attention compiles on first 
 (a second token budget, 512)."""
 TRAINER_FACTORS = tuple(k for k, v in FACTORS.items() if all(isinstance(s, TrainSetting) for s in v) and v)
 QUICK_SETTINGS = frozenset({"train_bf16", "attn_eager_alone", "packed_4096", ENGINE_RUN, "engine_float32",
-                            "engine_bfloat16", "engine_alone"})
+                            "engine_bfloat16", "engine_alone", "router_replay", "router_bf16",
+                            "train_bf16_router_fp32"})
 """The quick grid (the default on CPU): one setting per question. Left out: `train_fp16` (fp16 matmuls are
 emulated on CPU: the slowest setting, 11 tok/s on SmolLM2), `chunk_16` (13 tok/s; in float32 it moves log-probs
 by ~1e-6), the packed sdpa/eager kernels (the kernel alone is `attn_eager_alone`; sdpa alone on one sequence is the very call sdpa_varlen makes, bit for bit) and the bf16 packed setting

@@ -31,6 +31,7 @@ from rcdiag.probe.factors import (
     GRIDS,
     REFERENCE,
     ROLLOUT,
+    ROUTER_FACTORS,
     TRAINER_FACTORS,
     EngineSetting,
     Setting,
@@ -38,10 +39,12 @@ from rcdiag.probe.factors import (
     select_settings,
 )
 from rcdiag.probe.files import write_probe
+from rcdiag.probe.routing import ProbeRouting, load_routing, routing_record, select_routed
 from rcdiag.progress import progress
 from rcdiag.score.config import check_device_name
 from rcdiag.score.engine import EngineSettings, engine_session
 from rcdiag.score.rescore import engine_model_path, run_temperature, shard_pairs
+from rcdiag.score.routes import moe_shape
 from rcdiag.store.run import Run, open_run
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -112,32 +115,53 @@ def sample_tokens(run: Run, n: int, seed: int, vocab_size: int, max_context: int
 
 # --------------------------------------------------------------------------------------------------- trainer side
 def _score_train(model: Any, setting: TrainSetting, pairs: Sequence[Pair], temperature: float,
-                 bar: Any, on_logits: Callable[[np.ndarray, Any], None] | None = None) -> np.ndarray:
-    """Flat float32 `[N]` log-probs of every response token under one trainer setting; `on_logits(flat
-    indices, logits)` sees the LM head's chunks (one-at-a-time settings only)."""
+                 bar: Any, on_logits: Callable[[np.ndarray, Any], None] | None = None,
+                 routing: ProbeRouting | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(flat float32 `[N]` log-probs of every response token under one trainer setting, their routes `[N, L, k]`
+    on an MoE probe, else None); `on_logits(flat indices, logits)` sees the LM head's chunks (one-at-a-time
+    settings only). `routing` (an MoE probe): the routers' hooks record routes, force the engine's (`routes`) or
+    recompute the router in `router_dtype`."""
+    from rcdiag.score.routes import RouteHooks
     from rcdiag.score.scoring import score_sequences
 
-    if setting.token_budget is None:  # one sequence per forward
-        parts, offset = [], 0
-        for pair in pairs:
-            hook = None if on_logits is None else (lambda idx, logits, off=offset: on_logits(idx + off, logits))
-            parts.append(score_sequences(model, [pair], temperature=temperature, token_budget=1 << 30,
-                                         chunk_tokens=setting.chunk_tokens, on_logits=hook).logprobs)
-            offset += len(pair[1])
-            bar.update(len(pair[1]))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    scored = score_sequences(model, pairs, temperature=temperature, token_budget=setting.token_budget,
-                             chunk_tokens=setting.chunk_tokens)
-    bar.update(int(scored.cu_seqlens[-1]))
-    return scored.logprobs
+    hooks = None if routing is None else RouteHooks(model, routing.shape, router_dtype=setting.router_dtype)
+    forced = routing.forced if routing is not None and setting.routes == "engine" else None
+    routes: list[np.ndarray] = []
+    with hooks or contextlib.nullcontext():
+        if setting.token_budget is None:  # one sequence per forward
+            parts, offset = [], 0
+            for i, pair in enumerate(pairs):
+                hook = None if on_logits is None else (lambda idx, logits, off=offset: on_logits(idx + off, logits))
+                if hooks is not None:
+                    hooks.forced = None if forced is None else [forced[i]]
+                parts.append(score_sequences(model, [pair], temperature=temperature, token_budget=1 << 30,
+                                             chunk_tokens=setting.chunk_tokens, on_logits=hook,
+                                             routes=hooks).logprobs)
+                if hooks is not None:
+                    routes.append(hooks.ids)
+                offset += len(pair[1])
+                bar.update(len(pair[1]))
+            logprobs = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        else:
+            if hooks is not None:
+                hooks.forced = forced
+            scored = score_sequences(model, pairs, temperature=temperature, token_budget=setting.token_budget,
+                                     chunk_tokens=setting.chunk_tokens, routes=hooks)
+            bar.update(int(scored.cu_seqlens[-1]))
+            logprobs = scored.logprobs
+            if hooks is not None:
+                routes.append(hooks.ids)
+    return logprobs, (np.concatenate(routes) if routes else None)
 
 
 def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Sequence[Pair], temperature: float,
                  device: str, steps: Steps, collector: DivergenceCollector | None = None,
+                 routing: ProbeRouting | None = None, routes: dict[str, np.ndarray] | None = None,
                  ) -> dict[str, np.ndarray]:
     """Log-probs per trainer setting; one model load per dtype (freed before the next), its attention
     implementation switched in place between settings (the weights are the same tensors, so the numbers are those
-    of a fresh load with that attention; a load per (dtype, attention) cost a load and a gc per switch)."""
+    of a fresh load with that attention; a load per (dtype, attention) cost a load and a gc per switch). On an MoE
+    probe (`routing`), each setting's routes go into `routes`."""
     import warnings
 
     from rcdiag.score.attention import resolve_attention
@@ -161,7 +185,9 @@ def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Seque
             hook = collector.on_logits if collector is not None and setting.name == REFERENCE else None
             with steps.bar(setting.name, n_tokens) as bar, warnings.catch_warnings():
                 warnings.simplefilter("ignore", RescoreWarning)
-                out[setting.name] = _score_train(model, setting, pairs, temperature, bar, hook)
+                out[setting.name], found = _score_train(model, setting, pairs, temperature, bar, hook, routing)
+                if routes is not None and found is not None:
+                    routes[setting.name] = found
         del model
         gc.collect()
     return out
@@ -252,16 +278,25 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     model_path = config.train_model or engine_model_path(run.manifest)
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no model; pass --train-model")
-    vocab_size, max_context = model_limits(load_config(model_path))
+    model_config = load_config(model_path)
+    vocab_size, max_context = model_limits(model_config)
     engine_section = run.manifest.get("engine") or {}
     run_dtype = str(engine_section.get("dtype_resolved") or "auto")
     quick = config.grid == "quick" or (config.grid == "auto" and device == "cpu"
                                        and tuple(config.factors) == DEFAULT_FACTORS)  # chosen factors: all of them
     settings = select_settings(config.factors, run_dtype, quick)
+    shape = moe_shape(model_config) if any(f in ROUTER_FACTORS for f in config.factors) else None
+    settings, skipped = select_routed(settings, shape, run, model_path)
     engine = [s for s in settings if isinstance(s, EngineSetting)]
     if engine:
         engine_model(run)  # refuse before any model work
     frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
+    routing = None
+    if shape is not None and any(isinstance(s, TrainSetting) and s.routed for s in settings):
+        routing = load_routing(run, frame, pairs, shape, any(getattr(s, "routes", None) for s in settings))
+        if any(getattr(s, "routes", None) for s in settings) and routing.forced is None:
+            settings = [s for s in settings if getattr(s, "routes", None) is None]
+        skipped += routing.notes
     collector = None
     if "divergence" in config.factors and config.divergence_positions and engine:
         collector = DivergenceCollector(pairs, config.divergence_positions, config.seed, vocab_size,
@@ -269,6 +304,8 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
                                         top_k=engine_section.get("top_k"))
     distributions = 0 if collector is None else sum(s.factor in ("engine_numerics", "engine_dtype") for s in engine)
     steps = Steps(len(settings) + distributions, silent)
+    for note in skipped:
+        steps.say(f"note: {note}")
     steps.say(f"probe {config.name}: {len(pairs)} sequences, {len(frame):,} tokens, temperature {temperature:g}, "
               f"{len(settings)} settings ({'quick' if quick else 'full'} grid)"
               + (f", whole distributions at {collector.flat.size:,} positions" if collector else ""))
@@ -285,7 +322,8 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
         if engine:
             values, facts = engine_pass(run, engine, pairs, temperature, llm, steps, collector)
         train = [s for s in settings if isinstance(s, TrainSetting)]
-        values.update(trainer_pass(model_path, train, pairs, temperature, device, steps, collector))
+        routes: dict[str, np.ndarray] = {}
+        values.update(trainer_pass(model_path, train, pairs, temperature, device, steps, collector, routing, routes))
         for setting in settings:
             bad = int((~np.isfinite(values[setting.name])).sum())
             if bad:
@@ -303,7 +341,8 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
             collector.close()
     summary = summarize(frame, settings, run=run, config=config, temperature=temperature, engine_facts=facts,
                         seconds=time.time() - started, divergence=divergence, device=device,
-                        grid="quick" if quick else "full")
+                        grid="quick" if quick else "full", extra_notes=skipped,
+                        routing=None if routing is None else routing_record(routing, routes, run))
     result = ProbeResult(summary=summary, tokens=frame)
     if write:
         result.files = write_probe(run.path, config.name, frame, summary)

@@ -36,7 +36,9 @@ CHANGES = {"engine_replay": "engine scores by prefill (its own replay) instead o
            "attn_eager_alone": "trainer attention eager instead of sdpa_varlen", "attn_sdpa": "trainer packed, sdpa",
            "attn_eager": "trainer packed, eager attention", "attn_flex": "trainer packed, flex attention",
            "packed_4096": "trainer packs rows of 4096 tokens", "packed_512": "trainer packs rows of 512 tokens",
-           "train_bf16_packed_4096": "bf16 trainer packs rows of 4096 tokens", "chunk_16": "trainer LM head in chunks of 16"}
+           "train_bf16_packed_4096": "bf16 trainer packs rows of 4096 tokens", "chunk_16": "trainer LM head in chunks of 16",
+           "router_replay": "trainer replays the engine's expert choices (routing replay, R3)",
+           "router_bf16": "trainer routers in bfloat16", "train_bf16_router_fp32": "bf16 trainer with float32 routers"}
 """What changing to each setting means, in the words of the budget's "residual gap if you change X" column."""
 KERNEL_FLOOR_SETTINGS = ("attn_eager_alone", "attn_sdpa", "attn_eager", "chunk_16")
 """float32 trainer settings that change only summation order: their max |Δ| is the kernels' own noise floor."""
@@ -172,9 +174,10 @@ def notes(rows: Sequence[dict[str, Any]], engine_facts: dict[str, dict[str, Any]
 def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, config: Any, temperature: float,
               seconds: float, engine_facts: dict[str, dict[str, Any]] | None = None,
               divergence: dict[str, Any] | None = None, device: str | None = None, grid: str | None = None,
-              ) -> dict[str, Any]:
-    """The probe's JSON summary: what was probed, every setting's distances, the budget, notes and the exact
-    divergences of whole distributions (rcdiag.probe.divergence; None when not measured)."""
+              extra_notes: Sequence[str] = (), routing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The probe's JSON summary: what was probed, every setting's distances, the budget, notes (with
+    `extra_notes`: skipped factors), the exact divergences of whole distributions (rcdiag.probe.divergence; None
+    when not measured) and, on an MoE probe, `routing` (rcdiag.probe.routing.routing_record)."""
     rows = setting_rows(frame, settings)
     gap, table = budget(rows)
     valid = frame["mask"].to_numpy(dtype=bool)
@@ -187,7 +190,7 @@ def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, con
                    ("model", "engine_dtype", "dtype_resolved", "enable_prefix_caching", "version")},
         "engine_settings": engine_facts or {},
         "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table,
-        "notes": notes(rows, engine_facts or {}), "divergence": divergence, "device": device, "grid": grid,
+        "notes": [*notes(rows, engine_facts or {}), *extra_notes], "divergence": divergence, "routing": routing, "device": device, "grid": grid,
         "attribution": "residual = the gap left if the run changed this setting (engine setting vs the reference "
                        "trainer, trainer setting vs the rollout) ÷ mean |rollout − reference|; share = mean "
                        "|setting − baseline| ÷ the same gap (see rcdiag.probe.summary)",

@@ -296,8 +296,9 @@ class _EngineSink:
 
 
 def _bind(sink: _EngineSink | None) -> Callable[[Any], int]:
-    """A function for `LLM.apply_model`: route callbacks on every MoE router writing into `sink` (None: unbind).
-    Returns how many routers it bound."""
+    """A function for `LLM.apply_model`: every MoE router's `select_experts` wrapped to write the ids it chose and
+    its softmax probabilities into `sink` (None: the wrappers removed). Returns how many routers it bound. (vLLM's
+    own `set_capture_fn` gets the ids only, not the router logits the probabilities need.)"""
 
     def bind(model: Any) -> int:
         import torch
@@ -309,7 +310,6 @@ def _bind(sink: _EngineSink | None) -> Callable[[Any], int]:
                 continue
             router, layer = module.router, int(module.layer_id)
             if sink is None:
-                router.set_capture_fn(None)
                 router.__dict__.pop("select_experts", None)
                 count += 1
                 continue
@@ -428,17 +428,20 @@ def engine_shard_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence[
                         returned: Sequence[Any], info: RoutingInfo, shape: MoeShape, *, source: str,
                         on_done: Callable[[int], None] | None = None) -> EngineRoutes:
     """The engine's routes for one shard's (prompt, response) pairs in token-row order: those vLLM returned while
-    sampling (`returned`: each completion's `routed_experts`, GPU) when every completion has them, else a prefill
+    sampling (`returned`: each completion's `routed_experts`, GPU; then every completion must have them), else a prefill
     replay through `llm` (CPU)."""
     from rcdiag.store.routes import prompt_column, token_columns
 
-    got = [returned_routes(r, len(p), len(t), info.layers) for r, (p, t) in zip(returned, pairs, strict=True)]
-    if all(g is not None for g, (_, t) in zip(got, pairs, strict=True) if len(t)) and any(len(t) for _, t in pairs) \
-            and any(getattr(r, "routed_experts", None) is not None for r in returned):
-        prompt = [None if g is None else g[0] for g in got]
-        routes = [g[1] if g is not None else np.zeros((0, info.layers, info.top_k), np.int16) for g in got]
-        return EngineRoutes(token_columns("engine", routes, info, source=source),
-                            prompt_column(prompt, info, source=source), SAMPLED)
+    if any(getattr(r, "routed_experts", None) is not None for r in returned):
+        got = [returned_routes(r, len(p), len(t), info.layers) for r, (p, t) in zip(returned, pairs, strict=True)]
+        missing = [i for i, (g, (_, t)) in enumerate(zip(got, pairs, strict=True)) if g is None and len(t)]
+        if missing:
+            raise RuntimeError(f"vLLM returned routed_experts for some requests but not for request {missing[0]} "
+                               f"of {source}")
+        empty = np.zeros((0, info.layers, info.top_k), np.int16)
+        return EngineRoutes(token_columns("engine", [empty if g is None else g[1] for g in got], info,
+                                          source=source),
+                            prompt_column([None if g is None else g[0] for g in got], info, source=source), SAMPLED)
     prompt, routes, probs = engine_replay_routes(llm, pairs, shape, on_done=on_done)
     return EngineRoutes(token_columns("engine", routes, info, probs=probs, source=source),
                         prompt_column(prompt, info, source=source), PREFILL)

@@ -37,13 +37,20 @@ def sdpa_varlen_forward(module: torch.nn.Module, query: torch.Tensor, key: torch
                           "padded batches")
     gqa = query.shape[1] != key.shape[1]
     bounds = [0, query.shape[2]] if cu_seq_lens_q is None else cu_seq_lens_q.tolist()
-    out = torch.empty_like(query)
+
+    def causal(start: int, end: int) -> torch.Tensor:  # [B, end − start, H, D]
+        return torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], is_causal=True, scale=scaling,
+            enable_gqa=gqa).transpose(1, 2)
+
+    if len(bounds) == 2:  # one sequence: the kernel's output is already laid out [B, T, H, D]
+        return causal(*bounds).contiguous(), None
+    # written straight into the [B, T, H, D] result (no [B, H, T, D] buffer and transposed copy per layer)
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
     for start, end in zip(bounds[:-1], bounds[1:], strict=False):
         if end > start:
-            out[:, :, start:end] = torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], is_causal=True,
-                scale=scaling, enable_gqa=gqa)
-    return out.transpose(1, 2).contiguous(), None
+            out[:, start:end] = causal(start, end)
+    return out, None
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -16,6 +16,34 @@ from rcdiag.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 """A directory holding one of these has a tokenizer to load."""
+READ_FILES = (*TOKENIZER_FILES, "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+              "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
+"""Files a tokenizer load reads whole (transformers and `tokenizers`), each checked before it is loaded."""
+MAX_TOKENIZER_BYTES = 128 << 20
+"""Largest tokenizer file loaded: the largest real ones are ~35 MB (Gemma 3's tokenizer.json 33 MB, Llama 3's
+9 MB); a 595 MB tokenizer.json took 27 s and 1.6 GB to load (or to refuse) only to decode ten tokens."""
+
+
+def tokenizer_problem(path: str | os.PathLike) -> str | None:
+    """Why the tokenizer files of directory `path` must not be loaded — one that is not a regular file (a FIFO
+    blocks the `tokenizers` reader forever, /dev/zero never ends) or is larger than MAX_TOKENIZER_BYTES — or None."""
+    import stat
+
+    directory = Path(path).expanduser()
+    for name in READ_FILES:
+        file = directory / name
+        try:
+            info = file.stat()
+        except OSError:
+            if os.path.lexists(file):
+                return f"{file} cannot be read (a dangling link?)"
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            return f"{file} is not a regular file (a directory, FIFO or device)"
+        if info.st_size > MAX_TOKENIZER_BYTES:
+            return (f"{file} is {info.st_size:,} bytes, more than the {MAX_TOKENIZER_BYTES >> 20} MiB rcdiag loads "
+                    "as a tokenizer file (real ones are at most ~35 MB)")
+    return None
 
 
 def has_tokenizer(path: str | os.PathLike) -> bool:
@@ -33,6 +61,9 @@ def load_tokenizer(path: str | os.PathLike | None, *, trust_remote_code: bool = 
     setting the path came from) when the path is missing or the tokenizer does not load."""
     if not path:
         raise ConfigError(f"{what}: give the policy model's local tokenizer directory")
+    problem = tokenizer_problem(path)
+    if problem is not None:
+        raise ConfigError(f"{what} {path}: {problem} — point it at the policy model's tokenizer directory")
     from transformers import AutoTokenizer
 
     try:
@@ -76,7 +107,7 @@ def fast_tokenizer(manifest: dict[str, Any]) -> Any | None:
     """The run's `tokenizers.Tokenizer` (tokenizer.json, no transformers import) for light decoding, or None."""
     directory = manifest_tokenizer_dir(manifest)
     file = Path(directory) / "tokenizer.json" if directory else None
-    if file is None or not file.is_file():
+    if file is None or not file.is_file() or tokenizer_problem(directory) is not None:
         return None
     try:
         from tokenizers import Tokenizer

@@ -1,7 +1,6 @@
 """Probes page: the mismatch budget of a run's probes (RUN/probes/*.json from `rcdiag probe`), table and bars."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -9,17 +8,25 @@ import streamlit as st
 
 from app import charts, ui
 from app.text import md
+from rcdiag.errors import InputError
 from rcdiag.probe.answer import divergence_rows, probe_answer
 from rcdiag.probe.files import list_probes
 from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
+from rcdiag.store.files import MAX_MANIFEST_BYTES
+from rcdiag.store.safefile import read_json
 
 AGAINST = {"vs_reference": "the reference (float32 trainer, alone)", "vs_rollout": "the run's rollout log-probs",
            "vs_baseline": "the setting's own baseline (one factor changed)"}
 
 
 @st.cache_data(max_entries=32)
-def _summary(path: str, mtime: float) -> dict:
-    return json.loads(Path(path).read_text())
+def _summary(path: str, mtime: float) -> object:
+    """The probe file's JSON, or the InputError's text: a FIFO there blocked the page forever, a 5,000-digit
+    integer or deep nesting was a traceback (rcdiag.store.safefile)."""
+    try:
+        return read_json(Path(path), "probe summary", MAX_MANIFEST_BYTES)
+    except InputError as exc:
+        return str(exc)
 
 
 def _section(summary: dict, name: str) -> dict:
@@ -42,6 +49,9 @@ def render() -> None:
         return
     chosen = st.selectbox("Probe", files[::-1], format_func=lambda f: f.stem, key="probe_choice")
     summary = _summary(str(chosen), chosen.stat().st_mtime)
+    if isinstance(summary, str):
+        st.error(f"Could not read the probe: {md(summary)}. Re-run `rcdiag probe`.")
+        return
     if not isinstance(summary, dict):
         st.error(f"{md(chosen.name)} is not a probe summary (a JSON object); re-run `rcdiag probe`.")
         return
@@ -72,7 +82,8 @@ def render() -> None:
     else:
         st.dataframe(table[["setting", "factor", "side", *DISTANCE_NAMES, "description"]], hide_index=True,
                      key="probe_distances")
-    for note in summary.get("notes") or []:
+    notes = summary.get("notes")
+    for note in notes if isinstance(notes, list) else [] if notes is None else [notes]:
         st.info(md(note))  # a probe file's text, shown as text: Markdown in it would load remote images
     with st.expander("Probe summary (JSON)"):
         st.json(summary, expanded=False)

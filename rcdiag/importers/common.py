@@ -1,7 +1,6 @@
 """What every importer shares: per-sequence records, length checks with pattern diagnosis, atomic run writing."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -13,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError, RunDirError
+from rcdiag.importers.values import as_text, number, token_id_list, whole_number
 from rcdiag.store.manifest import abs_path
 from rcdiag.store.outdir import (
     check_outside_runs,
@@ -22,6 +22,7 @@ from rcdiag.store.outdir import (
     resolve_target,
     swap_in,
 )
+from rcdiag.store.safefile import json_lines
 
 
 @dataclass
@@ -123,20 +124,13 @@ class Imported:
 
 
 def jsonl_objects(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number from 1, object) for each non-blank line of a JSON-lines file; InputError naming the bad line."""
-    with open(file) as handle:
-        for i, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file=str(file), row=i) from None
-            except (ValueError, RecursionError) as exc:  # an integer past 4300 digits; nesting past the stack
-                raise InputError(f"unreadable JSON ({str(exc)[:120]})", file=str(file), row=i) from None
-            if not isinstance(row, dict):
-                raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
-            yield i, row
+    """(line number from 1, object) for each non-blank line of a JSON-lines file (or a pipe); InputError naming the
+    bad line — invalid JSON, a 5,000-digit integer, 100,000-deep nesting, a lone surrogate (with its field), bytes
+    that are not UTF-8 — or the file when it is a directory or device (rcdiag.store.safefile)."""
+    for i, row in json_lines(file):
+        if not isinstance(row, dict):
+            raise InputError(f"expected a JSON object per line, got {type(row).__name__}", file=str(file), row=i)
+        yield i, row
 
 
 # --------------------------------------------------------------------------------------------- length checks
@@ -244,12 +238,30 @@ def token_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
     return table
 
 
+def checked_scalars(record: Record) -> None:
+    """A record's per-sequence values as the sequence columns store them, whichever reader filled them in: whole
+    numbers within their column's integer type (a step of 1e300 or a 5,000-digit version used to overflow inside
+    Arrow with a traceback), numbers for reward and advantage, text for the text columns (a number or an object
+    as its JSON). InputError naming the record's file and row."""
+    where = record.where
+    record.sample_index = whole_number(record.sample_index, where, "sample_index", bits=32)
+    for name in ("step", "policy_version", "policy_version_min", "trainer_version"):
+        setattr(record, name, whole_number(getattr(record, name), where, name))
+    record.reward = number(record.reward, where, "reward")
+    record.advantage = number(record.advantage, where, "advantage")
+    for name in ("prompt_id", "prompt_text", "response_text", "finish_reason"):
+        setattr(record, name, as_text(getattr(record, name)))
+
+
 def sequence_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
     """One row per record (SEQUENCE_SCHEMA columns); prompt_len from prompt ids when known."""
     def col(attr: str) -> list[Any]:
         return [getattr(r, attr) for r in records]
 
-    prompt_ids = [None if r.prompt_ids is None else [int(x) for x in r.prompt_ids] for r in records]
+    for record in records:
+        checked_scalars(record)
+    prompt_ids = [None if r.prompt_ids is None else token_id_list(r.prompt_ids, r.where, "prompt_ids").tolist()
+                  for r in records]
     return pa.table({
         "seq_id": pa.array(np.arange(first_seq_id, first_seq_id + len(records), dtype=np.int64)),
         "prompt_id": pa.array(col("prompt_id"), pa.string()),

@@ -24,7 +24,7 @@ from rcdiag.importers.common import (
     jsonl_objects,
 )
 from rcdiag.importers.flat import PER_TOKEN, Fields, conventions, flat_record, resolve_fields
-from rcdiag.importers.values import number_list, token_id_list
+from rcdiag.importers.values import as_list, number_list, token_id_list
 
 
 def rows(path: Path, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -54,11 +54,21 @@ def _jsonl_rows(file: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield i, row | {"__file__": str(file)}
 
 
-def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Record:
+def _object(value: Any, where: tuple[str, int], field: str) -> dict[str, Any]:
+    """A part of an OpenAI response that must be a JSON object (a choice, its logprobs, a content entry)."""
+    if not isinstance(value, dict):
+        raise InputError(f"expected a JSON object, got {type(value).__name__} {str(value)[:40]!r}", file=where[0],
+                         row=where[1], field=field)
+    return value
+
+
+def _openai_choice(row: dict[str, Any], i: int, choice: Any) -> Record:
     where = (row["__file__"], i)
-    logprobs = choice.get("logprobs") or {}
+    choice = _object(choice, where, "choices[]")
+    logprobs = _object(choice.get("logprobs") or {}, where, "choices.logprobs")
     if "content" in logprobs:
-        entries = logprobs["content"] or []
+        entries = [_object(e, where, "choices.logprobs.content[]") for e in as_list(logprobs["content"] or [],
+                                                                                      where, "choices.logprobs.content")]
         tokens = [e.get("token") for e in entries]
         values = [e.get("logprob") for e in entries]
     elif "token_logprobs" in logprobs:
@@ -72,7 +82,8 @@ def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Recor
             raise InputError("no token ids: the response has token text only, and retokenizing it is lossy",
                              file=where[0], row=i, field="choices.token_ids",
                              hint="ask vLLM for ids (return_token_ids=true, or --return-tokens-as-token-ids)")
-        ids = [int(t.split(":", 1)[1]) for t in tokens]
+        ids = [t.split(":", 1)[1] for t in tokens]
+        ids = [int(t) if t.lstrip("-").isdigit() and len(t) < 20 else t for t in ids]  # else token_id_list refuses
     message = choice.get("message") or {}
     return Record(
         response_ids=token_id_list(ids, where, "choices.token_ids"), where=where,
@@ -83,7 +94,7 @@ def _openai_choice(row: dict[str, Any], i: int, choice: dict[str, Any]) -> Recor
 
 
 def openai_records(row: dict[str, Any], i: int) -> list[Record]:
-    return [_openai_choice(row, i, c) for c in row["choices"]]
+    return [_openai_choice(row, i, c) for c in as_list(row["choices"], (row["__file__"], i), "choices")]
 
 
 def sglang_record(row: dict[str, Any], i: int) -> Record:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +38,7 @@ from rcdiag.importers.unpickler import (
     RestrictedUnpickler,
     plain_values,
 )
+from rcdiag.store.safefile import open_regular
 
 __all__ = ["PlainContainer", "RestrictedUnpickler", "load_pickle_file", "load_torch_bytes", "require_consent"]
 
@@ -242,11 +242,9 @@ def load_pickle_file(path: Path) -> Any:
     source = str(path)
 
     def load() -> Any:
-        with open(path, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise InputError("is not a regular file (a directory, FIFO or device); give the dump file itself")
-            return _Reader(source, info.st_size, False, RestrictedUnpickler).load(handle, info.st_size)
+        with open_regular(path, "dump") as handle:  # a FIFO used to block here before any check
+            size = os.fstat(handle.fileno()).st_size
+            return _Reader(source, size, False, RestrictedUnpickler).load(handle, size)
 
     return _located(source, load)
 

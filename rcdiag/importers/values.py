@@ -82,30 +82,60 @@ def number_list(value: Any, where: Where, name: str) -> np.ndarray:
     return array
 
 
-def whole_number(value: Any, where: Where, name: str) -> int | None:
-    """A step, index or version: an integer, a whole float (5.0) or a digit string; None stays None. A fraction,
-    a boolean or any other text is an InputError (they used to be dropped silently)."""
+def whole_number(value: Any, where: Where, name: str, *, bits: int = 64) -> int | None:
+    """A step, index or version: an integer, a whole float (5.0) or a digit string, within a signed `bits`-bit
+    integer (the column's type: int64, sample_index int32); None stays None. A fraction, a boolean, any other text
+    or a value past the column's range (1e300, a 5,000-digit string) is an InputError (they used to be dropped
+    silently, or overflow inside Arrow with a traceback)."""
     if value is None:
         return None
+    hint = "steps, indices and versions count in whole numbers"
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+        text = value.strip()
+        if len(text) > 20:
+            raise InputError(f"{text[:24]}… ({len(text)} digits) is past any {bits}-bit integer", file=where[0],
+                             row=where[1], field=name, hint=hint)
+        value = int(text)
     if isinstance(value, int | float | np.integer | np.floating) and not _is_bool(value):
-        if isinstance(value, int | np.integer):
-            return int(value)
-        if math.isfinite(value) and float(value) == round(value):
-            return int(value)
-        raise InputError(f"{value!r} is not a whole number", file=where[0], row=where[1], field=name,
-                         hint="steps, indices and versions count in whole numbers")
-    raise InputError(f"{value!r} ({type(value).__name__}) is not a whole number", file=where[0], row=where[1],
-                     field=name, hint="steps, indices and versions count in whole numbers")
+        if not isinstance(value, int | np.integer) and not (math.isfinite(value) and float(value) == round(value)):
+            raise InputError(f"{value!r} is not a whole number", file=where[0], row=where[1], field=name, hint=hint)
+        whole = int(value)
+        if not -(1 << (bits - 1)) <= whole < 1 << (bits - 1):
+            raise InputError(f"{_shown(value)} is past any {bits}-bit integer", file=where[0], row=where[1],
+                             field=name, hint=hint)
+        return whole
+    raise InputError(f"{_shown(value)} ({type(value).__name__}) is not a whole number", file=where[0],
+                     row=where[1], field=name, hint=hint)
 
 
 def number(value: Any, where: Where, name: str) -> float | None:
-    """A reward or an advantage as float (NaN kept); None stays None. A boolean, text or a list is an InputError
-    (a non-numeric reward used to be dropped silently)."""
+    """A reward or an advantage as float (NaN and ±inf kept as written: JSON's 1e400 reads as inf); None stays
+    None. A boolean, text, a list or an integer past float64 (10**400) is an InputError (a non-numeric reward used
+    to be dropped silently)."""
     if value is None:
         return None
     if isinstance(value, int | float | np.integer | np.floating) and not _is_bool(value):
-        return float(value)
-    raise InputError(f"{value!r} ({type(value).__name__}) is not a number", file=where[0], row=where[1],
+        try:
+            return float(value)
+        except OverflowError:
+            raise InputError(f"{_shown(value)} is past any float64", file=where[0], row=where[1], field=name,
+                             hint="export it as a number") from None
+    raise InputError(f"{_shown(value)} ({type(value).__name__}) is not a number", file=where[0], row=where[1],
                      field=name, hint="export it as a number (a boolean outcome as 1.0 / 0.0)")
+
+
+def as_text(value: Any) -> str | None:
+    """A text column's value: text as it is, None as None, anything else (a number, an object) as its JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    import json
+
+    return json.dumps(value, default=str)
+
+
+def _shown(value: Any) -> str:
+    """A value as written, cut short (a 5,000-digit integer is not printed whole: str() refuses it anyway)."""
+    if isinstance(value, int | np.integer) and abs(int(value)) >= 10 ** 40:
+        return f"an integer of {int(int(value).bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + "…"

@@ -14,7 +14,6 @@ runs with R3 `routed_experts` [B, P+R, layers, top_k] (the engine's routes: rcdi
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from rcdiag.importers.safeload import PlainContainer, load_pickle_file, require_
 from rcdiag.importers.tensordicts import TORCH_DTYPES, load_tensordict_bytes
 from rcdiag.importers.values import whole_number
 from rcdiag.progress import iterate
+from rcdiag.store.files import MAX_MANIFEST_BYTES
+from rcdiag.store.safefile import read_json
 
 TOKEN_FIELDS = {"rollout_logprobs": "rollout_log_probs", "train_logprobs": "old_log_probs",
                 "mask": "response_mask"}
@@ -233,10 +234,7 @@ def _files(path: Path) -> list[tuple[Path, int | None]]:
 
 def _meta_step(meta: Path) -> Any:
     """`global_steps` of a meta.json, refusing a file that is not a JSON object (it used to be a traceback)."""
-    try:
-        data = json.loads(meta.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=str(meta), hint="remove or repair the file") from None
+    data = read_json(meta, "meta.json", MAX_MANIFEST_BYTES)  # bounded, never a FIFO; InputError naming it
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object, got {type(data).__name__}", file=str(meta))
     return data.get("global_steps")

@@ -102,16 +102,16 @@ def _evidence(summary: dict[str, Any], rows: list[dict[str, Any]], gap: float) -
 def latest_answer(run_path: str | os.PathLike) -> ProbeAnswer | None:
     """The answer of a run's newest probe, None without one (what the report's verdict and "Where the mismatch
     comes from" quote)."""
-    import json
-
     from rcdiag.probe.files import list_probes
+    from rcdiag.store.files import MAX_MANIFEST_BYTES
+    from rcdiag.store.safefile import read_json
 
     files = list_probes(run_path)
     if not files:
         return None
-    try:
-        return probe_answer(json.loads(files[-1].read_text()))
-    except (OSError, ValueError, KeyError):
+    try:  # bounded and never a FIFO (rcdiag.store.safefile): a planted one blocked the report forever
+        return probe_answer(read_json(files[-1], "probe summary", MAX_MANIFEST_BYTES))
+    except (OSError, ValueError, KeyError):  # InputError is a ValueError
         return None
 
 

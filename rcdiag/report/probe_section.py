@@ -6,16 +6,17 @@ nothing otherwise, so a run without probes reports exactly as before. The sectio
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from rcdiag.errors import RunDirError
+from rcdiag.errors import InputError, RunDirError
 from rcdiag.probe.answer import divergence_rows, probe_answer
 from rcdiag.probe.files import list_probes
 from rcdiag.probe.summary import DISTANCE_NAMES, budget_frame, settings_frame
 from rcdiag.report.figproc import FigureSpec
 from rcdiag.report.render import Block
+from rcdiag.store.files import MAX_MANIFEST_BYTES
+from rcdiag.store.safefile import read_json
 
 FIGURE = "probe_budget.png"
 
@@ -25,10 +26,10 @@ def latest_probe(run_path: str | os.PathLike) -> dict[str, Any] | None:
     files = list_probes(run_path)
     if not files:
         return None
-    try:
-        return json.loads(files[-1].read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunDirError(f"{files[-1]}: unreadable probe summary ({exc}); re-run `rcdiag probe`") from None
+    try:  # bounded, no FIFO (it blocked the report forever), JSON's tracebacks named (rcdiag.store.safefile)
+        return read_json(files[-1], "probe summary", MAX_MANIFEST_BYTES)
+    except InputError as exc:
+        raise RunDirError(f"unreadable probe summary: {exc}; re-run `rcdiag probe`") from None
 
 
 RESIDUAL_HEADERS = ["if you change", "residual gap (mean |ℓ|)", "residual", "removes", "factor", "setting",

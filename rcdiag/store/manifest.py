@@ -17,7 +17,6 @@ door with a RunDirError naming the file and the field, never an AttributeError d
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -25,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag import __version__
-from rcdiag.errors import RunDirError
-from rcdiag.store.files import MANIFEST_NAME, now, write_json_atomic
+from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.files import MANIFEST_NAME, MAX_MANIFEST_BYTES, now, write_json_atomic
+from rcdiag.store.safefile import read_json
+
+_JSON_TYPES = {type(None): "null"}  # the one type name a JSON reader would not recognise ("NoneType")
 
 SCHEMA_VERSION = 1
 HASH_PREFIX = "sha256:"
@@ -186,7 +188,7 @@ class Manifest:
         """Validate and normalise a manifest object (old layouts included); RunDirError naming `where` and the
         field on anything malformed."""
         if not isinstance(raw, dict):
-            raise RunDirError(f"{where}: the manifest is a JSON {type(raw).__name__}, not an object; the file is "
+            raise RunDirError(f"{where}: the manifest is a JSON {_JSON_TYPES.get(type(raw), type(raw).__name__)}, not an object; the file is "
                               "damaged or not an rcdiag manifest")
         version = raw.get("schema_version", SCHEMA_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):
@@ -336,13 +338,13 @@ def write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> dict[st
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """The typed manifest of the run directory `path`, checked at the door (see the module docstring)."""
     file = Path(path) / MANIFEST_NAME
-    try:
-        raw = json.loads(file.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(file):
         raise RunDirError(f"{path}: not a complete run directory (no {MANIFEST_NAME}); an interrupted "
-                          "`rcdiag score` resumes when re-run with the same command") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunDirError(f"{file}: manifest is not valid JSON ({exc})") from None
+                          "`rcdiag score` resumes when re-run with the same command")
+    try:  # a regular file, bounded; JSON's tracebacks (5,000-digit integers, deep nesting, lone surrogates) named
+        raw = read_json(file, "manifest", MAX_MANIFEST_BYTES)
+    except InputError as exc:
+        raise RunDirError(f"{exc} (the manifest is damaged: re-create the run)") from None
     if isinstance(raw, dict) and "schema_version" not in raw:
         raise RunDirError(f"{file}: no schema_version: not an rcdiag manifest, or a damaged one (re-create the "
                           "run with `rcdiag score` / `rcdiag import`)")

@@ -19,8 +19,8 @@ Rules, because the output path is typed by a user and may hold anything:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -37,9 +37,9 @@ from rcdiag.store.files import (
     REPORT_MARKER,
     SEQUENCES_DIR,
     TOKENS_DIR,
-    check_regular,
 )
 from rcdiag.store.manifest import load_manifest
+from rcdiag.store.safefile import read_json
 
 RUN_DATA = (MANIFEST_NAME, PENDING_NAME, TOKENS_DIR, SEQUENCES_DIR)
 """A run's data: nothing but rcdiag's writers of the run itself may write there."""
@@ -75,7 +75,14 @@ def exclusive(target: Path) -> Iterator[None]:
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = lock_path(target)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a lock planted as a symlink would make rcdiag create (and lock) the file it points at
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise RunDirError(f"{lock}: is a symbolic link where rcdiag keeps the writer lock of {target}; rcdiag "
+                              "never follows it — remove it (nobody should have put it there), or choose another "
+                              "--out") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,9 +173,9 @@ def check_outside_runs(path: str | os.PathLike, option: str) -> None:
 
 def report_files(folder: Path) -> set[str] | None:
     """The relative paths a report directory's marker lists; None without a readable marker."""
-    try:
-        data = json.loads((folder / REPORT_MARKER).read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+    try:  # a FIFO planted as the marker used to block `report --out` forever
+        data = read_json(folder / REPORT_MARKER, "report marker", MAX_MANIFEST_BYTES)
+    except InputError:
         return None
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
@@ -231,7 +238,6 @@ def replaceable_run(path: Path) -> str | None:
         return None
     if os.path.lexists(path / MANIFEST_NAME):
         try:
-            check_regular(path / MANIFEST_NAME, "manifest", MAX_MANIFEST_BYTES)
             load_manifest(path)
         except (RunDirError, InputError) as exc:
             return f"its {MANIFEST_NAME} is not an rcdiag manifest ({str(exc)[:200]})"
@@ -248,8 +254,8 @@ def replaceable_run(path: Path) -> str | None:
 
 def _pending_ok(file: Path) -> bool:
     try:
-        data = json.loads(file.read_text()) if file.stat().st_size < 1 << 24 else None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = read_json(file, "pending file", MAX_MANIFEST_BYTES)
+    except InputError:
         return False
     return isinstance(data, dict) and "spec" in data and isinstance(data.get("started"), str)
 

@@ -26,3 +26,19 @@ def test_probe_notes_are_text_and_an_empty_grid_is_said(make_app, clean_dash_run
     assert not any("](http" in text for text in infos)
     assert any("holds no settings" in text for text in infos), infos
     assert not [e.value for e in app.error], [e.value for e in app.error]
+
+
+def test_probe_file_that_is_a_fifo_or_a_huge_integer_is_an_error_on_the_page(make_app, clean_dash_run, tmp_path):
+    """A FIFO named probes/x.json blocked the page forever; a 5,000-digit integer was an internal error."""
+    import os
+
+    for name, make in (("fifo", lambda f: os.mkfifo(f)), ("digits", lambda f: f.write_text('{"gap": ' + "9" * 5000 +
+                                                                                            "}"))):
+        run = tmp_path / name
+        shutil.copytree(clean_dash_run.path, run)
+        (run / "probes").mkdir(exist_ok=True)
+        make(run / "probes" / "p.json")
+        app = make_app(run, page="probes")
+        errors = [e.value for e in app.error]
+        assert any("Could not read the probe" in e for e in errors), errors
+        assert not any("Internal error" in e for e in errors), errors

@@ -345,6 +345,7 @@ def _run_files(run: Run, make: Make, sequences: Any, map_files: MapFiles | None,
             bar.update(part.rows)
             if strict and merger.error is not None:
                 raise merger.error
+    run.check_unchanged()  # a run rewritten during the pass would mix two runs' numbers (rcdiag.store.run)
     rows = merger.seen if universe is None else int(universe.size)
     return Merged(merger.target or [], rows, merger.tokens, merger.error)
 

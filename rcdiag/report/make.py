@@ -57,6 +57,8 @@ def make_report(runs: Sequence[Any], out: str | os.PathLike | None = None,
         reports.append(finish_report(report, run))
     for report in reports:
         report.baseline = base
+    for run in opened:  # rewritten while the report read it: refuse the mix of two runs (rcdiag.store.run)
+        run.check_unchanged()
     files = run_files(reports[0]) if len(reports) == 1 else comparison_files(reports)
     written = write_files(target, files)
     base_values = None if base is None else gate.gate_values(base)

@@ -25,10 +25,8 @@ from rcdiag.errors import RunDirError, did_you_mean
 from rcdiag.store.files import (
     DEFAULT_READ_ROWS,
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     SEQUENCES_DIR,
     TOKENS_DIR,
-    check_regular,
 )
 from rcdiag.store.manifest import Manifest, load_manifest
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, conform, optional_columns
@@ -65,12 +63,15 @@ class Run:
         """None for the whole run; k for the run restricted to its shard k (`Run.shard`)."""
         if not self.path.is_dir():
             raise missing_run(self.path)
-        if os.path.lexists(self.path / MANIFEST_NAME):
-            check_regular(self.path / MANIFEST_NAME, "manifest", MAX_MANIFEST_BYTES)
         self.info: Manifest = load_manifest(self.path)
         """The typed manifest (rcdiag.store.manifest.Manifest)."""
         self.manifest: dict[str, Any] = self.info.to_dict()
         """The same manifest as a plain (normalised) dict, for JSON-minded code."""
+        self._tokens, self._sequences = committed_shards(self.path, self.info.counts.get("shards"))
+        self.generation: dict[Path, tuple[int, ...]] = stamps([*self._tokens, *self._sequences])
+        """The identity (inode, size, mtime, ctime) of every shard file this Run reads, taken when it was opened:
+        `check_unchanged` holds the files against it after a pass, so a run rewritten meanwhile is never read as a
+        mix of two runs."""
         if validate:
             validate_run(self.path, self.token_files, self.sequence_files)
 
@@ -85,22 +86,43 @@ class Run:
 
     @property
     def token_files(self) -> list[Path]:
-        files = sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))
-        return files if self.shard_index is None else [files[self.shard_index]]
+        """The token shards as listed when the Run was opened (a shard a writer adds later is not seen)."""
+        files = self._tokens
+        return list(files) if self.shard_index is None else [files[self.shard_index]]
 
     @property
     def sequence_files(self) -> list[Path]:
-        files = sorted((self.path / SEQUENCES_DIR).glob("part-*.parquet"))
+        files = self._sequences
         if self.shard_index is None:
-            return files
+            return list(files)
         own = self.path / SEQUENCES_DIR / self.token_files[0].name
-        return [own] if own.is_file() else files
+        return [own] if own in files else list(files)
+
+    def changed(self) -> str | None:
+        """What happened to the files this Run read since it was opened — a shard replaced, rewritten or removed
+        (`import --overwrite` swapping a new run in, `score --overwrite` rewriting it in place) — in words, or
+        None. Shards a writer appended since (the Recorder's next step) are not a change: the Run reads the run as
+        it was when opened."""
+        now = stamps(list(self.generation))
+        for file, stamp in self.generation.items():
+            if now.get(file) != stamp:
+                what = "removed" if file not in now else "replaced" if now[file][0] != stamp[0] else "rewritten"
+                return f"{file.parent.name}/{file.name} was {what}"
+        return None
+
+    def check_unchanged(self) -> None:
+        """RunDirError when the run's files changed while they were read (`changed`): the numbers would mix two
+        runs. Every pass over a run ends with it, and the report checks it again before writing anything."""
+        what = self.changed()
+        if what is not None:
+            raise RunDirError(f"{self.path}: the run changed while rcdiag read it ({what}: another process rewrote "
+                              "it); nothing was written — run the command again once the writer has finished")
 
     def shard(self, index: int) -> Run:
         """The run restricted to its token file `index` (sorted order) and that file's own sequences file — shard k
         of tokens/ and sequences/ hold the same sequences; a token file without a same-named sequences file sees
         them all. What one file's task of a pass reads (rcdiag.analysis.engine); not validated again."""
-        if not 0 <= index < len(sorted((self.path / TOKENS_DIR).glob("part-*.parquet"))):
+        if not 0 <= index < len(self._tokens):
             raise IndexError(f"{self.path}: no token file {index}")
         return type(self)(self.path, validate=False, shard=index)
 
@@ -146,11 +168,39 @@ class Run:
                                                                                             SEQUENCE_SCHEMA)
 
 
+def committed_shards(path: Path, recorded: int | None = None) -> tuple[list[Path], list[Path]]:
+    """(token files, sequence files) of the run at `path`, sorted, without a shard still being written: a writer
+    renames a shard's tokens file first and its sequences file last (the commit), so a tokens file past the last
+    sequences file is a shard in progress (the Recorder between its two renames) — unless the manifest, written
+    after a shard is complete, already counts it (`recorded`): then its sequences file went missing, and the door
+    check says so."""
+    tokens = sorted((path / TOKENS_DIR).glob("part-*.parquet"))
+    sequences = sorted((path / SEQUENCES_DIR).glob("part-*.parquet"))
+    last = sequences[-1].name if sequences else ""
+    pending = [f for f in tokens if f.name > last]
+    if pending and (recorded is None or recorded <= len(sequences)):
+        tokens = tokens[:len(tokens) - len(pending)]
+    return tokens, sequences
+
+
+def stamps(files: Sequence[Path]) -> dict[Path, tuple[int, ...]]:
+    """(inode, size, mtime_ns, ctime_ns) of each file that exists: a file replaced by rename has a new inode, one
+    rewritten in place a new size or times."""
+    out = {}
+    for file in files:
+        try:
+            info = os.stat(file)
+        except OSError:
+            continue
+        out[file] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return out
+
+
 def _parquet(file: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(file)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+        raise unreadable(file, exc) from None
 
 
 def _existing(parquet: pq.ParquetFile, file: Path, columns: Sequence[str] | None) -> list[str] | None:
@@ -188,8 +238,17 @@ def read_columns(file: Path, columns: Sequence[str] | None, schema: pa.Schema = 
         present = [c for c in names if c in have] if conformable else names
         table = pq.read_table(file, columns=present, filters=filters)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
+        raise unreadable(file, exc) from None
     return conform(table, pa.schema([full.field(c) for c in names]), source=str(file)) if conformable else table
+
+
+def unreadable(file: Path, exc: BaseException) -> RunDirError:
+    """The error for a shard that cannot be read: gone since the run was opened (another process rewrote the run),
+    or corrupt."""
+    if not os.path.lexists(file):
+        return RunDirError(f"{file}: was removed while rcdiag read the run (another process rewrote it); run the "
+                           "command again once the writer has finished")
+    return RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it")
 
 
 def open_run(path: str | os.PathLike) -> Run:

@@ -69,7 +69,7 @@ class Run:
         """The same manifest as a plain (normalised) dict, for JSON-minded code."""
         self._tokens, self._sequences = committed_shards(self.path, self.info.counts.get("shards"))
         self.generation: dict[Path, tuple[int, ...]] = stamps([*self._tokens, *self._sequences])
-        """The identity (inode, size, mtime, ctime) of every shard file this Run reads, taken when it was opened:
+        """The identity (inode, size, mtime) of every shard file this Run reads, taken when it was opened:
         `check_unchanged` holds the files against it after a pass, so a run rewritten meanwhile is never read as a
         mix of two runs."""
         if validate:
@@ -184,15 +184,15 @@ def committed_shards(path: Path, recorded: int | None = None) -> tuple[list[Path
 
 
 def stamps(files: Sequence[Path]) -> dict[Path, tuple[int, ...]]:
-    """(inode, size, mtime_ns, ctime_ns) of each file that exists: a file replaced by rename has a new inode, one
-    rewritten in place a new size or times."""
+    """(inode, size, mtime_ns) of each file that exists: a file replaced by rename has a new inode, one rewritten
+    in place a new size or mtime (ctime is left out: a chmod, a read-only mount's preparation, is no change)."""
     out = {}
     for file in files:
         try:
             info = os.stat(file)
         except OSError:
             continue
-        out[file] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        out[file] = (info.st_ino, info.st_size, info.st_mtime_ns)
     return out
 
 

@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rcdiag.probe.factors import PREFILL_NOTE
 from rcdiag.probe.summary import CHANGES, kernel_floor
 
 STRONG = 0.9
@@ -93,6 +94,9 @@ def _evidence(summary: dict[str, Any], rows: list[dict[str, Any]], gap: float) -
         verb = "leaves" if residual <= 1 else "makes it"
         out.append(f"{change}: {verb} {_pct(residual)} of the gap (moves log-probs by mean |Δ| "
                    f"{row['mean_abs']:.2g} from {row['baseline']})")
+    if any(r["factor"] == "router_replay" for r in rows) and \
+            (summary.get("routing") or {}).get("engine_routes") == "prefill_replay":
+        out.append(PREFILL_NOTE)
     floor = kernel_floor({r["name"]: r for r in summary.get("settings") or [] if r.get("vs_baseline")})
     if floor is not None:
         out.append(f"float32 kernel noise floor on this model: {floor[0]} moves log-probs by up to {floor[1]:.2g}")

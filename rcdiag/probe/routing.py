@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rcdiag.probe.factors import Setting, TrainSetting
+from rcdiag.probe.factors import PREFILL_NOTE, Setting, TrainSetting
 from rcdiag.score.routes import MoeShape
 from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, RoutingInfo, routing_info
 from rcdiag.store.run import Run
@@ -89,6 +89,8 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
                                       routing.engine[start:start + len(response)]]))
         start += len(response)
     routing.forced = forced
+    if info.engine == "prefill_replay":
+        routing.notes.append(PREFILL_NOTE)
     return routing
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rcdiag.probe.answer import answer_lines
+from rcdiag.probe.answer import answer_lines, probe_answer
+from rcdiag.probe.factors import PREFILL_NOTE
 from rcdiag.probe.run import ProbeConfig, run_probe
 from rcdiag.score.sample import SAMPLE_MOE
 from rcdiag.score.scoring import load_model, score_sequences
@@ -62,6 +63,7 @@ def test_replaying_the_trainers_own_routes_is_the_reference(tmp_path: Path) -> N
     assert rows["router_replay"]["factor"] == "router_replay" and rows["router_bf16"]["factor"] == "router_precision"
     assert rows["train_bf16_router_fp32"]["baseline"] == "train_bf16"
     assert any("routing replay" in line for line in answer_lines(result.summary))
+    assert PREFILL_NOTE in result.summary["notes"] and PREFILL_NOTE in probe_answer(result.summary).evidence
 
 
 def test_other_engine_routes_move_the_replay(tmp_path: Path) -> None:

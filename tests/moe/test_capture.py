@@ -95,16 +95,19 @@ def test_dense_model_has_no_routes(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def moe_scored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`rcdiag score` on the MoE sample: 3 prompts × 2 samples, ≤ 40 tokens, bf16 engine, float32 trainer."""
-    from rcdiag.score.config import GenerateConfig, RescoreConfig
-    from rcdiag.score.run import score_run
+    """`rcdiag score` on the MoE sample, run as a user runs it (its own process: vLLM 0.32 cannot build an MoE
+    engine in a process where a dense engine already set up its parallel state, e.g. the session's vllm_engine):
+    3 prompts × 2 samples, ≤ 40 tokens, bf16 engine, float32 trainer."""
+    import subprocess
+    import sys
 
     out = tmp_path_factory.mktemp("moe") / "run"
     prompts = out.parent / "prompts.jsonl"
     prompts.write_text("".join(open(SAMPLE_MOE.parent / "prompts.jsonl").readlines()[:3]))
-    score_run(out, model=SAMPLE_MOE, prompts=prompts, silent=True,
-              generate=GenerateConfig(n=2, max_tokens=40, engine_dtype="bfloat16"),
-              rescore=RescoreConfig(device="cpu"))
+    done = subprocess.run([sys.executable, "-m", "rcdiag", "score", "--model", str(SAMPLE_MOE), "--prompts",
+                           str(prompts), "--out", str(out), "--n", "2", "--max-tokens", "40", "--engine-dtype",
+                           "bf16", "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 

@@ -227,11 +227,11 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
                      f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (sizes, *band_reasons),
                      ("Unusual for a dense model, whose rounding noise has no such tail: check the weight sync, the "
-                      "policy version and the kernels (`rcdiag probe`) before correcting; a token-level correction "
-                      "(the recommendation below) bounds these tokens meanwhile." if ctx.architecture == "dense" else
-                      "This is what MoE routing flips give: a token-level correction bounds these tokens (the "
-                      "recommendation below) and routing replay (R3: the engine's expert choices replayed in the "
-                      "trainer) removes them at the source."
+                      "policy version and the kernels (`rcdiag probe`) before correcting; the recommendation below says "
+                      "whether a token-level correction is needed meanwhile." if ctx.architecture == "dense" else
+                      "This is what MoE routing flips give: routing replay (R3: the engine's expert choices replayed "
+                      "in the trainer) removes them at the source; the recommendation below says whether a "
+                      "token-level correction is needed meanwhile."
                       + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check "
                          "the weight sync and the policy version instead.")),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")

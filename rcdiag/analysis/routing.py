@@ -527,8 +527,8 @@ def replay_action(summary: RoutingSummary) -> str:
                "`rcdiag probe RUN --factors router_replay` measures it by forcing the engine's routes in the "
                "trainer.")
     return (f"Replay the engine's expert choices in the trainer (routing replay, R3) rather than only correcting with "
-            f"IS weights: {settings}. TRL has no routing replay. An IS correction (the recommendation below) "
-            f"bounds what is left meanwhile.{measure}")
+            f"IS weights: {settings}. TRL has no routing replay. The recommendation below says whether an IS "
+            f"correction is needed for what is left meanwhile.{measure}")
 
 
 def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | None:

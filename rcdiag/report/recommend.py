@@ -275,6 +275,7 @@ def _recommend(report: Any) -> dict[str, Any]:
     if best["clipped_frac"] == 0:  # nothing to bound: paste the monitoring settings, not a correction
         text = (f"No correction is needed for the tail (verdict: {verdict.status}, {verdict.cause.title}): {tail}, "
                 f"and every acceptable setting clips nothing (e.g. {best['mode']} at C={best['threshold']:g} keeps "
-                f"ESS {best['ess']:.4f}, bias {best['bias']:.2%}). {verdict.cause.action}")
+                f"ESS {best['ess']:.4f}, bias {best['bias']:.2%}). Nothing to bound; the verdict above says what "
+                "finds or removes its source.")
         return done("none", text, meets_target=True, alternatives=alternatives, gates=gates)
     return done("correct", text, best, meets_target=True, alternatives=alternatives, gates=gates)

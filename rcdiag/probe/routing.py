@@ -18,7 +18,7 @@ import pandas as pd
 
 from rcdiag.probe.factors import PREFILL_NOTE, Setting, TrainSetting
 from rcdiag.score.routes import MoeShape
-from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, RoutingInfo, routing_info
+from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, as_3d, routing_info
 from rcdiag.store.run import Run
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -73,7 +73,7 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
         routing.notes.append(f"{column.null_count:,} sampled token(s) have no engine routes: router_replay and the "
                              "engine-vs-trainer agreement are not measured")
         return routing
-    routing.engine = _stack(column.to_pylist(), info)
+    routing.engine = as_3d(column, len(column), info.layers, info.top_k, np.int16)
     if not replay:
         return routing
     prompts = run.sequence_table(["seq_id", PROMPT_ROUTES], seq_ids=seq_ids)
@@ -85,23 +85,14 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
         if head is None:
             routing.notes.append(f"seq {int(seq)} has no engine_prompt_routes: router_replay is not measured")
             return routing
-        forced.append(np.concatenate([_prompt_routes(head, info),
+        head = np.asarray(head, dtype=np.int16).reshape(-1, info.layers, info.top_k)  # [P − 1, L, k]
+        forced.append(np.concatenate([head,
                                       routing.engine[start:start + len(response)]]))
         start += len(response)
     routing.forced = forced
     if info.engine == "prefill_replay":
         routing.notes.append(PREFILL_NOTE)
     return routing
-
-
-def _stack(rows: list[Any], info: RoutingInfo) -> np.ndarray:
-    """Flat route lists (one per token row) → `[N, L, k]`."""
-    return np.asarray(rows, dtype=np.int16).reshape(len(rows), info.layers, info.top_k)
-
-
-def _prompt_routes(flat: list[int], info: RoutingInfo) -> np.ndarray:
-    """One sequence's flat `engine_prompt_routes` → `[P − 1, L, k]`."""
-    return np.asarray(flat, dtype=np.int16).reshape(-1, info.layers, info.top_k)
 
 
 def agreement_record(routes: np.ndarray, reference: np.ndarray) -> dict[str, float]:

@@ -293,9 +293,10 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     frame, pairs = sample_tokens(run, config.sample, config.seed, vocab_size, max_context)
     routing = None
     if shape is not None and any(isinstance(s, TrainSetting) and s.routed for s in settings):
-        routing = load_routing(run, frame, pairs, shape, any(getattr(s, "routes", None) for s in settings))
-        if any(getattr(s, "routes", None) for s in settings) and routing.forced is None:
-            settings = [s for s in settings if getattr(s, "routes", None) is None]
+        replay = [s for s in settings if isinstance(s, TrainSetting) and s.routes is not None]
+        routing = load_routing(run, frame, pairs, shape, bool(replay))
+        if replay and routing.forced is None:
+            settings = [s for s in settings if s not in replay]
         skipped += routing.notes
     collector = None
     if "divergence" in config.factors and config.divergence_positions and engine:

@@ -235,7 +235,9 @@ class RouteRows:
         return int(self.seq_id.size)
 
 
-def _as_3d(column: pa.Array, rows: int, layers: int, width: int, dtype: type) -> np.ndarray:
+def as_3d(column: pa.Array | pa.ChunkedArray, rows: int, layers: int, width: int, dtype: type) -> np.ndarray:
+    """A list column of `rows` non-null rows of layers·width values → `[rows, layers, width]`, through Arrow's
+    flat values (no per-row Python lists)."""
     values = np.asarray(pc.list_flatten(column), dtype=dtype)
     return values.reshape(rows, layers, width)
 
@@ -270,11 +272,11 @@ def read_routes(path: Path, token_files: Sequence[Path], info: RoutingInfo,
         keys["abs_ell"].append(np.abs(rollout - train))
         keys["valid"].append(np.asarray(pc.fill_null(table.column("mask"), True), dtype=bool))
         for s in sides:
-            routes[s].append(_as_3d(table.column(ROUTE_COLUMN[s]).combine_chunks(), n, info.layers, info.top_k,
+            routes[s].append(as_3d(table.column(ROUTE_COLUMN[s]).combine_chunks(), n, info.layers, info.top_k,
                                     np.int16))
             name = PROB_COLUMN[s]
             if name in table.column_names and table.column(name).null_count == 0:
-                probs[s].append(_as_3d(table.column(name).combine_chunks(), n, info.layers, info.top_k + 1,
+                probs[s].append(as_3d(table.column(name).combine_chunks(), n, info.layers, info.top_k + 1,
                                        np.float32))
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in keys.items()}
     return RouteRows(

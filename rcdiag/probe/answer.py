@@ -18,6 +18,7 @@ from typing import Any
 
 from rcdiag.probe.factors import PREFILL_NOTE
 from rcdiag.probe.summary import CHANGES, kernel_floor
+from rcdiag.score.routes import PREFILL
 
 STRONG = 0.9
 """A setting that removes at least this share of the gap explains it."""
@@ -95,7 +96,7 @@ def _evidence(summary: dict[str, Any], rows: list[dict[str, Any]], gap: float) -
         out.append(f"{change}: {verb} {_pct(residual)} of the gap (moves log-probs by mean |Δ| "
                    f"{row['mean_abs']:.2g} from {row['baseline']})")
     if any(r["factor"] == "router_replay" for r in rows) and \
-            (summary.get("routing") or {}).get("engine_routes") == "prefill_replay":
+            (summary.get("routing") or {}).get("engine_routes") == PREFILL:
         out.append(PREFILL_NOTE)
     floor = kernel_floor({r["name"]: r for r in summary.get("settings") or [] if r.get("vs_baseline")})
     if floor is not None:

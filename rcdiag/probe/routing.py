@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from rcdiag.probe.factors import PREFILL_NOTE, Setting, TrainSetting
-from rcdiag.score.routes import MoeShape
+from rcdiag.score.routes import PREFILL, MoeShape
 from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, as_3d, routing_info
 from rcdiag.store.run import Run
 
@@ -90,7 +90,7 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
                                       routing.engine[start:start + len(response)]]))
         start += len(response)
     routing.forced = forced
-    if info.engine == "prefill_replay":
+    if info.engine == PREFILL:
         routing.notes.append(PREFILL_NOTE)
     return routing
 

@@ -32,7 +32,6 @@ from rcdiag.score.prompts import RenderedPrompt, load_prompts, render_prompts
 from rcdiag.score.routes import (
     PREFILL,
     SAMPLED,
-    MoeShape,
     engine_moe_layers,
     engine_shard_routes,
     moe_shape,
@@ -145,24 +144,24 @@ def shard_tables(chunk: Sequence[RenderedPrompt], results: Sequence[Sequence[Com
 
 
 # --------------------------------------------------------------------------------------------------- routes
-def engine_routing(llm: Any, model_dir: Path) -> tuple[RoutingInfo, MoeShape] | None:
-    """(route shape, MoE shape) of the engine's model, None for a dense model (nothing is asked of the engine)."""
+def engine_routing(llm: Any, model_dir: Path) -> RoutingInfo | None:
+    """The route shape of the engine's model, None for a dense model (nothing is asked of the engine)."""
     shape = moe_shape(model_dir)
     if shape is None:
         return None
     layers = engine_moe_layers(llm)
-    return (shape.info(layers), shape) if layers else None
+    return shape.info(layers) if layers else None
 
 
 def add_engine_routes(llm: Any, chunk: Sequence[RenderedPrompt], results: Sequence[Sequence[Completion]],
-                      routing: tuple[RoutingInfo, MoeShape], tokens: pa.Table, sequences: pa.Table, *,
+                      routing: RoutingInfo, tokens: pa.Table, sequences: pa.Table, *,
                       source: str) -> tuple[str, pa.Table, pa.Table]:
     """(what the routes are, tokens, sequences) of one shard with the engine's route columns added
     (rcdiag.score.routes.engine_shard_routes: returned by vLLM while sampling, or a prefill replay)."""
     pairs = [(item.token_ids, done.token_ids) for item, samples in zip(chunk, results, strict=True)
              for done in samples]
     outputs = [done.output for samples in results for done in samples]
-    found = engine_shard_routes(llm, pairs, outputs, *routing, source=source)
+    found = engine_shard_routes(llm, pairs, outputs, routing, source=source)
     for name, values in found.tokens.items():
         tokens = with_column(tokens, name, values)
     return found.what, tokens, with_column(sequences, PROMPT_ROUTES, found.prompt)
@@ -229,5 +228,5 @@ def generate_run(model: str | Path, prompts: str | Path, out: str | Path, config
         manifest = generate_manifest(config, model_dir, model_hash, Path(prompts), rendered, facts,
                                      tokenizer_section(model_dir), reward is not None)
         if routing is not None:
-            manifest = {**manifest, ROUTING_SECTION: routing[0].with_side("engine", what).to_dict()}
+            manifest = {**manifest, ROUTING_SECTION: routing.with_side("engine", what).to_dict()}
         return writer.finish(manifest)

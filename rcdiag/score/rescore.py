@@ -214,7 +214,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
             tokens = with_trainer_routes(tokens, hooks, source=f"{TOKENS_DIR}/{tok_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
             advance(bar, done_before + responses - bar.n, done_before + responses)  # exact at each shard's end
-    routing = routing_update(run.manifest, hooks and hooks.shape, hooks.layers if hooks else 0, "trainer", RESCORED)
+    routing = routing_update(run.manifest, hooks, "trainer", RESCORED)
     return update_manifest(run.path, {"trainer": settings, **routing})
 
 

@@ -141,13 +141,12 @@ class RouteHooks:
 
     def __init__(self, model: Any, shape: MoeShape, *, forced: Sequence[np.ndarray] | None = None,
                  router_dtype: str | None = None) -> None:
-        import torch
+        from rcdiag.score.scoring import DTYPES
 
         self.routers = router_modules(model)
         self.shape = shape
         self.forced = forced
-        self.router_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                             None: None}[router_dtype]
+        self.router_dtype = None if router_dtype is None else DTYPES[router_dtype]
         if forced is not None or router_dtype is not None:
             for module in self.routers:
                 _softmax_topk(module)
@@ -330,8 +329,7 @@ def _bind(sink: _EngineSink | None) -> Callable[[Any], int]:
     return bind
 
 
-def engine_replay_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], shape: MoeShape,
-                         on_done: Callable[[int], None] | None = None,
+def engine_replay_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], top_k: int,
                          ) -> tuple[list[np.ndarray | None], list[np.ndarray], list[np.ndarray]]:
     """The engine's prefill routes of (prompt ids, response ids) pairs: (prompt routes `[P−1, L, k]` per pair — None
     for an empty response —, token routes `[R, L, k]`, probabilities `[R, L, k+1]`).
@@ -350,7 +348,7 @@ def engine_replay_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence
     prompt_routes: list[np.ndarray | None] = []
     routes: list[np.ndarray] = []
     probs: list[np.ndarray] = []
-    empty = (np.zeros((0, bound, shape.top_k), np.int16), np.zeros((0, bound, shape.top_k + 1), np.float32))
+    empty = (np.zeros((0, bound, top_k), np.int16), np.zeros((0, bound, top_k + 1), np.float32))
     try:
         for prompt, response in pairs:
             if len(response) == 0:
@@ -372,8 +370,6 @@ def engine_replay_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence
             prompt_routes.append(all_ids[:p - 1])
             routes.append(all_ids[p - 1:])
             probs.append(all_probs[p - 1:])
-            if on_done is not None:
-                on_done(1)
     finally:
         llm.apply_model(_bind(None))
     return prompt_routes, routes, probs
@@ -392,15 +388,15 @@ def with_trainer_routes(tokens: Any, hooks: RouteHooks | None, *, source: str) -
     return tokens
 
 
-def routing_update(manifest: dict[str, Any], shape: MoeShape | None, layers: int, side: str, what: str,
+def routing_update(manifest: dict[str, Any], hooks: RouteHooks | None, side: str, what: str,
                    *, where: str = "manifest.json") -> dict[str, Any]:
-    """The manifest update recording one side's routes ({"routing": …} merged with the other side's, whose shape
-    must agree), {} for a dense model."""
-    if shape is None:
+    """The manifest update recording the routes `hooks` captured on `side` ({"routing": …} merged with the other
+    side's, whose shape must agree), {} for a dense model (no hooks)."""
+    if hooks is None:
         return {}
     from rcdiag.store.routes import ROUTING_SECTION, merge_info, routing_info
 
-    new = shape.info(layers, **{side: what})
+    new = hooks.shape.info(hooks.layers, **{side: what})
     return {ROUTING_SECTION: merge_info(routing_info(manifest, where), new, where).to_dict()}
 
 
@@ -425,8 +421,7 @@ class EngineRoutes:
 
 
 def engine_shard_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                        returned: Sequence[Any], info: RoutingInfo, shape: MoeShape, *, source: str,
-                        on_done: Callable[[int], None] | None = None) -> EngineRoutes:
+                        returned: Sequence[Any], info: RoutingInfo, *, source: str) -> EngineRoutes:
     """The engine's routes for one shard's (prompt, response) pairs in token-row order: those vLLM returned while
     sampling (`returned`: each completion's `routed_experts`, GPU; then every completion must have them), else a prefill
     replay through `llm` (CPU)."""
@@ -442,6 +437,6 @@ def engine_shard_routes(llm: Any, pairs: Sequence[tuple[Sequence[int], Sequence[
         return EngineRoutes(token_columns("engine", [empty if g is None else g[1] for g in got], info,
                                           source=source),
                             prompt_column([None if g is None else g[0] for g in got], info, source=source), SAMPLED)
-    prompt, routes, probs = engine_replay_routes(llm, pairs, shape, on_done=on_done)
+    prompt, routes, probs = engine_replay_routes(llm, pairs, info.top_k)
     return EngineRoutes(token_columns("engine", routes, info, probs=probs, source=source),
                         prompt_column(prompt, info, source=source), PREFILL)

@@ -190,7 +190,7 @@ def score_sequences(model: Any, sequences: Sequence[tuple[Sequence[int], Sequenc
     for row in rows:
         packed = pack_row(inputs, row)
         if routes is not None:
-            routes.begin_row(packed.seq_index, np.array([inputs[i].size for i in packed.seq_index], np.int64))
+            routes.begin_row(packed.seq_index, np.diff(packed.cu_seqlens.numpy()))
         hidden = base(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                       **packed_kwargs(packed.cu_seqlens, packed.max_len, device)).last_hidden_state[0]
         src, dest = _row_gather(packed.seq_index, packed.cu_seqlens.numpy().astype(np.int64), prompt_lens, out_cu)

@@ -8,7 +8,6 @@ context (Context.extra). `routing_section(report)` is the section.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +25,9 @@ from rcdiag.errors import RcdiagError
 from rcdiag.probe.files import list_probes
 from rcdiag.report.render import Block, fmt
 from rcdiag.report.section import Section
+from rcdiag.store.files import MAX_MANIFEST_BYTES
 from rcdiag.store.routes import ENGINE_ROUTES, TRAINER_ROUTES
+from rcdiag.store.safefile import read_json
 
 REPLAY_FACTOR = "router_replay"
 """The probe factor whose budget row measures the gap with the engine's routes forced in the trainer."""
@@ -48,10 +49,10 @@ def replay_measurement(run_path: Any) -> tuple[float, float, str] | None:
     `router_replay` row (rcdiag.probe.summary.budget: `residual_mean_abs` is the gap left with that setting, on the
     probe's own sample, against its observed `gap.mean_abs`); None without one."""
     for file in reversed(list_probes(run_path)):
-        try:
-            summary = json.loads(file.read_text())
+        try:  # bounded, never a FIFO (rcdiag.store.safefile), as report.probe_section reads the same files
+            summary = read_json(file, "probe summary", MAX_MANIFEST_BYTES)
             gap = float(summary["gap"]["mean_abs"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (RcdiagError, ValueError, KeyError, TypeError):
             continue
         rows = [r for r in summary.get("budget") or [] if isinstance(r, dict) and r.get("factor") == REPLAY_FACTOR
                 and isinstance(r.get("residual_mean_abs"), int | float)]

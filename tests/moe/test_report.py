@@ -10,6 +10,8 @@ replay setting to paste.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from rcdiag.analysis.routing import REPLAY_SETTINGS, agreement, routing_explains
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
+from rcdiag.report.routing_section import replay_measurement
 from rcdiag.store.writer import write_run
 from tests.moe.routed_runs import MoESpec, write_moe_run
 
@@ -133,6 +136,23 @@ def test_a_measured_replay_replaces_the_estimate(tmp_path):
     report = make_report([path], tmp_path / "rep2", FAST).reports[0]
     assert report.routing.summary.explains.share == pytest.approx(0.1)
     assert report.verdict.cause.kind != "routing", report.verdict.line()
+
+
+def test_a_probe_summary_that_is_a_fifo_is_skipped_not_waited_on(tmp_path):
+    """replay_measurement reads probe summaries as the probe section does (bounded, never a FIFO): a FIFO newer
+    than the real summary is passed over instead of blocking the report forever."""
+    path = tmp_path / "run"
+    path.mkdir()
+    _probe(path, 0.05, 0.01)
+    os.mkfifo(path / "probes" / "zz_fifo.json")
+    found: list = []
+    reader = threading.Thread(target=lambda: found.append(replay_measurement(path)), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    if reader.is_alive():  # let the blocked reader go, so the test fails instead of hanging
+        os.close(os.open(path / "probes" / "zz_fifo.json", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("replay_measurement blocked on a FIFO probe summary")
+    assert found == [(0.05, 0.01, "replay")]
 
 
 def test_a_dense_run_has_no_routing_section_and_no_key(tmp_path):

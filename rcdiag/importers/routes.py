@@ -38,6 +38,7 @@ from rcdiag.store.routes import (
     ROUTING_SECTION,
     RoutingInfo,
     check_ids,
+    prompt_column,
 )
 
 MISSING = -1
@@ -184,12 +185,7 @@ class RouteCollector:
         offsets = np.concatenate([[0], np.cumsum(np.where(missing, 0, layers * top_k))]).astype(np.int32)
         routes = pa.ListArray.from_arrays(pa.array(offsets), pa.array(known.reshape(-1).astype(np.int16)),
                                           type=ROUTE_TYPE, mask=pa.array(missing))
-        prompts = [None if p is None else p.astype(np.int64).reshape(-1).tolist() for p in self.prompts]
-        if self.experts is not None:
-            for row, p in enumerate(self.prompts):
-                if p is not None and p.size:
-                    check_ids(p.reshape(1, -1), info, source=source, field=PROMPT_ROUTES, row_offset=row)
-        return {ROUTE_COLUMN["engine"]: routes}, {PROMPT_ROUTES: pa.array(prompts, ROUTE_TYPE)}
+        return {ROUTE_COLUMN["engine"]: routes}, {PROMPT_ROUTES: prompt_column(self.prompts, info, source=source)}
 
     def attach(self, imported: Any, source: str) -> None:
         """Put the columns and the manifest's routing section on an importer's result (rcdiag.importers.common.

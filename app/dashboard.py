@@ -6,7 +6,6 @@ folder-based multipage mode, in which a rerun executes the page alone and the si
 """
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,10 @@ if str(_ROOT) not in sys.path:  # streamlit puts only app/ on the path; `app` is
 import streamlit as st  # noqa: E402
 
 from app import heap, ui  # noqa: E402
+from rcdiag.errors import RcdiagError  # noqa: E402
+from rcdiag.store.files import MANIFEST_NAME, MAX_MANIFEST_BYTES  # noqa: E402
+from rcdiag.store.routes import ROUTING_SECTION  # noqa: E402
+from rcdiag.store.safefile import read_json  # noqa: E402
 
 # (file under app/views/, title, url path), in navigation order. No page icons: Streamlit draws ":material/…:"
 # icons with an icon font and an emoji page icon with a remote favicon — the app must not request anything
@@ -40,11 +43,11 @@ PAGES = (
 def routed(path: str | None) -> bool:
     """Whether the run at `path` carries MoE routes (its manifest has a routing section): the Routing page is
     listed only for such runs."""
-    try:
-        manifest = json.loads((Path(path) / "manifest.json").read_text()) if path else None
-    except (OSError, ValueError):
+    try:  # bounded, never a FIFO (rcdiag.store.safefile): this runs on every page of the sidebar's run
+        manifest = read_json(Path(path) / MANIFEST_NAME, "manifest", MAX_MANIFEST_BYTES) if path else None
+    except RcdiagError:
         return False
-    return isinstance(manifest, dict) and isinstance(manifest.get("routing"), dict)
+    return isinstance(manifest, dict) and isinstance(manifest.get(ROUTING_SECTION), dict)
 
 
 # Pages listed only when the sidebar's run passes a test (file → predicate of its path). A comment, not a

@@ -127,19 +127,6 @@ def ell_by_disagreement(abs_ell: np.ndarray, layers_disagree: np.ndarray) -> lis
     return rows
 
 
-def ell_by_margin(abs_ell: np.ndarray, margin: np.ndarray, bins: int = 4) -> list[dict[str, float]]:
-    """Mean |ℓ| by quantile bin of a token's smallest router margin over layers (`margin` `[T, L]`): tokens whose
-    routing is a near tie are where the two sides' choices flip."""
-    a = np.asarray(abs_ell, np.float64)
-    m = np.asarray(margin, np.float64).min(axis=1)
-    if a.size == 0:
-        return []
-    edges = np.quantile(m, np.linspace(0, 1, bins + 1))
-    which = np.clip(np.searchsorted(edges, m, side="right") - 1, 0, bins - 1)
-    return [{"margin_low": float(edges[i]), "margin_high": float(edges[i + 1]), "tokens": int((which == i).sum()),
-             "mean_abs_ell": float(a[which == i].mean()) if (which == i).any() else math.nan} for i in range(bins)]
-
-
 @dataclass(frozen=True)
 class RoutingShare:
     """"Routing explains N % of the gap", with its evidence (what the verdict quotes)."""

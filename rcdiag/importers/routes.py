@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
+from rcdiag.errors import InputError, RcdiagError
+from rcdiag.score.routes import EXPERT_KEYS, TOP_K_KEY
+from rcdiag.store.files import MAX_MANIFEST_BYTES
 from rcdiag.store.routes import (
     PROMPT_ROUTES,
     ROUTE_COLUMN,
@@ -40,6 +41,7 @@ from rcdiag.store.routes import (
     check_ids,
     prompt_column,
 )
+from rcdiag.store.safefile import read_json
 
 MISSING = -1
 """The id of a route that was not captured (a whole row of it)."""
@@ -86,16 +88,15 @@ def model_shape(model_dir: str | None) -> tuple[int, int, int | None] | None:
     num_experts / num_local_experts / n_routed_experts; `text_config` for multimodal configs); None without one."""
     if not model_dir:
         return None
-    try:
-        data = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+    try:  # bounded, never a FIFO (rcdiag.store.safefile): --tokenizer may name anything
+        data = read_json(Path(model_dir) / "config.json", "model config", MAX_MANIFEST_BYTES)
+    except RcdiagError:
         return None
     inner = data.get("text_config") if isinstance(data, dict) and isinstance(data.get("text_config"), dict) else data
     if not isinstance(inner, dict):
         return None
-    layers, top_k = inner.get("num_hidden_layers"), inner.get("num_experts_per_tok")
-    experts = next((inner[k] for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                    if isinstance(inner.get(k), int)), None)
+    layers, top_k = inner.get("num_hidden_layers"), inner.get(TOP_K_KEY)
+    experts = next((inner[k] for k in EXPERT_KEYS if isinstance(inner.get(k), int)), None)
     if not (isinstance(layers, int) and isinstance(top_k, int)):
         return None
     return layers, top_k, experts

@@ -3,6 +3,7 @@ Streamlit's AppTest and in headless Chromium (`rcdiag dashboard` as a subprocess
 routing's share, |ℓ| by agreement) on the page, listed in the navigation only for runs that carry routes."""
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pandas as pd
@@ -62,6 +63,8 @@ def test_routing_page_is_listed_only_for_routed_runs(routed, tmp_path):
     assert "routing.py" in [row[0] for row in shown(str(routed), given)]
     assert "routing.py" not in [row[0] for row in shown(str(dense.path), given)]
     assert "routing.py" not in [row[0] for row in shown("/etc", given)]
+    outside = shutil.copytree(routed, tmp_path / "outside")  # routed, but outside the path policy
+    assert "routing.py" not in [row[0] for row in shown(str(outside), given)]
     assert "routing.py" not in [row[0] for row in shown(None, given)]
 
 

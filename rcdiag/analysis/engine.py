@@ -241,7 +241,8 @@ def file_part(run_path: str, make: Make, index: int, *, batch_rows: int = DEFAUL
     rows. The membership check uses `universe` when given, else (own_universe) the shard's own sequences. A
     module-level function of picklable arguments: a Ray task runs it as it is."""
     reuse_batch_memory()  # here, not only in run_pass: a Ray task runs this alone
-    shard = Run(run_path, validate=False).shard(index)  # the caller opened (and validated) the run
+    shard = Run(run_path, validate=False, shard=index)  # the caller opened (and validated) the run; opening
+    # the whole run first listed and stamped every shard once per task
     consumers = make(shard)
     error = None
     if universe is None and own_universe and any(isinstance(c, ChunkConsumer) for c in consumers):

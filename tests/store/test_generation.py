@@ -67,6 +67,19 @@ def test_metrics_of_a_run_rewritten_in_place_are_refused(tmp_path):
     assert np.isfinite(rcdiag.compute_metrics(open_run(path))["kl"])  # a fresh open reads the new run
 
 
+def test_a_shard_run_stamps_only_its_own_files(tmp_path):
+    """Each file task of a pass opens its shard: stamping the whole run there cost N² stats per pass (500
+    shards: 13.7 s). The whole run's Run stamps every shard; a shard's Run its tokens and sequences file."""
+    path = write_run(tmp_path / "run", _tokens(1), shard_tokens=60).path
+    run = open_run(path)
+    assert sorted(run.generation) == sorted([*run.token_files, *run.sequence_files]) and len(run.generation) == 8
+    shard = run.shard(2)
+    assert sorted(f"{f.parent.name}/{f.name}" for f in shard.generation) == [
+        "sequences/part-00002.parquet", "tokens/part-00002.parquet"]
+    with pytest.raises(IndexError, match="no token file 4"):
+        run.shard(4)
+
+
 def _record(path, steps, n=4, length=5, seed=0):
     rng = np.random.default_rng(seed)
     rec = Recorder(path)

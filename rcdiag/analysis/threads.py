@@ -29,8 +29,8 @@ def workers() -> int:
 def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], threads: int | None = None) -> Iterator[Any]:
     """Like the builtin `map` (results in input order) on a pool of `threads` threads (default `workers()`); at
     most 2 × threads items are in flight, so memory stays bounded by the pool, not by the number of items. A
-    single item runs on the calling thread: a 1,000-step report's per-step bootstraps (one block each) spent
-    ~6 s starting and joining 1,000 pools."""
+    single item runs on the calling thread: a 1,000-step report's per-step bootstraps (one block each) started
+    and joined 1,000 pools (~6 s under cProfile, 0.7 s unprofiled)."""
     count = threads or workers()
     todo = iter(items)
     first = _take(todo, 2)
@@ -40,7 +40,7 @@ def ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], threads: int | N
         return
     todo = itertools.chain(first, todo)
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="rcdiag-pass") as pool:
-        pending = [pool.submit(fn, item) for _, item in zip(range(2 * count), todo, strict=False)]
+        pending = [pool.submit(fn, item) for item in _take(todo, 2 * count)]
         while pending:
             result = pending.pop(0).result()
             pending.extend(pool.submit(fn, item) for item in _take(todo, 1))

@@ -59,9 +59,11 @@ MAX_MANIFEST_BYTES = 64 << 20
 """Largest manifest (or pending file) read: a real one is a few KiB; a device or a runaway file fails plainly."""
 
 
-def check_regular(path: Path, what: str, max_bytes: int | None = None) -> None:
+def check_regular(path: Path, what: str) -> None:
     """RunDirError unless `path` is a regular file (a FIFO would block the reader forever, /dev/zero never end, a
-    directory fail deep inside a reader) of at most `max_bytes`."""
+    directory fail deep inside a reader): for a file another library opens by name (a Parquet shard). A file
+    rcdiag reads itself goes through rcdiag.store.safefile.open_regular (fstat on the open descriptor, a size
+    bound)."""
     import stat
 
     from rcdiag.errors import RunDirError
@@ -73,6 +75,3 @@ def check_regular(path: Path, what: str, max_bytes: int | None = None) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise RunDirError(f"{path}: the {what} is not a regular file (a directory, FIFO or device) — the run is "
                           "damaged: re-create it")
-    if max_bytes is not None and info.st_size > max_bytes:
-        raise RunDirError(f"{path}: the {what} is {info.st_size} bytes, more than the {max_bytes >> 20} MiB rcdiag "
-                          "reads as one — the run is damaged: re-create it")

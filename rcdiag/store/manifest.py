@@ -28,8 +28,6 @@ from rcdiag.errors import InputError, RunDirError
 from rcdiag.store.files import MANIFEST_NAME, MAX_MANIFEST_BYTES, now, write_json_atomic
 from rcdiag.store.safefile import read_json
 
-_JSON_TYPES = {type(None): "null"}  # the one type name a JSON reader would not recognise ("NoneType")
-
 SCHEMA_VERSION = 1
 HASH_PREFIX = "sha256:"
 CHECKPOINTS_SECTION = "checkpoints"
@@ -188,7 +186,8 @@ class Manifest:
         """Validate and normalise a manifest object (old layouts included); RunDirError naming `where` and the
         field on anything malformed."""
         if not isinstance(raw, dict):
-            raise RunDirError(f"{where}: the manifest is a JSON {_JSON_TYPES.get(type(raw), type(raw).__name__)}, not an object; the file is "
+            kind = "null" if raw is None else type(raw).__name__  # JSON's name for None, not "NoneType"
+            raise RunDirError(f"{where}: the manifest is a JSON {kind}, not an object; the file is "
                               "damaged or not an rcdiag manifest")
         version = raw.get("schema_version", SCHEMA_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -61,7 +62,7 @@ def open_regular(path: str | os.PathLike, what: str, *, max_bytes: int | None = 
 def read_bounded(path: str | os.PathLike, what: str, max_bytes: int) -> bytes:
     """The bytes of a regular file of at most `max_bytes` (open_regular's rules)."""
     with open_regular(path, what, max_bytes=max_bytes) as handle:
-        return handle.read(max_bytes + 1)[:max_bytes + 1]
+        return handle.read(max_bytes + 1)
 
 
 def loads(text: str | bytes, file: str, row: int | None = None) -> Any:
@@ -80,8 +81,8 @@ def loads(text: str | bytes, file: str, row: int | None = None) -> Any:
         raise InputError("unreadable JSON: nested deeper than rcdiag reads (thousands of levels of [ or {)",
                          file=file, row=row) from None
     except ValueError:  # int('9' * 5000): Python refuses integers of more than 4300 digits
-        raise InputError(f"unreadable JSON: an integer of more than {_int_digits()} digits, which no real value "
-                         "has", file=file, row=row) from None
+        raise InputError(f"unreadable JSON: an integer of more than {sys.get_int_max_str_digits()} digits, which no "
+                         "real value has", file=file, row=row) from None
     if _SURROGATE_ESCAPE.search(text):
         found = lone_surrogate(value)
         if found is not None:
@@ -91,12 +92,6 @@ def loads(text: str | bytes, file: str, row: int | None = None) -> Any:
                              hint="fix the text in the input: it was cut in the middle of a character, or "
                                   "escaped by a broken writer")
     return value
-
-
-def _int_digits() -> int:
-    import sys
-
-    return sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
 
 
 def lone_surrogate(value: Any) -> tuple[str, str] | None:

@@ -72,7 +72,9 @@ def test_odd_tokenizer_json_is_refused_before_loading(tmp_path, kind):
         file.symlink_to("/dev/zero")
     else:
         file.mkdir()
-    assert tokenizer_problem(directory) is not None
+    problem = tokenizer_problem(directory)
+    assert problem is not None and str(file) in problem
+    assert ("more than the 128 MiB" if kind == "huge" else "not a regular file") in problem, problem
     with pytest.raises(ConfigError, match="tokenizer.json"):
         load_tokenizer(directory)
     assert fast_tokenizer({"tokenizer": {"path": str(directory)}}) is None  # a courtesy: ids shown instead

@@ -2,8 +2,21 @@
 not exist refused — before any engine starts, so a bad `--device cuda` fails in a second, not after generation."""
 from __future__ import annotations
 
+from typing import Any
+
 from rcdiag.errors import ConfigError
-from rcdiag.score.config import check_device_name
+from rcdiag.score.config import TRAIN_DTYPES, check_device_name
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a TRAIN_DTYPES name (the trainer's precision, and its routers' in the probe); ConfigError
+    for any other. Here, beside the device, so score.scoring and score.routes share it without importing each
+    other; torch is imported on the call, not at CLI start."""
+    import torch
+
+    if name not in TRAIN_DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; choose one of {', '.join(TRAIN_DTYPES)}")
+    return getattr(torch, name)
 
 
 def resolve_device(device: str = "auto", option: str = "--device") -> str:

@@ -141,12 +141,12 @@ class RouteHooks:
 
     def __init__(self, model: Any, shape: MoeShape, *, forced: Sequence[np.ndarray] | None = None,
                  router_dtype: str | None = None) -> None:
-        from rcdiag.score.scoring import DTYPES
+        from rcdiag.score.devices import torch_dtype
 
         self.routers = router_modules(model)
         self.shape = shape
         self.forced = forced
-        self.router_dtype = None if router_dtype is None else DTYPES[router_dtype]
+        self.router_dtype = None if router_dtype is None else torch_dtype(router_dtype)
         if forced is not None or router_dtype is not None:
             for module in self.routers:
                 _softmax_topk(module)

@@ -21,16 +21,13 @@ import torch
 
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.score.attention import ensure_registered, packed_kwargs, resolve_attention
-from rcdiag.score.devices import resolve_device
+from rcdiag.score.devices import resolve_device, torch_dtype
 from rcdiag.score.engine import context_from_config
 from rcdiag.score.logprobs import Epilogue, chunked_logprobs, epilogue_inplace, logit_transform
 from rcdiag.score.packing import PaddingSide, cu_seqlens_from_lengths, pack_row, pad_to_batch, plan_rows
 
 if TYPE_CHECKING:
     from rcdiag.score.routes import RouteHooks
-
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""rcdiag.score.config.TRAIN_DTYPES as torch dtypes."""
 
 
 class RescoreWarning(UserWarning):
@@ -60,8 +57,7 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "auto"
     """
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    torch_type = torch_dtype(dtype)
     device = resolve_device(device)
     resolve_attention(attn, device)  # refuse an impossible choice before touching the disk
     config = load_config(path, trust_remote_code=trust_remote_code)
@@ -72,7 +68,7 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str = "auto"
     try:
         # use_kernels=False: transformers ≥ 5.2x would otherwise fetch layer kernels from the hub (and refuses to
         # load without the `kernels` package); rcdiag loads nothing from a hub and scores the model's own code
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], attn_implementation=impl,
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_type, attn_implementation=impl,
                                                      use_safetensors=True, trust_remote_code=trust_remote_code,
                                                      use_kernels=False)
     except (OSError, ValueError, ImportError) as exc:

@@ -161,9 +161,21 @@ def verdict_blocks(report: RunReport) -> list[Block]:
             Block("verdict", v.headline() + verdict_phrase(report), rows=v.reasons, status=v.status, notes=notes)]
 
 
+SOURCE_FIRST = {"routing": "replay the engine's routes"}
+"""Verdict causes whose action removes the gap's source → that action in a few words: a correction the
+recommendation chooses is what to run until then, and the headline says so instead of offering it as the fix."""
+
+
 def verdict_phrase(report: RunReport) -> str:
-    """What the recommendation adds to the headline (Recommendation.phrase), unless a check's fix is the action."""
-    return "" if report.verdict.cause.kind.startswith("input") else report.recommendation.phrase
+    """What the recommendation adds to the headline (Recommendation.phrase), unless a check's fix is the action;
+    after a cause whose action removes the source (SOURCE_FIRST) a correction reads as the stopgap it is."""
+    kind = report.verdict.cause.kind
+    if kind.startswith("input"):
+        return ""
+    phrase = report.recommendation.phrase
+    if kind in SOURCE_FIRST and report.recommendation.kind == "correct":
+        return phrase.replace(" — correct with", f" — {SOURCE_FIRST[kind]}; until then, correct with", 1)
+    return phrase
 
 
 def _top(report: RunReport) -> Section:

@@ -23,6 +23,7 @@ from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.routing_section import replay_measurement
+from rcdiag.report.sections import verdict_phrase
 from rcdiag.store.writer import write_run
 from tests.moe.routed_runs import MoESpec, write_moe_run
 
@@ -72,6 +73,10 @@ def test_routing_is_the_verdicts_cause_with_each_frameworks_replay_setting(heavy
     assert "R3" in cause.action and "observational" in cause.action and "--factors router_replay" in cause.action
     assert cause.correct and report.recommendation.kind == "correct"
     assert any("layers whose experts differ" in e for e in cause.evidence)
+    # the headline offers the correction as the stopgap it is, after the replay the action asks for first
+    rec = report.recommendation
+    assert rec.phrase.startswith(" — correct with ")
+    assert verdict_phrase(report) == " — replay the engine's routes; until then, " + rec.phrase[len(" — "):]
 
 
 def test_routing_section_figure_and_metrics_json(heavy):

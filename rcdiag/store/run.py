@@ -35,8 +35,13 @@ from rcdiag.store.validate import validate_run
 
 def missing_run(path: str | os.PathLike) -> RunDirError:
     """The error for a run directory that does not exist, naming the close matches beside it (a typo such as
-    runs/smaple → "did you mean runs/sample?"; directories holding a manifest first)."""
+    runs/smaple → "did you mean runs/sample?"; directories holding a manifest first), or for a path that is not a
+    directory (a dump given where a run is read: how to import it)."""
     path = Path(path)
+    if path.exists():  # a trainer's dump given to a command that reads runs: say what to do with it
+        return RunDirError(f"{path}: not a run directory (a run is a directory with {MANIFEST_NAME}, "
+                           f"{TOKENS_DIR}/ and {SEQUENCES_DIR}/); a trainer's dump becomes one with "
+                           f"`rcdiag import FORMAT {path} --out RUN`")
     parent = path.parent
     try:
         entries = [e for e in parent.iterdir() if e.is_dir()] if parent.is_dir() else []

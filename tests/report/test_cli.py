@@ -94,6 +94,17 @@ def test_missing_run_directory(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["report", "dashboard"])
+def test_a_dump_file_given_as_a_run_says_how_to_import_it(tmp_path, capsys, command):
+    """A trainer's dump passed where a run directory is read is not 'no such run directory': it exists, and the
+    error says what a run is and the import that makes one."""
+    dump = tmp_path / "rollouts.jsonl"
+    dump.write_text("{}\n")
+    code, _, stderr = _run(capsys, command, str(dump))
+    assert code == 1 and stderr.startswith(f"Error: {dump}: not a run directory (a run is a directory with "), stderr
+    assert f"`rcdiag import FORMAT {dump} --out RUN`" in stderr and "no such" not in stderr
+
+
+@pytest.mark.parametrize("command", ["report", "dashboard"])
 def test_misspelt_run_directory_names_the_close_one(tmp_path, capsys, command):
     """A typo names the run beside it (runs holding a manifest come first), for every command taking runs."""
     for name in ("simple", "sample", "other"):

@@ -40,9 +40,10 @@ def render(ref: Any) -> None:
     left, right = st.columns(2)
     if summary.agreement:
         with left:
-            st.subheader("Agreement by layer")
-            st.bar_chart(layers.set_index("layer")[["exact", "overlap"]], stack=False, x_label="MoE layer",
-                         y_label="share of tokens")
+            st.subheader("Disagreement by layer")  # a few % at most: agreement bars would all read as full
+            differ = pd.DataFrame({"another expert set": 1.0 - layers["exact"],
+                                   "experts not shared (1 − |∩|/k)": 1.0 - layers["overlap"]}).set_index(layers["layer"])
+            st.bar_chart(differ, stack=False, x_label="MoE layer", y_label="share of tokens")
         with right:
             st.subheader("|ℓ| by agreement")
             rows = pd.DataFrame([r for r in summary.by_disagreement if r["tokens"]])

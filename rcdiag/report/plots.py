@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
 
 from rcdiag.analysis.health import BY_METRIC, COLOURS
 from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
@@ -303,8 +304,8 @@ def _log_if_positive(ax: Any, values: Sequence[float]) -> None:
 
 def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[Mapping[str, Any]],
                    margins: Sequence[Mapping[str, Any]]) -> Figure:
-    """An MoE run's routing (rcdiag.analysis.routing.RoutingSummary rows): the share of tokens whose expert set is
-    the same on both sides per layer (and the mean overlap |∩|/k), mean |ℓ| by the number of layers whose experts
+    """An MoE run's routing (rcdiag.analysis.routing.RoutingSummary rows): the share of tokens whose expert set
+    differs between the sides per layer (and 1 − the mean overlap |∩|/k), on an axis scaled to them, mean |ℓ| by the number of layers whose experts
     differ (bar labels: tokens), and mean |ℓ| with the share of tokens that disagree somewhere by the token's
     smallest k/(k+1) router margin (omitted without router probabilities)."""
     panels = 3 if margins else 2
@@ -312,14 +313,18 @@ def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[M
     axes = fig.subplots(1, panels)
     ax = axes[0]
     x = np.arange(len(layers))
-    ax.bar(x, [r["exact"] for r in layers], color=COLORS[0], label="same expert set")
-    ax.plot(x, [r["overlap"] for r in layers], "o-", color=COLORS[1], label="overlap |∩|/k")
+    other = [1.0 - r["exact"] for r in layers]
+    unshared = [1.0 - r["overlap"] for r in layers]
+    ax.bar(x, other, color=COLORS[0], label="another expert set")
+    ax.plot(x, unshared, "o-", color=COLORS[1], label="experts not shared, 1 − |∩|/k")
     ax.set_xticks(x, [str(r["layer"]) for r in layers], fontsize=8 if len(layers) <= 16 else 6)
-    ax.set_ylim(0, 1.05)
+    top = max((v for v in (*other, *unshared) if math.isfinite(v)), default=0.0)
+    ax.set_ylim(0, min(1.0, top * 1.25) or 0.01)  # disagreement is a few %: a 0–1 axis shows flat full bars
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
     ax.set_xlabel("MoE layer", fontsize=8)
     ax.set_ylabel("share of tokens", fontsize=8)
-    ax.legend(fontsize=7, loc="lower left")
-    ax.set_title("Agreement by layer", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Disagreement by layer", fontsize=10)
     ax = axes[1]
     rows = [r for r in disagreement if r["tokens"]]
     values = [r["mean_abs_log_ratio"] if math.isfinite(r["mean_abs_log_ratio"]) else 0.0 for r in rows]

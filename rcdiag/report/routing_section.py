@@ -156,7 +156,7 @@ def routing_section(report: Any) -> Section | None:
                                               "mean overlap |∩|/k", "mean layers that differ"],
                             rows=[[_pct(summary.any_disagree_share), _pct(summary.exact_rate),
                                    _pct(summary.mean_overlap), fmt(summary.mean_layers_disagree)]]))
-        blocks.append(Block("image", "agreement by layer, |ℓ| by agreement and by router margin", image=FIGURE))
+        blocks.append(Block("image", "disagreement by layer, |ℓ| by agreement and by router margin", image=FIGURE))
         figures[FIGURE] = ("routing_panels", (rows, summary.by_disagreement, summary.by_margin))
         blocks.append(Block("h", "|ℓ| by the number of layers whose experts differ", level=3))
         blocks.append(Block("table", headers=["layers that differ", "tokens", "share of tokens", "mean |ℓ|"],

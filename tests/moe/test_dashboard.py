@@ -96,7 +96,7 @@ def test_routing_page_in_chromium(server, page, routed):  # noqa: F811 (the impo
     share and no stray text above the header; the dense run's navigation has no Routing entry."""
     summary = judge(open_run(routed)).routing.summary
     page.goto(f"{server}/routing?run=moe", timeout=120_000)
-    settle(page, "Agreement by layer")
+    settle(page, "Disagreement by layer")
     assert_no_exception(page)
     body = page.inner_text('[data-testid="stMain"]')
     assert body.lstrip().startswith("Routing · moe"), body[:300]

@@ -8,7 +8,8 @@ they name, built small and the way each source writes it.
 - dumps to import: slime (`dump_dir/rollout_data/0.pt` + `train_data/0.pt`, torch.save), NeMo-RL
   (`logs/exp/train_data_step{N}.jsonl`), prime-rl (`outputs/token_exports/step_N/`), TRL completions
   (`outputs/completions/completions_*.parquet`), JSONL rows in the generic, TRL-batch and AReaL shapes;
-  `model` → the shipped tiny model (its tokenizer);
+  `model` → the shipped tiny model (its tokenizer); `generate.jsonl`: SGLang /generate responses with MoE routes,
+  `moe-model` → the MoE sample (its config.json gives the routes' shape);
 - tracker logs for `crosscheck`, written from the run's own numbers the way a trainer would log them:
   `outputs/tb` (TensorBoard, verl keys), `wandb/offline-run-20260101_000000-abc123` (an offline W&B run),
   `history.csv` (TRL keys, sequence_mask at C = 3).
@@ -74,12 +75,17 @@ def jsonl_inputs(root: Path, rng: np.random.Generator) -> None:
 
 
 def framework_dumps(root: Path) -> None:
-    """slime (torch.save), NeMo-RL and prime-rl dumps, written by the importer tests' builders, and TRL's text
-    completions."""
+    """slime (torch.save), SGLang, NeMo-RL and prime-rl dumps, written by the importer tests' builders, and TRL's
+    text completions."""
     from tests.importers.dumps import make_truth, save_slime_rollout, save_slime_train
     from tests.importers.nemo_prime_dumps import nemo_step, prime_records, write_nemo, write_prime
+    from tests.moe.test_import import MODEL as MOE_MODEL
+    from tests.moe.test_import import route_rows, sglang_rows, write_jsonl
 
     truth = make_truth(seed=7)
+    routed = [t for t in truth if t.response]
+    write_jsonl(root / "generate.jsonl", sglang_rows(routed, route_rows(routed)))
+    (root / "moe-model").symlink_to(MOE_MODEL)
     save_slime_rollout(root / "dump_dir/rollout_data/0.pt", truth, rollout_id=0)
     save_slime_train(root / "dump_dir/train_data/0.pt", truth, rollout_id=0)
     rng = np.random.default_rng(3)

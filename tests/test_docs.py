@@ -157,6 +157,8 @@ RUN_FOR_REAL: dict[str, Expect] = {
     "rcdiag import prime-rl outputs/ --out runs/prime": Expect(writes=("runs/prime/manifest.json",)),
     "rcdiag import trl outputs/completions/ --out runs/trl --tokenizer ./model":
         Expect(writes=("runs/trl/manifest.json",)),
+    "rcdiag import sglang generate.jsonl --out runs/moe --tokenizer ./moe-model":
+        Expect(writes=("runs/moe/manifest.json",)),
     "rcdiag import jsonl areal_trajectories.jsonl -o runs/async": Expect(writes=("runs/async/manifest.json",)),
     "rcdiag report runs/sample": Expect(writes=tuple(f"runs/sample/report/{f}" for f in REPORT)),
     "rcdiag report runs/sample --convention verl --threshold 2 --lower 0.5":

@@ -131,6 +131,12 @@ NUMBERS = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq
 """The chosen setting's numbers a Recommendation carries (its sweep row's)."""
 
 
+SOURCE_FIRST = {"routing": "replay the engine's routes"}
+"""Verdict causes whose action removes the gap's source → that action in a few words: a correction chosen for
+such a run is what to run until then, and the recommendation and the headline say so instead of offering it as
+the fix."""
+
+
 @dataclass(frozen=True)
 class Recommendation:
     """What the report advises: `kind` (KINDS), the setting (`mode` — an IS mode or a gate family — `threshold`,
@@ -248,7 +254,7 @@ def _recommend(report: Any) -> dict[str, Any]:
                     f"(verdict: {verdict.status}). Here {tail}, and no ratio mode keeps ESS ≥ {ESS_TARGET} with a "
                     f"bias ≤ {BIAS_LIMIT:.0%}. {gate_reasons(report).get(gate['mode'], '')}")
             return {**base, "kind": "correct", "mode": gate["mode"], "threshold": float(gate["threshold"]),
-                    "text": text, "settings": [gate["settings"]], **_numbers(gate), "meets_target": True,
+                    "text": stopgap(verdict.cause.kind, text), "settings": [gate["settings"]], **_numbers(gate), "meets_target": True,
                     "alternatives": alternatives, "gates": gates, "family": "gate"}
         pool = candidates or rows
         best = sorted(pool, key=lambda r: (-r["ess"], r["bias"]))[0]
@@ -278,4 +284,12 @@ def _recommend(report: Any) -> dict[str, Any]:
                 f"ESS {best['ess']:.4f}, bias {best['bias']:.2%}). Nothing to bound; the verdict above says what "
                 "finds or removes its source.")
         return done("none", text, meets_target=True, alternatives=alternatives, gates=gates)
-    return done("correct", text, best, meets_target=True, alternatives=alternatives, gates=gates)
+    return done("correct", stopgap(verdict.cause.kind, text), best, meets_target=True, alternatives=alternatives,
+                gates=gates)
+
+
+def stopgap(kind: str, text: str) -> str:
+    """A correction's text after a cause whose action removes the source (SOURCE_FIRST): what to run until then."""
+    if kind not in SOURCE_FIRST:
+        return text
+    return f"Until you {SOURCE_FIRST[kind]} (the verdict's action), u{text[1:]}" if text.startswith("Use ") else text

@@ -28,6 +28,7 @@ from rcdiag.report.correction_section import correction_blocks
 from rcdiag.report.lag_section import lag_section
 from rcdiag.report.options import ESS_TARGET, MODES, ReportOptions
 from rcdiag.report.probe_section import probe_section
+from rcdiag.report.recommend import SOURCE_FIRST
 from rcdiag.report.render import BADGE, Block, fmt, render_files
 from rcdiag.report.routing_section import routing_section
 from rcdiag.report.section import Section
@@ -159,11 +160,6 @@ def verdict_blocks(report: RunReport) -> list[Block]:
     notes += [f"Note: {c}" for c in v.caveats]
     return [Block("context", context_line(report.manifest)),
             Block("verdict", v.headline() + verdict_phrase(report), rows=v.reasons, status=v.status, notes=notes)]
-
-
-SOURCE_FIRST = {"routing": "replay the engine's routes"}
-"""Verdict causes whose action removes the gap's source → that action in a few words: a correction the
-recommendation chooses is what to run until then, and the headline says so instead of offering it as the fix."""
 
 
 def verdict_phrase(report: RunReport) -> str:

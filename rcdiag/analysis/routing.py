@@ -115,18 +115,6 @@ def confidence(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     return mass, top[:, :, k - 1] - top[:, :, k]
 
 
-def ell_by_disagreement(abs_ell: np.ndarray, layers_disagree: np.ndarray) -> list[dict[str, float]]:
-    """Mean |ℓ| (and token count) by number of disagreeing layers: 0, 1, 2, 3+ — how |ℓ| grows with routing
-    disagreement."""
-    a = np.asarray(abs_ell, np.float64)
-    d = np.asarray(layers_disagree)
-    rows = []
-    for label, where in (("0", d == 0), ("1", d == 1), ("2", d == 2), ("3+", d >= 3)):
-        rows.append({"layers_disagree": label, "tokens": int(where.sum()),
-                     "mean_abs_ell": float(a[where].mean()) if where.any() else math.nan})
-    return rows
-
-
 @dataclass(frozen=True)
 class RoutingShare:
     """"Routing explains N % of the gap", with its evidence (what the verdict quotes)."""

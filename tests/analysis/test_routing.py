@@ -9,7 +9,6 @@ import pytest
 from rcdiag.analysis.routing import (
     agreement,
     confidence,
-    ell_by_disagreement,
     layer_agreement,
     routing_explains,
 )
@@ -57,9 +56,6 @@ def test_routing_explains_counterfactual_and_replay():
     replay = routing_explains(ell, disagree, replay_gap=0.026)
     assert replay.share == pytest.approx(0.8) and replay.method == "replay"
     assert math.isnan(routing_explains(ell, np.ones(10)).share)
-    rows = ell_by_disagreement(ell, disagree)
-    assert rows[0] == {"layers_disagree": "0", "tokens": 6, "mean_abs_ell": pytest.approx(0.01)}
-    assert rows[2]["tokens"] == 4 and rows[1]["tokens"] == 0 and math.isnan(rows[1]["mean_abs_ell"])
 
 
 # ------------------------------------------------------------------------------------------ over a run

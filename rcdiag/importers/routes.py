@@ -30,13 +30,14 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError, RcdiagError
-from rcdiag.score.routes import EXPERT_KEYS, TOP_K_KEY
 from rcdiag.store.files import MAX_MANIFEST_BYTES
 from rcdiag.store.routes import (
+    EXPERT_KEYS,
     PROMPT_ROUTES,
     ROUTE_COLUMN,
     ROUTE_TYPE,
     ROUTING_SECTION,
+    TOP_K_KEY,
     RoutingInfo,
     check_ids,
     prompt_column,

@@ -37,11 +37,8 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.store.routes import RoutingInfo
+from rcdiag.store.routes import EXPERT_KEYS, TOP_K_KEY, RoutingInfo
 
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-"""Config fields that declare a model's routed expert count (Qwen2/3-MoE, Mixtral/OLMoE, DeepSeek)."""
-TOP_K_KEY = "num_experts_per_tok"
 PREFILL = "prefill_replay"
 SAMPLED = "sampled"
 RESCORED = "rescored"

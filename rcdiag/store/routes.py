@@ -42,6 +42,11 @@ PROMPT_ROUTES = "engine_prompt_routes"
 ROUTE_TYPE = pa.list_(pa.int16())
 PROB_TYPE = pa.list_(pa.float32())
 MAX_EXPERTS = int(np.iinfo(np.int16).max) + 1
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""Model config fields that declare the routed expert count (Qwen2/3-MoE, Mixtral/OLMoE, DeepSeek): read by the
+scorer (rcdiag.score.routes) and by the importers (a dump's routes take their shape from the model's config)."""
+TOP_K_KEY = "num_experts_per_tok"
+"""The model config field of the experts chosen per token (k)."""
 
 ENGINE_ROUTES = {
     "prefill_replay": "the engine's routers re-reading the sampled tokens as one prompt (prefill, read from its "

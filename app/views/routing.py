@@ -41,8 +41,9 @@ def render(ref: Any) -> None:
     if summary.agreement:
         with left:
             st.subheader("Disagreement by layer")  # a few % at most: agreement bars would all read as full
+            st.caption("another expert set: tokens whose top-k set differs; experts not shared: 1 − |∩|/k")
             differ = pd.DataFrame({"another expert set": 1.0 - layers["exact"],
-                                   "experts not shared (1 − |∩|/k)": 1.0 - layers["overlap"]}).set_index(layers["layer"])
+                                   "experts not shared": 1.0 - layers["overlap"]}).set_index(layers["layer"])
             st.bar_chart(differ, stack=False, x_label="MoE layer", y_label="share of tokens")
         with right:
             st.subheader("|ℓ| by agreement")

@@ -42,6 +42,9 @@ CAUSE_KINDS = ("input_defect", "not_numerics", "step_change", "weights_unchanged
 """Every kind of cause, in order of precedence."""
 FLOOR_BAND = "abs_log_ratio_mean"
 """The band the floor replaces: mean |ℓ| is judged against what the run's dtypes give, not a fixed number."""
+RECOMMENDATION = "recommendation (the report's, the dashboard's Overview)"
+"""Where a cause's action sends the user for the correction: named by place, as the action is also shown where no
+recommendation follows it (the dashboard's Routing page, the notebook card)."""
 FLOOR_SOURCE = ("rcdiag's floor model: ℓ ≈ σ·(1 − p) per token for rounding-like noise, σ measured per dtype "
                 "(docs/metrics.md, 'The noise floor')")
 CHECKS_SOURCE = "rcdiag's input checks (docs/metrics.md, 'Input checks')"
@@ -217,7 +220,7 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
             return Cause("floor", HEALTHY, "every headline metric inside its healthy band", (),
                          "No correction needed; keep logging the mismatch metrics.", "rcdiag's health bands")
         return Cause("bands", band_status, "the mismatch is outside the health bands", tuple(band_reasons),
-                     "See the recommendation below.", "rcdiag's health bands (docs/metrics.md, 'Health bands')")
+                     f"See the {RECOMMENDATION}.", "rcdiag's health bands (docs/metrics.md, 'Health bands')")
     sizes = (f"noise scale σ̂ = {noise.sigma:.2g} (what {floor.dtype} typically gives: {floor.sigma_typical:.2g}, at "
              f"most {floor.sigma_largest:.2g}{'' if floor.recorded else '; dtypes not recorded, bf16 assumed'}); "
              f"mean |ℓ| {noise.mean_abs:.3g} against a {floor.dtype} floor of {floor.mean_abs_typical:.2g}–"
@@ -227,11 +230,11 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
                      f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (sizes, *band_reasons),
                      ("Unusual for a dense model, whose rounding noise has no such tail: check the weight sync, the "
-                      "policy version and the kernels (`rcdiag probe`) before correcting; the recommendation below says "
+                      f"policy version and the kernels (`rcdiag probe`) before correcting; the {RECOMMENDATION} says "
                       "whether a token-level correction is needed meanwhile." if ctx.architecture == "dense" else
                       "This is what MoE routing flips give: routing replay (R3: the engine's expert choices replayed "
-                      "in the trainer) removes them at the source; the recommendation below says whether a "
-                      "token-level correction is needed meanwhile."
+                      f"in the trainer) removes them at the source; the {RECOMMENDATION} says whether a token-level "
+                      "correction is needed meanwhile."
                       + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check "
                          "the weight sync and the policy version instead.")),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")
@@ -240,11 +243,11 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                      f"numerical mismatch above the {floor.dtype} floor: σ̂ {noise.sigma:.2g} is "
                      f"×{noise.sigma / floor.sigma_typical:.2g} what {floor.dtype} typically gives",
                      (sizes, *band_reasons), "Find the setting that adds it: `rcdiag probe RUN` recomputes the "
-                     "tokens under each dtype, attention kernel, batch shape and LM-head precision. The "
-                     "recommendation below says whether a correction is needed meanwhile.", FLOOR_SOURCE)
+                     "tokens under each dtype, attention kernel, batch shape and LM-head precision. "
+                     f"The {RECOMMENDATION} says whether a correction is needed meanwhile.", FLOOR_SOURCE)
     if band_status != HEALTHY:
         return Cause("bands", band_status, f"the mismatch is at the {floor.dtype} floor but outside the health "
-                     "bands", (sizes, *band_reasons), "See the recommendation below.",
+                     "bands", (sizes, *band_reasons), f"See the {RECOMMENDATION}.",
                      "rcdiag's health bands (docs/metrics.md, 'Health bands')")
     lower = {"bfloat16": "run the engine in float16 or float32 (the probe shows how much each removes)",
              "float16": "run both sides in float32"}.get(floor.dtype, "nothing numerical is left to remove")

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.accum import BatchConsumer, ExactSum, Totals
-from rcdiag.analysis.causes import Cause
+from rcdiag.analysis.causes import RECOMMENDATION, Cause
 from rcdiag.analysis.health import HEALTHY
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.errors import InputError
@@ -502,8 +502,8 @@ def replay_action(summary: RoutingSummary) -> str:
                "`rcdiag probe RUN --factors router_replay` measures it by forcing the engine's routes in the "
                "trainer.")
     return (f"Replay the engine's expert choices in the trainer (routing replay, R3) rather than only correcting with "
-            f"IS weights: {settings}. TRL has no routing replay. The recommendation below says whether an IS "
-            f"correction is needed for what is left meanwhile.{measure}")
+            f"IS weights: {settings}. TRL has no routing replay. The {RECOMMENDATION} says "
+            f"whether an IS correction is needed for what is left meanwhile.{measure}")
 
 
 def routing_cause(summary: RoutingSummary | None, numerical: Cause) -> Cause | None:

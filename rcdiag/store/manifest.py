@@ -41,6 +41,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "float | None": ((int, float), "a number"),
     "int | None": ((int,), "an integer"),
     "bool": ((bool,), "true or false"),
+    "bool | None": ((bool,), "true or false"),
     "list[str]": ((list,), "a list"),
     "dict[str, Any]": ((dict,), "an object"),
 }
@@ -106,16 +107,34 @@ class Source:
 
 @dataclass
 class Engine:
-    """The rollout engine and its sampling settings (flat; see the module docstring)."""
+    """The rollout engine and its sampling settings (flat; see the module docstring). None = not recorded: a
+    reader that needs a value falls back to the default of the setting itself (rcdiag.score.config.EngineSettings),
+    which is defined there once."""
     name: str | None = None
     version: str | None = None
     model: str | None = None
     logprobs_mode: str | None = None
     dtype: str | None = None
+    engine_dtype: str | None = None
+    """The dtype asked of the engine (`--engine-dtype`; `auto` lets vLLM choose)."""
+    dtype_resolved: str | None = None
+    """The dtype the built engine resolved it to (rcdiag.score.engine.engine_facts)."""
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    allow_truncated_sampling: bool | None = None
+    seed: int | None = None
+    enable_prefix_caching: bool | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    replayed: bool | None = None
+    """True once `rcdiag score --rescore-both` replaced the rollout side by a prefill replay (Measured)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requested_dtype(self) -> str | None:
+        """The dtype asked of the engine: `engine_dtype`, else the first release's `dtype`."""
+        return self.engine_dtype or self.dtype
 
 
 @dataclass
@@ -161,8 +180,18 @@ class Measured:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Checkpoints:
+    """What `rcdiag score --checkpoint` wrote (CHECKPOINTS_SECTION): its files, relative to the run, and each
+    checkpoint's version label (name → policy version) that the lag split reads."""
+    logprobs: str | None = None
+    attribution: str | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 _TOP = ("schema_version", "rcdiag_version", "created", "source", "engine", "trainer", "models", "warnings",
-        "counts", "measured")
+        "counts", "measured", CHECKPOINTS_SECTION)
 
 
 @dataclass
@@ -179,7 +208,16 @@ class Manifest:
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     measured: Measured = field(default_factory=Measured)
+    checkpoints: Checkpoints | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, manifest: Manifest | dict[str, Any] | None, where: str = MANIFEST_NAME) -> Manifest:
+        """`manifest` typed: a Manifest as it is, a dict validated through `from_dict`, None as an empty one —
+        for library functions that take either a Run's `info` or a manifest dict built by hand."""
+        if isinstance(manifest, Manifest):
+            return manifest
+        return cls() if manifest is None else cls.from_dict(manifest, where)
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = MANIFEST_NAME) -> Manifest:
@@ -211,6 +249,8 @@ class Manifest:
             models={role: _model(ref, where, f"models.{role}") for role, ref in models.items()},
             warnings=[str(w) for w in warnings], counts=counts,
             measured=_measured(raw.get("measured"), where),
+            checkpoints=None if raw.get(CHECKPOINTS_SECTION) is None else _section(
+                Checkpoints, raw[CHECKPOINTS_SECTION], where, CHECKPOINTS_SECTION),
             extra={k: v for k, v in raw.items() if k not in _TOP})
         _infer_measured(manifest)
         return manifest
@@ -233,6 +273,8 @@ class Manifest:
         measured = _emit(self.measured)
         if measured:
             out["measured"] = measured
+        if self.checkpoints is not None:
+            out[CHECKPOINTS_SECTION] = _emit(self.checkpoints)
         out["warnings"] = list(self.warnings)
         if self.counts:
             out["counts"] = dict(self.counts)
@@ -288,7 +330,7 @@ def _measured(raw: Any, where: str) -> Measured:
 def _infer_measured(manifest: Manifest) -> None:
     """Fill what `measured` does not say from what the manifest does (see Measured)."""
     measured, engine = manifest.measured, manifest.engine
-    if engine is not None and engine.extra.get("replayed") is True:
+    if engine is not None and engine.replayed is True:
         measured.rollout = "prefill_replay"
     elif measured.rollout is None and manifest.source.kind == "generated":
         measured.rollout = "sampled"

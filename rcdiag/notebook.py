@@ -178,9 +178,8 @@ def compare(runs: Mapping[str, Any] | list[Any], convention: str | None = None) 
 
 
 # ------------------------------------------------------------------------------------------- HTML for a Run
-def _settings(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The card's settings rows, read through the typed manifest (old `engine.sampling` layouts included)."""
-    typed = Manifest.from_dict(dict(manifest))
+def _settings(typed: Manifest) -> list[tuple[str, Any]]:
+    """The card's settings rows, read from the typed manifest (old `engine.sampling` layouts included)."""
     engine, trainer = typed.engine or Engine(), typed.trainer or Trainer()
     rows = [("engine", engine.name), ("logprobs_mode", engine.logprobs_mode),
             ("engine dtype", engine.dtype), ("trainer dtype", trainer.dtype),
@@ -197,18 +196,17 @@ def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
     `rcdiag report`'s) and the headline canonical metrics."""
     from rcdiag.report.context import context_line
 
-    manifest = run.manifest
-    source = manifest.get("source") or {}
-    counts = manifest.get("counts") or {}
-    badge = " <span class='badge'>RETOKENIZED</span>" if source.get("retokenized") else ""
+    info = run.info
+    source = info.source
+    badge = " <span class='badge'>RETOKENIZED</span>" if source.retokenized else ""
     parts = [f"<b>Run {html.escape(run.name)}</b>{badge} <code>{html.escape(str(run.path))}</code>",
-             f"<div class='context'>{html.escape(context_line(manifest))}</div>", _verdict_html(run, max_tokens),
-             _table([("source", source.get("kind")), ("created", manifest.get("created")),
-                     ("sequences", counts.get("sequences")), ("tokens", counts.get("tokens"))]
-                    + _settings(manifest))]
-    for key, label in (("lacks", "The source lacks"), ("warnings", "Warnings")):
-        if source.get(key):
-            items = "".join(f"<li>{html.escape(str(x))}</li>" for x in source[key])
+             f"<div class='context'>{html.escape(context_line(run.manifest))}</div>", _verdict_html(run, max_tokens),
+             _table([("source", source.kind), ("created", info.created),
+                     ("sequences", info.counts.get("sequences")), ("tokens", info.counts.get("tokens"))]
+                    + _settings(info))]
+    for items_of, label in ((source.lacks, "The source lacks"), (source.warnings, "Warnings")):
+        if items_of:
+            items = "".join(f"<li>{html.escape(str(x))}</li>" for x in items_of)
             parts.append(f"<div>{label}:<ul>{items}</ul></div>")
     parts.append(_headline_html(run, max_tokens))
     return f"<div class='rcdiag'>{_CSS}{''.join(parts)}</div>"

@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 from rcdiag.analysis.correction import simulate
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.metrics import compute_metrics
-from rcdiag.store.manifest import CHECKPOINTS_SECTION
 
 REFERENCES = {
     "trainer_version": "lag = trainer_version − policy_version (both recorded)",
@@ -155,11 +154,11 @@ def lag_split(run: Any, *, threshold: float = DEFAULT_THRESHOLD) -> LagSplit | N
 def _exact_by_lag(run: Any, tokens: pd.DataFrame) -> pd.DataFrame | None:
     """Per lag: mean ℓ, mean engine part, mean staleness part on the tokens whose generating version has a
     checkpoint column (RUN/checkpoints/logprobs.parquet, labelled by version in the manifest)."""
-    section = run.manifest.get(CHECKPOINTS_SECTION)
-    if not isinstance(section, dict) or not isinstance(section.get("versions"), dict):
+    section = run.info.checkpoints  # what `rcdiag score --checkpoint` wrote (store.manifest.Checkpoints)
+    if section is None:
         return None
-    by_version = {int(v): name for name, v in section["versions"].items() if isinstance(v, int)}
-    file = Path(run.path) / str(section.get("logprobs", ""))
+    by_version = {int(v): name for name, v in section.versions.items() if isinstance(v, int)}
+    file = Path(run.path) / (section.logprobs or "")
     if not by_version or not file.is_file():
         return None
     scored = pq.read_table(file).to_pandas()

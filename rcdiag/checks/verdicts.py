@@ -24,6 +24,7 @@ from rcdiag.checks.evidence import (
     accumulate,
     sequence_lengths,
 )
+from rcdiag.store.manifest import Engine, Manifest, Trainer
 
 SHIFT_RATIO = 0.5
 """Another shift fires when its mean |a − b| is below this fraction of the mean at shift 0."""
@@ -35,24 +36,19 @@ OFFSET_NEGATIVE_SHARE = 0.05
 class Context:
     acc: CheckAccumulator
     lengths: tuple[np.ndarray, np.ndarray]
-    manifest: dict[str, Any]
+    info: Manifest
+    """The run's typed manifest (rcdiag.store.manifest): the checks read the settings it records."""
     thresholds: Sequence[float]
     misaligned: bool = False
     truncated: bool = False
 
+    @property
+    def engine(self) -> Engine:
+        return self.info.engine or Engine()
 
-def _find(manifest: Any, key: str, section: str | None = None) -> Any:
-    """First value of `key` anywhere in the manifest (inside `section` when given), depth-first; None if absent."""
-    if section is not None:
-        manifest = _find(manifest, section)
-    if isinstance(manifest, dict):
-        if key in manifest:
-            return manifest[key]
-        for value in manifest.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None
+    @property
+    def trainer(self) -> Trainer:
+        return self.info.trainer or Trainer()
 
 
 def _ok(name: str, message: str, **evidence: Any) -> Finding:
@@ -160,8 +156,7 @@ def check_temperature(ctx: Context) -> Finding:
     ≈ −log(T_engine/T_trainer) on every confident token when the temperatures differ, and at 0 ± noise otherwise —
     numerical noise, however heavy, moves its median by < 0.01 (the least-squares slope of b on a, kept in the
     evidence, is attenuated by noise on either side and read heavy MoE-like noise as a sharper engine)."""
-    engine_t = _find(ctx.manifest, "temperature", "engine")
-    trainer_t = _find(ctx.manifest, "temperature", "trainer")
+    engine_t, trainer_t = ctx.engine.temperature, ctx.trainer.temperature
     noise = ctx.acc.noise.finish()
     n = noise.confident
     if ctx.misaligned or ctx.truncated or not math.isfinite(noise.temperature_q):
@@ -202,7 +197,7 @@ def check_truncation(ctx: Context) -> Finding:
     S = exp(a)), which an estimate over b < 0 alone left out (it read 0.942 for an exact 0.951)."""
     total, positive, negative, equal, zero_total, zeros = ctx.acc.offset
     count = positive + negative + equal
-    top_p, top_k = _find(ctx.manifest, "top_p", "engine"), _find(ctx.manifest, "top_k", "engine")
+    top_p, top_k = ctx.engine.top_p, ctx.engine.top_k
     if count < MIN_TOKENS or ctx.misaligned:
         return Finding("truncation_offset", "info", "top-p/top-k offset not tested (too few usable tokens or "
                        "misaligned data)", {"tokens": int(count)})
@@ -268,29 +263,29 @@ def check_threshold_floor(ctx: Context) -> Finding:
                    "use a larger threshold or store the log-probs as float32")
 
 
-MANIFEST_FLAGS: tuple[tuple[str, str | None, Callable[[Any], bool], str, str, str], ...] = (
-    ("allow_truncated_sampling", None, bool, "warning",
+MANIFEST_FLAGS: tuple[tuple[str, Callable[[Context], Any], Callable[[Any], bool], str, str, str], ...] = (
+    ("allow_truncated_sampling", lambda ctx: ctx.engine.allow_truncated_sampling, bool, "warning",
      "the run was scored with allow_truncated_sampling: top-p/top-k renormalise the engine's log-probs",
      "sample with top_p=1.0 and top_k=-1 for RL rollouts"),
-    ("retokenized", "source", bool, "warning",
+    ("retokenized", lambda ctx: ctx.info.source.retokenized, bool, "warning",
      "the import re-tokenized response text: token boundaries may differ from what the engine sampled",
      "import the engine's token ids instead of text"),
-    ("logprobs_mode", "engine", lambda v: str(v).startswith("raw"), "error",
+    ("logprobs_mode", lambda ctx: ctx.engine.logprobs_mode, lambda v: str(v).startswith("raw"), "error",
      "the engine returned raw log-probs (before temperature/top-p): they are not the sampling distribution",
      "set vLLM logprobs_mode=processed_logprobs (`--logprobs-mode processed_logprobs` for a vLLM server)"),
 )
+"""(manifest field, its typed read, when it fires, severity, message, fix) of each manifest flag."""
 
 
 def check_manifest(ctx: Context) -> Finding:
     hits = []
-    for key, section, fires, severity, message, fix in MANIFEST_FLAGS:
-        value = _find(ctx.manifest, key, section)
+    for key, read, fires, severity, message, fix in MANIFEST_FLAGS:
+        value = read(ctx)
         if value is not None and fires(value):
             hits.append((severity, f"{message} ({key}={value!r})", fix))
-    engine_t = _find(ctx.manifest, "temperature", "engine")
-    trainer_t = _find(ctx.manifest, "temperature", "trainer")
+    engine_t, trainer_t = ctx.engine.temperature, ctx.trainer.temperature
     engine_t = 1.0 if engine_t == 0 else engine_t  # greedy: the engine's processed log-probs are at T = 1
-    for warning in ctx.manifest.get("warnings") or []:
+    for warning in ctx.info.warnings:
         hits.append(("warning", f"the run recorded a warning: {warning}", ""))
     if isinstance(engine_t, int | float) and isinstance(trainer_t, int | float) and engine_t != trainer_t:
         hits.append(("error", f"the manifest records sampling temperature {engine_t} but training temperature "
@@ -309,10 +304,12 @@ VERDICTS: tuple[Callable[[Context], Finding], ...] = (
 sharpens the engine's log-probs (so it gates the temperature signature)."""
 
 
-def findings(acc: CheckAccumulator, lengths: tuple[np.ndarray, np.ndarray], manifest: dict[str, Any],
-             thresholds: Sequence[float] = (DEFAULT_THRESHOLD,)) -> list[Finding]:
-    """All verdicts on gathered evidence, worst first (stable within a severity)."""
-    ctx = Context(acc, lengths, manifest or {}, tuple(thresholds))
+def findings(acc: CheckAccumulator, lengths: tuple[np.ndarray, np.ndarray],
+             manifest: Manifest | dict[str, Any] | None, thresholds: Sequence[float] = (DEFAULT_THRESHOLD,)
+             ) -> list[Finding]:
+    """All verdicts on gathered evidence, worst first (stable within a severity). `manifest`: the run's `info`
+    (or a manifest dict, validated here)."""
+    ctx = Context(acc, lengths, Manifest.of(manifest), tuple(thresholds))
     return worst_first([verdict(ctx) for verdict in VERDICTS])
 
 
@@ -323,4 +320,4 @@ def worst_first(findings: list[Finding]) -> list[Finding]:
 
 def run_checks(run: Any, *, thresholds: Sequence[float] = (DEFAULT_THRESHOLD,), silent: bool = True) -> list[Finding]:
     """Every check on a Run, worst first. `thresholds`: the IS thresholds C the user intends to use."""
-    return findings(accumulate(run, silent=silent), sequence_lengths(run), run.manifest, thresholds)
+    return findings(accumulate(run, silent=silent), sequence_lengths(run), run.info, thresholds)

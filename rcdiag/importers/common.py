@@ -379,7 +379,7 @@ def _check_target(out: Path, overwrite: bool) -> None:
 
 def summary_lines(imported: Imported, run: Any) -> list[str]:
     """What `rcdiag import` prints: counts, conventions, what the source lacks, warnings."""
-    counts = run.manifest.get("counts", {})
+    counts = run.info.counts
     lines = [f"Imported {counts.get('sequences')} sequences, {counts.get('tokens')} tokens from "
              f"{imported.fmt} dump {imported.path} → {run.path}"]
     lines += [f"  convention  {k}: {v}" for k, v in imported.conventions.items()]

@@ -43,8 +43,9 @@ from rcdiag.probe.routing import ProbeRouting, load_routing, routing_record, sel
 from rcdiag.progress import progress
 from rcdiag.score.config import check_device_name
 from rcdiag.score.engine import EngineSettings, engine_session
-from rcdiag.score.rescore import engine_model_path, run_temperature, shard_pairs
+from rcdiag.score.rescore import run_temperature, shard_pairs
 from rcdiag.score.routes import moe_shape
+from rcdiag.store.manifest import Engine
 from rcdiag.store.run import Run, open_run
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -196,7 +197,7 @@ def trainer_pass(model_path: str, settings: Sequence[TrainSetting], pairs: Seque
 # --------------------------------------------------------------------------------------------------- engine side
 def engine_model(run: Run) -> str:
     """The run's engine model directory; ConfigError (naming the fix) when it is not a local model directory."""
-    model = engine_model_path(run.manifest)
+    model = run.info.engine_model
     if model is None or not (Path(model) / "config.json").is_file():
         raise ConfigError(f"{run.path}: the engine model {model!r} is not a local model directory; engine factors "
                           f"need it (probe only trainer factors with --factors {','.join(TRAINER_FACTORS)})")
@@ -212,11 +213,15 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
     settings and at the other dtype also return whole distributions at the collector's positions."""
     from rcdiag.probe.replay import replay_cached, replay_distributions, replay_pairs
 
-    engine = run.manifest.get("engine") or {}
+    engine = run.info.engine or Engine()
     model = engine_model(run)
-    run_dtype = str(engine.get("engine_dtype") or engine.get("dtype") or "auto")
-    run_caching = bool(engine.get("enable_prefix_caching", True))
-    resolved = str(engine.get("dtype_resolved") or run_dtype)
+    recorded = {name: value for name, value in (("seed", engine.seed), ("max_model_len", engine.max_model_len),
+                                                ("gpu_memory_utilization", engine.gpu_memory_utilization))
+                if value is not None}  # the rest: EngineSettings' own defaults
+    run_dtype = str(engine.requested_dtype or "auto")
+    run_caching = EngineSettings.enable_prefix_caching if engine.enable_prefix_caching is None \
+        else engine.enable_prefix_caching
+    resolved = str(engine.dtype_resolved or run_dtype)
     groups: dict[tuple[str, bool], list[EngineSetting]] = {}
     for setting in settings:
         groups.setdefault(setting.engine_key(run_dtype, run_caching), []).append(setting)
@@ -227,9 +232,7 @@ def engine_pass(run: Run, settings: Sequence[EngineSetting], pairs: Sequence[Pai
         own = llm if (llm is not None and (dtype, caching) == (run_dtype, run_caching)) else None
         steps.say(f"engine: {'using the given' if own else 'building a'} vLLM engine "
                   f"({dtype if dtype != 'auto' else resolved}, prefix caching {'on' if caching else 'off'})")
-        spec = EngineSettings(model=model, dtype=dtype, seed=int(engine.get("seed", 0)), enable_prefix_caching=caching,
-                              max_model_len=engine.get("max_model_len"),
-                              gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)))
+        spec = EngineSettings(model=model, dtype=dtype, enable_prefix_caching=caching, **recorded)
         with engine_session(spec, own) as session:
             for setting in members:
                 stats: dict[str, Any] = {"tokens": sum(len(p) + len(r) for p, r in pairs), "cached_tokens": 0}
@@ -274,14 +277,14 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     started = time.time()
     device = resolve_device(config.device)  # before any engine starts
     run = open_run(run_path)
-    temperature = run_temperature(run.manifest)
-    model_path = config.train_model or engine_model_path(run.manifest)
+    temperature = run_temperature(run.info)
+    model_path = config.train_model or run.info.engine_model
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no model; pass --train-model")
     model_config = load_config(model_path)
     vocab_size, max_context = model_limits(model_config)
-    engine_section = run.manifest.get("engine") or {}
-    run_dtype = str(engine_section.get("dtype_resolved") or "auto")
+    run_engine = run.info.engine or Engine()
+    run_dtype = str(run_engine.dtype_resolved or "auto")
     quick = config.grid == "quick" or (config.grid == "auto" and device == "cpu"
                                        and tuple(config.factors) == DEFAULT_FACTORS)  # chosen factors: all of them
     settings = select_settings(config.factors, run_dtype, quick)
@@ -301,8 +304,7 @@ def run_probe(run_path: str | os.PathLike, config: ProbeConfig = ProbeConfig(), 
     collector = None
     if "divergence" in config.factors and config.divergence_positions and engine:
         collector = DivergenceCollector(pairs, config.divergence_positions, config.seed, vocab_size,
-                                        top_p=float(engine_section.get("top_p") or 1.0),
-                                        top_k=engine_section.get("top_k"))
+                                        top_p=float(run_engine.top_p or 1.0), top_k=run_engine.top_k)
     distributions = 0 if collector is None else sum(s.factor in ("engine_numerics", "engine_dtype") for s in engine)
     steps = Steps(len(settings) + distributions, silent)
     for note in skipped:

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from rcdiag.probe.factors import ENGINE_RUN, REFERENCE, ROLLOUT, Setting, setting_record
+from rcdiag.store.manifest import Engine
 
 CHANGES = {"engine_replay": "engine scores by prefill (its own replay) instead of decode",
            "engine_float32": "engine in float32", "engine_bfloat16": "engine in bfloat16",
@@ -186,7 +187,7 @@ def summarize(frame: pd.DataFrame, settings: Sequence[Setting], *, run: Any, con
         "config": asdict(config), "temperature": temperature,
         "sample": {"sequences": int(frame["seq_id"].nunique()), "tokens": int(len(frame)),
                    "valid_tokens": int(valid.sum()), "run_sequences": run.num_sequences},
-        "engine": {k: (run.manifest.get("engine") or {}).get(k) for k in
+        "engine": {k: getattr(run.info.engine or Engine(), k) for k in
                    ("model", "engine_dtype", "dtype_resolved", "enable_prefix_caching", "version")},
         "engine_settings": engine_facts or {},
         "reference": REFERENCE, "gap": gap, "settings": rows, "budget": table,

@@ -139,7 +139,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     lengths = (scan.info.seq_id, scan.info.response_len)
     thresholds = options.grid
     report = RunReport(run.name, str(run.path), run.manifest, options,
-                       check_findings(scan.checks, lengths, run.manifest, thresholds), scan)
+                       check_findings(scan.checks, lengths, run.info, thresholds), scan)
     report.tails = scan.tails.finish()
     report.strata = scan.strata.finish()
     try:

@@ -16,7 +16,6 @@ from rcdiag.analysis.lag_cause import LagCause, cause_of
 from rcdiag.analysis.unchanged import MIN_PAIRS, Unchanged, weights_unchanged
 from rcdiag.errors import RcdiagError
 from rcdiag.report.render import Block, fmt
-from rcdiag.store.manifest import CHECKPOINTS_SECTION
 from rcdiag.store.run import open_run
 
 BUCKET_COLUMNS = ("lag", "tokens", "token_share", "mean_log_ratio", "mean_abs_log_ratio", "k3_kl", "kl",
@@ -26,8 +25,8 @@ EXACT_COLUMNS = ("lag", "tokens", "mean_log_ratio", "engine_mean", "engine_mean_
 
 
 def _attribution(run: Any) -> dict[str, Any] | None:
-    section = run.manifest.get(CHECKPOINTS_SECTION)
-    file = Path(run.path) / str(section.get("attribution", "")) if isinstance(section, dict) else None
+    section = run.info.checkpoints
+    file = Path(run.path) / section.attribution if section is not None and section.attribution else None
     if file is None or not file.is_file():
         return None
     try:

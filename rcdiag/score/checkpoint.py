@@ -137,7 +137,7 @@ def attribute_checkpoints(run_path: str | Path, checkpoints: dict[str, tuple[Pat
     run = open_run(run_path)
     phases = Phases(silent)
     pairs, tokens, steps = _sample(run, sample)
-    temperature = run_temperature(run.manifest)
+    temperature = run_temperature(run.info)
     scores = {}
     for name, (path, _) in checkpoints.items():
         with phases(f"rescoring with {name}", f"{len(pairs)} sequences, {tokens.num_rows:,} tokens"):

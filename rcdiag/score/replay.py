@@ -25,7 +25,7 @@ from rcdiag.score.engine import vllm_version as _vllm_version
 from rcdiag.score.generate import GenerateConfig
 from rcdiag.store.files import TOKENS_DIR, write_parquet_atomic
 from rcdiag.store.manifest import update_manifest
-from rcdiag.store.run import open_run
+from rcdiag.store.run import Run, open_run
 
 REPLAYED_KEY = b"rcdiag.replayed"
 """Parquet key-value metadata of a token shard whose rollout_logprob came from replay (its JSON settings)."""
@@ -93,15 +93,15 @@ def _shard_inputs(tokens: pa.Table, sequences: pa.Table, file: Path) -> tuple[li
     return prompt_ids, responses
 
 
-def replay_run(run_path: str | Path, model: str | Path, config: GenerateConfig | None = None, *, llm: Any = None,
+def replay_run(run: Run | str | Path, model: str | Path, config: GenerateConfig | None = None, *, llm: Any = None,
                overwrite: bool = False, silent: bool = False, phases: Phases | None = None) -> dict[str, Any]:
-    """Fill `rollout_logprob` of every token of a run by replaying its tokens through vLLM at
-    `config.temperature`; returns the updated manifest. Shards already replayed with the same settings are
-    skipped (resumable). Refuses a run that has rollout log-probs unless `overwrite`, and a temperature that
-    differs from the one the manifest records."""
+    """Fill `rollout_logprob` of every token of a run (a Run, as `score_run` opened it, or its path) by replaying
+    its tokens through vLLM at `config.temperature`; returns the updated manifest. Shards already replayed with
+    the same settings are skipped (resumable). Refuses a run that has rollout log-probs unless `overwrite`, and a
+    temperature that differs from the one the manifest records."""
     config = config or GenerateConfig()
     phases = phases or Phases(silent)
-    run = open_run(run_path)
+    run = run if isinstance(run, Run) else open_run(run)
     recorded = run.info.engine.temperature if run.info.engine is not None else None
     if recorded is not None and float(recorded) != config.temperature:
         raise ConfigError(f"{run.path}: the manifest records sampling temperature {recorded}; replay with "

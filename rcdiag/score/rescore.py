@@ -41,17 +41,17 @@ from rcdiag.score.scoring import (
 from rcdiag.score.tokenizer_check import check_vocabulary
 from rcdiag.store.files import SEQUENCES_DIR, TOKENS_DIR, write_parquet_atomic
 from rcdiag.store.manifest import Manifest, abs_path, update_manifest
-from rcdiag.store.run import open_run
+from rcdiag.store.run import Run, open_run
 
 RESCORED_KEY = b"rcdiag.rescored"
 """Parquet key-value metadata of a rescored token shard: the JSON trainer settings it was scored with."""
 
 
 # --------------------------------------------------------------------------------------------------- manifest
-def run_temperature(manifest: dict[str, Any]) -> float:
+def run_temperature(manifest: Manifest | dict[str, Any]) -> float:
     """The sampling temperature of the rollouts (`engine.temperature`); 1.0 with a warning when absent or
     greedy (0), since vLLM's processed log-probs of greedy requests are at temperature 1."""
-    engine = Manifest.from_dict(manifest).engine
+    engine = Manifest.of(manifest).engine
     value = None if engine is None else engine.temperature
     if value is None:
         warnings.warn("the run manifest has no engine.temperature; rescoring at temperature 1.0 — if the "
@@ -68,9 +68,9 @@ def run_temperature(manifest: dict[str, Any]) -> float:
     return temperature
 
 
-def engine_model_path(manifest: dict[str, Any]) -> str | None:
+def engine_model_path(manifest: Manifest | dict[str, Any]) -> str | None:
     """The engine's model as recorded in the manifest (`engine.model`, else `models.engine.path`)."""
-    return Manifest.from_dict(manifest).engine_model
+    return Manifest.of(manifest).engine_model
 
 
 # --------------------------------------------------------------------------------------------------- shards
@@ -159,7 +159,7 @@ def trainer_settings(model_path: str, model: Any, config: RescoreConfig, tempera
             "torch_version": torch.__version__}
 
 
-def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConfig(), *,
+def rescore_run(run_path: Run | str | os.PathLike, config: RescoreConfig = RescoreConfig(), *,
                 silent: bool = False, phases: Phases | None = None) -> dict[str, Any]:
     """Write train_logprob / train_entropy for every token of a run; returns the updated manifest.
 
@@ -169,15 +169,15 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
     """
     phases = phases or Phases(silent)
     config = replace(config, device=resolve_device(config.device))
-    run = open_run(run_path)
-    temperature = run_temperature(run.manifest)
-    model_path = config.train_model or engine_model_path(run.manifest)
+    run = run_path if isinstance(run_path, Run) else open_run(run_path)  # score_run passes the Run it opened
+    temperature = run_temperature(run.info)
+    model_path = config.train_model or run.info.engine_model
     if model_path is None:
         raise ConfigError(f"{run.path}: the manifest names no engine model; pass --train-model")
     files = _shard_files(run.path)
     with phases("checking tokens", f"{len(files)} shard(s) against {Path(model_path).name}"):
         model_config = load_config(model_path, trust_remote_code=config.trust_remote_code)
-        check_vocabulary(run.manifest, engine_model_path(run.manifest), model_path, model_config)
+        check_vocabulary(run.info, run.info.engine_model, model_path, model_config)
         vocab_size, max_context = model_limits(model_config)
         response_total = 0
         for tok_file, seq_file in files:  # validate every shard before loading the model
@@ -214,7 +214,7 @@ def rescore_run(run_path: str | os.PathLike, config: RescoreConfig = RescoreConf
             tokens = with_trainer_routes(tokens, hooks, source=f"{TOKENS_DIR}/{tok_file.name}")
             _write_scored(tokens, scored.logprobs, scored.entropies, settings, tok_file)
             advance(bar, done_before + responses - bar.n, done_before + responses)  # exact at each shard's end
-    routing = routing_update(run.manifest, hooks, "trainer", RESCORED)
+    routing = routing_update(run.info, hooks, "trainer", RESCORED)
     return update_manifest(run.path, {"trainer": settings, **routing})
 
 

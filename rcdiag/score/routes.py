@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import ConfigError
+from rcdiag.store.manifest import Manifest
 from rcdiag.store.routes import EXPERT_KEYS, TOP_K_KEY, RoutingInfo
 
 PREFILL = "prefill_replay"
@@ -385,7 +386,7 @@ def with_trainer_routes(tokens: Any, hooks: RouteHooks | None, *, source: str) -
     return tokens
 
 
-def routing_update(manifest: dict[str, Any], hooks: RouteHooks | None, side: str, what: str,
+def routing_update(manifest: Manifest | dict[str, Any], hooks: RouteHooks | None, side: str, what: str,
                    *, where: str = "manifest.json") -> dict[str, Any]:
     """The manifest update recording the routes `hooks` captured on `side` ({"routing": …} merged with the other
     side's, whose shape must agree), {} for a dense model (no hooks)."""

@@ -11,24 +11,25 @@ from typing import Any
 from rcdiag.errors import ConfigError
 from rcdiag.progress import Phases
 from rcdiag.score.config import GenerateConfig, RescoreConfig
-from rcdiag.store.run import open_run
+from rcdiag.store.manifest import Manifest
+from rcdiag.store.run import Run, open_run
 
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """What a `score_run` call left behind: the run, its counts and how long each phase took."""
+    """What a `score_run` call left behind: the run, its typed manifest and how long each phase took."""
 
     run: Path
-    manifest: dict[str, Any]
+    info: Manifest
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, Any]:
-        return self.manifest.get("counts") or {}
+        return self.info.counts
 
     @property
     def rescored(self) -> bool:
-        return "trainer" in self.manifest
+        return self.info.trainer is not None
 
     def one_line(self) -> str:
         """`RUN: 6 sequences, 40 tokens in 1 shard(s) (generated + rescored)` — what --quiet prints."""
@@ -66,7 +67,8 @@ def score_run(out: str | Path, *, model: str | Path | None = None, prompts: str 
       engine model, at `generate.temperature`) for rollout_logprob, then rescore.
 
     vLLM is shut down before the training model loads. Raises ConfigError for missing inputs, and for a trainer
-    device that does not exist (`rescore.device`, auto: cuda when available), before any work.
+    device that does not exist (`rescore.device`, auto: cuda when available), before any work. An existing run is
+    opened (and checked at the door) once; each stage gets that Run and returns the manifest it wrote.
     """
     phases = phases or Phases(silent)
     out = Path(out)
@@ -76,11 +78,16 @@ def score_run(out: str | Path, *, model: str | Path | None = None, prompts: str 
         from rcdiag.score.devices import resolve_device
 
         rescore = replace(rescore, device=resolve_device(rescore.device))
+    run: Run | None = None  # the run as opened once; generation writes a new one, which rescoring opens
+    manifest: dict[str, Any] = {}  # what the last stage wrote: each stage returns it
     if rescore_only:
         if rescore is None:
             raise ConfigError("--rescore-only needs the rescoring stage (drop --generate-only)")
+        run = open_run(out)
     elif replay:
-        _replay(out, model, generate, overwrite, silent, phases)
+        run = open_run(out)
+        manifest = _replay(run, model, generate, overwrite, silent, phases)
+        run = run.reopen()  # the replay rewrote the rollout column and the engine section that rescoring reads
     else:
         missing = [flag for flag, value in (("--model", model), ("--prompts", prompts)) if value is None]
         if missing:
@@ -88,20 +95,19 @@ def score_run(out: str | Path, *, model: str | Path | None = None, prompts: str 
         # imported here, not at the top: `rcdiag score --help` stays light
         from rcdiag.score.generate import generate_run
 
-        generate_run(model, prompts, out, generate, overwrite=overwrite, silent=silent, phases=phases)
+        manifest = generate_run(model, prompts, out, generate, overwrite=overwrite, silent=silent, phases=phases)
     if rescore is not None:
         from rcdiag.score.rescore import rescore_run  # imports torch
 
-        rescore_run(out, rescore, silent=silent, phases=phases)
-    return ScoreResult(run=out, manifest=open_run(out).manifest, seconds=dict(phases.seconds))
+        manifest = rescore_run(out if run is None else run, rescore, silent=silent, phases=phases)
+    return ScoreResult(run=out, info=Manifest.of(manifest), seconds=dict(phases.seconds))
 
 
-def _replay(run: Path, model: str | Path | None, config: GenerateConfig, overwrite: bool, silent: bool,
-            phases: Phases) -> None:
+def _replay(run: Run, model: str | Path | None, config: GenerateConfig, overwrite: bool, silent: bool,
+            phases: Phases) -> dict[str, Any]:
     from rcdiag.score.replay import replay_run
-    from rcdiag.score.rescore import engine_model_path
 
-    engine_model = model or engine_model_path(open_run(run).manifest)
+    engine_model = model or run.info.engine_model
     if engine_model is None:
-        raise ConfigError(f"{run}: the manifest names no engine model; pass --model")
-    replay_run(run, engine_model, config, overwrite=overwrite, silent=silent, phases=phases)
+        raise ConfigError(f"{run.path}: the manifest names no engine model; pass --model")
+    return replay_run(run, engine_model, config, overwrite=overwrite, silent=silent, phases=phases)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rcdiag.errors import ConfigError
+from rcdiag.store.manifest import Manifest
 from rcdiag.tokenizers import try_load_tokenizer
 
 HASH_PREFIX = "vocab-sha256:"
@@ -52,25 +53,26 @@ def _compare_dirs(engine_path: Path, train_path: Path, train_config: Any) -> dic
     return train_fp
 
 
-def check_vocabulary(manifest: dict[str, Any], engine_path: str | None, train_path: str | Path,
+def check_vocabulary(manifest: Manifest | dict[str, Any], engine_path: str | None, train_path: str | Path,
                      train_config: Any) -> None:
-    """Raise ConfigError when the training model's vocabulary or tokenizer differs from the run's."""
+    """Raise ConfigError when the training model's vocabulary or tokenizer differs from the run's (`manifest`: a
+    Run's `info`, or a manifest dict)."""
     train_path = Path(train_path)
     train_fp = None
     if engine_path is not None and Path(engine_path).is_dir() and \
             Path(engine_path).resolve() != train_path.resolve():
         train_fp = _compare_dirs(Path(engine_path), train_path, train_config)
-    recorded = manifest.get("tokenizer")
-    if not isinstance(recorded, dict) or not recorded:
+    recorded = Manifest.of(manifest).tokenizer
+    if recorded is None or (recorded.vocab_size is None and recorded.hash is None):  # nothing to hold it against
         return
     train_fp = train_fp or tokenizer_fingerprint(train_path)
     if train_fp is None:
         return
-    size = recorded.get("vocab_size")
+    size = recorded.vocab_size
     if size is not None and int(size) not in (train_fp["vocab_size"], train_fp["base_vocab_size"]):
         raise ConfigError(f"the run's tokenizer has {size} tokens (manifest tokenizer.vocab_size) but the "
                           f"tokenizer of {train_path} has {train_fp['vocab_size']}")
-    recorded_hash = recorded.get("hash")
+    recorded_hash = recorded.hash
     if isinstance(recorded_hash, str) and recorded_hash.startswith(HASH_PREFIX) and \
             recorded_hash != train_fp["hash"]:
         raise ConfigError(f"the tokenizer of {train_path} differs from the run's (manifest tokenizer.hash "

@@ -181,6 +181,18 @@ class Measured:
 
 
 @dataclass
+class TokenizerRef:
+    """The run's tokenizer (`tokenizer`): its local path and vocabulary fingerprint, which `rcdiag score`'s
+    vocabulary check holds a training model against (rcdiag.score.tokenizer_check)."""
+    path: str | None = None
+    vocab_size: int | None = None
+    """Tokens with the added ones (len(AutoTokenizer))."""
+    base_vocab_size: int | None = None
+    hash: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Checkpoints:
     """What `rcdiag score --checkpoint` wrote (CHECKPOINTS_SECTION): its files, relative to the run, and each
     checkpoint's version label (name → policy version) that the lag split reads."""
@@ -191,13 +203,13 @@ class Checkpoints:
 
 
 _TOP = ("schema_version", "rcdiag_version", "created", "source", "engine", "trainer", "models", "warnings",
-        "counts", "measured", CHECKPOINTS_SECTION)
+        "counts", "measured", "tokenizer", CHECKPOINTS_SECTION)
 
 
 @dataclass
 class Manifest:
-    """A run's manifest, typed. `extra` keeps every other top-level section (tokenizer, prompts, rewards, spec,
-    distributed, replay, …) as written."""
+    """A run's manifest, typed. `extra` keeps every other top-level section (prompts, rewards, spec, distributed,
+    routing, …) as written."""
     schema_version: int = SCHEMA_VERSION
     rcdiag_version: str | None = None
     created: str | None = None
@@ -208,6 +220,7 @@ class Manifest:
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     measured: Measured = field(default_factory=Measured)
+    tokenizer: TokenizerRef | None = None
     checkpoints: Checkpoints | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -249,6 +262,8 @@ class Manifest:
             models={role: _model(ref, where, f"models.{role}") for role, ref in models.items()},
             warnings=[str(w) for w in warnings], counts=counts,
             measured=_measured(raw.get("measured"), where),
+            tokenizer=None if raw.get("tokenizer") is None else _section(TokenizerRef, raw["tokenizer"], where,
+                                                                            "tokenizer"),
             checkpoints=None if raw.get(CHECKPOINTS_SECTION) is None else _section(
                 Checkpoints, raw[CHECKPOINTS_SECTION], where, CHECKPOINTS_SECTION),
             extra={k: v for k, v in raw.items() if k not in _TOP})
@@ -273,6 +288,8 @@ class Manifest:
         measured = _emit(self.measured)
         if measured:
             out["measured"] = measured
+        if self.tokenizer is not None:
+            out["tokenizer"] = _emit(self.tokenizer)
         if self.checkpoints is not None:
             out[CHECKPOINTS_SECTION] = _emit(self.checkpoints)
         out["warnings"] = list(self.warnings)

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError, RunDirError
+from rcdiag.store.manifest import Manifest
 
 ROUTING_SECTION = "routing"
 SIDES = ("engine", "trainer")
@@ -101,9 +102,11 @@ class RoutingInfo:
         return RoutingInfo(**{**asdict(self), side: what})
 
 
-def routing_info(manifest: dict[str, Any], where: str = "manifest.json") -> RoutingInfo | None:
-    """The run's RoutingInfo, None for a run without routes; RunDirError naming the field when malformed."""
-    raw = manifest.get(ROUTING_SECTION)
+def routing_info(manifest: Manifest | dict[str, Any], where: str = "manifest.json") -> RoutingInfo | None:
+    """The run's RoutingInfo (`manifest`: a Run's `info`, or a manifest dict), None for a run without routes;
+    RunDirError naming the field when malformed. Read here, not at the door: a damaged routing section fails the
+    commands that use routes, not every command."""
+    raw = (manifest.extra if isinstance(manifest, Manifest) else manifest).get(ROUTING_SECTION)
     if raw is None:
         return None
     if not isinstance(raw, dict):

@@ -127,6 +127,13 @@ class Run:
             raise RunDirError(f"{self.path}: the run changed while rcdiag read it ({what}: another process rewrote "
                               "it); nothing was written — run the command again once the writer has finished")
 
+    def reopen(self) -> Run:
+        """This run read again after a stage of this job rewrote it in place — `rcdiag score --rescore-both`'s
+        replay writes the rollout column and the engine section, then rescoring reads them: the manifest and the
+        files' identities are taken anew, the door check (`validate`, a read of every file's seq_id column) is not
+        repeated, since a stage rewrites columns, never which sequences a shard holds."""
+        return type(self)(self.path, validate=False, shard=self.shard_index)
+
     def shard(self, index: int) -> Run:
         """The run restricted to its token file `index` (sorted order) and that file's own sequences file — shard k
         of tokens/ and sequences/ hold the same sequences; a token file without a same-named sequences file sees

@@ -44,7 +44,7 @@ def test_phases_bars_and_summary(tmp_path: Path, sample_model: Path, vllm_engine
     assert re.search(rf"rescore: 100%\|[^|]*\| {responses}(\.0)?/{responses}(\.0)? ", err), err
     assert set(phases.seconds) >= {"generating", "rescoring", "loading training model"}
 
-    result = ScoreResult(run=out, manifest=open_run(out).manifest, seconds=phases.seconds)
+    result = ScoreResult(run=out, info=open_run(out).info, seconds=phases.seconds)
     lines = result.summary_lines()
     assert lines[0] == f"Done: 6 sequences, {responses:,} response tokens in 2 shard(s), generated and rescored."
     assert lines[1] == f"  run:  {out}" and lines[2].startswith("  time: loading prompts ")

@@ -11,17 +11,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError, RunDirError
+from rcdiag.errors import InputError
 from rcdiag.importers.values import as_text, number, token_id_list, whole_number
 from rcdiag.store.manifest import abs_path
-from rcdiag.store.outdir import (
-    check_outside_runs,
-    check_replaceable_run,
-    exclusive,
-    replaceable_run,
-    resolve_target,
-    swap_in,
-)
+from rcdiag.store.outdir import exclusive, resolve_target, swap_in, write_mode
 from rcdiag.store.safefile import json_lines
 
 
@@ -340,7 +333,7 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
     if not imported.records:
         raise InputError("the dump holds no samples", file=str(imported.path))
     with exclusive(out):
-        _check_target(out, overwrite)
+        write_mode(out, overwrite=overwrite)  # new, or replace a run of rcdiag's own with --overwrite
         tmp = out.with_name(f".{out.name}.importing-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -357,24 +350,6 @@ def write_imported(imported: Imported, out: str | os.PathLike, *, overwrite: boo
     from rcdiag.store.run import open_run
 
     return open_run(out)
-
-
-def _check_target(out: Path, overwrite: bool) -> None:
-    """--out must be new or empty, and outside any run's data; with --overwrite it may also be an rcdiag run
-    (complete or interrupted) holding only rcdiag's files — never any other directory, whose files `--overwrite`
-    would otherwise delete (rcdiag.store.outdir.check_replaceable_run)."""
-    check_outside_runs(out, "--out")
-    if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
-        raise RunDirError(f"{out}: exists and is not a directory; choose another --out")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    if overwrite:
-        check_replaceable_run(out)
-    elif replaceable_run(out) is None:
-        raise RunDirError(f"{out}: already exists and holds a run; pass --overwrite to replace it, or choose "
-                          "another --out")
-    else:
-        raise RunDirError(f"{out}: already exists and is not empty ({replaceable_run(out)}); choose another --out")
 
 
 def summary_lines(imported: Imported, run: Any) -> list[str]:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 from rcdiag.errors import ConfigError, InputError, RunDirError
 from rcdiag.store.files import (
@@ -271,3 +273,69 @@ def check_replaceable_run(path: Path, option: str = "--out") -> None:
     if problem is not None:
         raise RunDirError(f"{path}: {problem}; rcdiag replaces only its own runs, so nothing was removed — move "
                           f"those files out, or choose another {option}")
+
+
+# --------------------------------------------------------------------------------------------- the resume rules
+WriteMode = Literal["new", "resume", "replace"]
+
+
+def write_mode(path: Path, *, overwrite: bool, spec: dict[str, Any] | None = None,
+               option: str = "--out") -> WriteMode:
+    """What a writer may do with the run directory `path` — the one place of the resume and overwrite rules,
+    for `rcdiag score`'s writer (RunWriter) and `rcdiag import`:
+
+    - "new": `path` is absent or empty;
+    - "resume": `path` is an rcdiag run (complete or interrupted) recorded with the same `spec` (score's restart
+      after an interruption keeps its complete shards; `spec=None`: the writer cannot resume — import — and an
+      existing run is refused unless `overwrite`);
+    - "replace": `path` is an rcdiag run holding only rcdiag's files and `overwrite` is set.
+
+    Anything else is a RunDirError saying why and the fix, before anything is changed: an output inside a run's
+    data, a file, a directory that is not one of rcdiag's runs or holds files rcdiag did not write (whatever
+    `overwrite` says), a run made with other settings (without `overwrite`)."""
+    check_outside_runs(path, option)
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
+        raise RunDirError(f"{path}: exists and is not a directory; choose another {option}")
+    if not path.exists() or not any(path.iterdir()):
+        return "new"
+    problem = replaceable_run(path)
+    if problem is not None:
+        if spec is not None:  # a writer in place: score's resume or --overwrite may touch only rcdiag's own runs
+            raise RunDirError(f"{path}: {problem}; rcdiag writes a run only into a new or empty directory or one "
+                              f"of its own runs, so nothing was changed — choose another {option}")
+        if overwrite:
+            check_replaceable_run(path, option)
+        raise RunDirError(f"{path}: already exists and is not empty ({problem}); choose another {option}")
+    if overwrite:
+        return "replace"
+    if spec is None:
+        raise RunDirError(f"{path}: already exists and holds a run; pass --overwrite to replace it, or choose "
+                          f"another {option}")
+    previous, wanted = recorded_spec(path), json.loads(json.dumps(spec, default=str))
+    if previous != wanted:
+        raise RunDirError(f"{path}: already holds a run made with different settings "
+                          f"({spec_difference(previous, wanted)}); pass --overwrite to replace it, or choose "
+                          f"another {option}")
+    return "resume"
+
+
+def recorded_spec(path: Path) -> Any:
+    """The spec the run at `path` was written with: its pending file's (an interrupted run), else its manifest's;
+    None when neither records one."""
+    for name, what in ((PENDING_NAME, "pending file"), (MANIFEST_NAME, "manifest")):
+        file = path / name
+        if file.exists():
+            try:
+                data = read_json(file, what, MAX_MANIFEST_BYTES)
+            except InputError:
+                return None
+            return data.get("spec") if isinstance(data, dict) else None
+    return None
+
+
+def spec_difference(old: Any, new: dict[str, Any]) -> str:
+    """The first settings that differ between a recorded spec and the wanted one, in words."""
+    if not isinstance(old, dict):
+        return "unknown previous settings"
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys[:4]) or "unknown"

@@ -6,7 +6,6 @@ so a shard counts as complete exactly when its sequences file exists; the manife
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from rcdiag.store.files import (
     write_parquet_atomic,
 )
 from rcdiag.store.manifest import SCHEMA_VERSION, new_manifest, write_manifest
-from rcdiag.store.outdir import check_outside_runs, replaceable_run
+from rcdiag.store.outdir import replaceable_run, write_mode
 from rcdiag.store.run import Run
 from rcdiag.store.schema import SEQUENCE_SCHEMA, TOKEN_SCHEMA, as_table, check_keys, conform
 
@@ -42,53 +41,25 @@ class RunWriter:
     """Writes a run directory shard by shard, resumably.
 
     `spec` is the dict of settings that determine the run's content (model, prompts, sampling…). The directory
-    must be new, empty, or an rcdiag run holding only rcdiag's files (rcdiag.store.outdir.replaceable_run) — any
-    other directory is refused, `overwrite` or not. Opening a run written with a different spec raises
-    RunDirError unless `overwrite=True`, which deletes the old run's files first. With the same spec, complete shards are kept (`complete_shards()`) so the caller
-    can skip them; leftover temporary files are removed.
+    must be new, empty, or an rcdiag run holding only rcdiag's files — any other directory is refused, `overwrite`
+    or not. Opening a run written with a different spec raises RunDirError unless `overwrite=True`, which deletes
+    the old run's files first (the rules: rcdiag.store.outdir.write_mode). With the same spec, complete shards are
+    kept (`complete_shards()`) so the caller can skip them; leftover temporary files are removed.
     """
 
     def __init__(self, path: str | os.PathLike, spec: dict[str, Any] | None = None, *, overwrite: bool = False):
         self.path = Path(path)
         self.spec = spec or {}
-        check_outside_runs(self.path, "--out")
-        if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_dir()):
-            raise RunDirError(f"{self.path}: exists and is not a directory; choose another --out")
-        if self.path.is_dir() and any(self.path.iterdir()):
-            problem = replaceable_run(self.path)
-            if problem is not None:  # a run's resume or --overwrite may touch only rcdiag's own runs
-                raise RunDirError(f"{self.path}: {problem}; rcdiag writes a run only into a new or empty directory "
-                                  "or one of its own runs, so nothing was changed — choose another --out")
-        if overwrite:
+        self.mode = write_mode(self.path, overwrite=overwrite, spec=self.spec)
+        """"new", "resume" or "replace" (rcdiag.store.outdir.write_mode: the rules, in one place)."""
+        if self.mode == "replace":
             self._clear()
-        elif self._has_content():
-            previous = self._previous_spec()
-            if previous != json.loads(json.dumps(self.spec, default=str)):
-                raise RunDirError(
-                    f"{self.path}: already holds a run made with different settings "
-                    f"({_spec_difference(previous, self.spec)}); pass --overwrite to replace it, or choose "
-                    "another --out")
         for sub in (TOKENS_DIR, SEQUENCES_DIR):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         for tmp in self.path.glob("*/.*.tmp"):
             tmp.unlink()
         if not (self.path / MANIFEST_NAME).exists():
             write_json_atomic(self.path / PENDING_NAME, {"spec": self.spec, "started": now()})
-
-    def _has_content(self) -> bool:
-        return (self.path / MANIFEST_NAME).exists() or (self.path / PENDING_NAME).exists() or any(
-            any((self.path / sub).glob("part-*.parquet")) for sub in (TOKENS_DIR, SEQUENCES_DIR))
-
-    def _previous_spec(self) -> Any:
-        for name in (PENDING_NAME, MANIFEST_NAME):
-            file = self.path / name
-            if file.exists():
-                try:
-                    data = json.loads(file.read_text())
-                except json.JSONDecodeError:
-                    return None
-                return data.get("spec")
-        return None
 
     def _clear(self) -> None:
         for name in (MANIFEST_NAME, PENDING_NAME):
@@ -113,14 +84,6 @@ class RunWriter:
         manifest = write_manifest(self.path, manifest)
         (self.path / PENDING_NAME).unlink(missing_ok=True)
         return manifest
-
-
-def _spec_difference(old: Any, new: dict[str, Any]) -> str:
-    if not isinstance(old, dict):
-        return "unknown previous settings"
-    new = json.loads(json.dumps(new, default=str))
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys[:4]) or "unknown"
 
 
 def _count(path: Path) -> dict[str, int]:

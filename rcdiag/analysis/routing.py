@@ -458,7 +458,7 @@ def routing_summary(run: Any, *, map_files: Any = None) -> RoutingSummary | None
     for a run without a `routing` section or without any route column (a dense run: nothing is read)."""
     from rcdiag.analysis.engine import Fresh, run_pass
 
-    info = routing_info(run.manifest)
+    info = routing_info(run.info)
     if info is None or not run.token_files:
         return None
     sides, probs = run_sides(run, info)

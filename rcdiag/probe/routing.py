@@ -48,7 +48,7 @@ def select_routed(settings: list[Setting], shape: MoeShape | None, run: Run, mod
         return [s for s in settings if s not in routed], [
             f"{names} skipped: {model} is a dense model (its config declares no experts), so there are no routes "
             "to replay or recompute"]
-    info = routing_info(run.manifest)
+    info = routing_info(run.info)
     if info is None or info.engine is None:
         replay = [s for s in routed if s.routes == "engine"]
         if replay:
@@ -63,7 +63,7 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
     """The engine routes of the sampled sequences (token rows in `frame` order) and, for `replay`, the routes to
     force per pair (prompt routes, then token routes); a note instead when some are missing."""
     routing = ProbeRouting(shape)
-    info = routing_info(run.manifest)
+    info = routing_info(run.info)
     if info is None or info.engine is None:
         return routing
     seq_ids = np.unique(frame["seq_id"].to_numpy())
@@ -107,7 +107,7 @@ def agreement_record(routes: np.ndarray, reference: np.ndarray) -> dict[str, flo
 def routing_record(routing: ProbeRouting, routes: dict[str, np.ndarray], run: Run) -> dict[str, Any]:
     """The summary's `routing` section: the shape, what the engine routes are, and each setting's (and the
     engine's) top-k agreement with the reference trainer's routes on the sample."""
-    info = routing_info(run.manifest)
+    info = routing_info(run.info)
     reference = routes.get("reference")
     agreement = {}
     if reference is not None:

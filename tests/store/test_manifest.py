@@ -86,6 +86,10 @@ def test_card_of_a_scored_run_shows_the_sampling_settings(tmp_path):
     ('{"schema_version": 1, "models": {"engine": 3}}', "'models.engine'"),
     ('{"schema_version": 1, "source": {"lacks": [1]}}', "'source.lacks'"),
     ('{"schema_version": 0}', "'schema_version'"),
+    ('{"schema_version": 1, "engine": {"enable_prefix_caching": "yes"}}', "'engine.enable_prefix_caching'"),
+    ('{"schema_version": 1, "engine": {"seed": 1.5}}', "'engine.seed'"),
+    ('{"schema_version": 1, "tokenizer": {"vocab_size": "2048"}}', "'tokenizer.vocab_size'"),
+    ('{"schema_version": 1, "checkpoints": {"versions": []}}', "'checkpoints.versions'"),
 ])
 def test_malformed_manifest_is_refused_naming_file_and_field(tmp_path, content, field):
     path = _run_with(tmp_path, {})
@@ -121,3 +125,29 @@ def test_imported_source_path_is_absolute(tmp_path, monkeypatch):
     run = write_imported(Imported(fmt="generic", path=Path("dump.jsonl"), records=[record]), "out")
     assert run.manifest["source"]["path"] == str((tmp_path / "dump.jsonl").resolve())
     shutil.rmtree(tmp_path / "out")
+
+
+def test_readers_get_typed_sections(tmp_path):
+    """The fields readers use are typed on run.info (engine settings, tokenizer, checkpoints), survive a
+    read-write cycle, and a field a manifest does not record is None (the setting's own default applies)."""
+    engine = {"name": "vllm", "engine_dtype": "auto", "dtype_resolved": "bfloat16", "seed": 7,
+              "enable_prefix_caching": False, "max_model_len": 1024, "gpu_memory_utilization": 0.5,
+              "allow_truncated_sampling": True, "seed_scheme": "kept in extra"}
+    sections = {"engine": engine, "tokenizer": {"path": "/t", "vocab_size": 2048, "hash": "vocab-sha256:ab"},
+                "checkpoints": {"logprobs": "checkpoints/logprobs.parquet", "versions": {"3": 3}}}
+    run = rcdiag.open_run(_run_with(tmp_path, {"schema_version": 1, **sections}))
+    got = run.info.engine
+    assert (got.requested_dtype, got.dtype_resolved, got.seed, got.enable_prefix_caching, got.max_model_len,
+            got.gpu_memory_utilization, got.allow_truncated_sampling) == ("auto", "bfloat16", 7, False, 1024, 0.5,
+                                                                          True)
+    assert got.extra == {"seed_scheme": "kept in extra"} and got.replayed is None
+    assert (run.info.tokenizer.vocab_size, run.info.tokenizer.hash) == (2048, "vocab-sha256:ab")
+    assert run.info.checkpoints.versions == {"3": 3} and run.info.checkpoints.attribution is None
+    assert {k: run.manifest[k] for k in sections} == {**sections, "engine": engine}  # the dict form as written
+    assert Manifest.of(run.info) is run.info and Manifest.of(run.manifest) == run.info
+    assert Manifest.of(None).engine is None
+
+
+def test_replayed_engine_is_typed_and_reads_as_prefill_replay(tmp_path):
+    run = rcdiag.open_run(_run_with(tmp_path, {"schema_version": 1, "engine": {"name": "vllm", "replayed": True}}))
+    assert run.info.engine.replayed is True and run.info.measured.rollout == "prefill_replay"

@@ -201,3 +201,21 @@ def test_is_member_against_a_set_reference():
         known = np.unique(rng.integers(-5, 40, rng.integers(0, 30)))
         values = rng.integers(-8, 45, rng.integers(0, 60))  # unsorted, repeated, beyond both ends
         assert is_member(known, values).tolist() == [v in set(known.tolist()) for v in values.tolist()]
+
+
+def test_reopen_reads_a_stage_s_rewrite_without_a_second_door_check(tmp_path, monkeypatch):
+    """`rcdiag score --rescore-both`: the replay rewrites the engine section, rescoring reads it through
+    Run.reopen() — the new manifest, and the door check (every file's seq_id column) not repeated."""
+    import rcdiag.store.run as store_run
+    from rcdiag.store.manifest import update_manifest
+
+    run = write_run(tmp_path / "r", pd.DataFrame({"seq_id": [0, 1], "pos": [0, 0], "rollout_logprob": [-1.0, -2.0]}))
+    checks = []
+    real = store_run.validate_run
+    monkeypatch.setattr(store_run, "validate_run", lambda *a: checks.append(a) or real(*a))
+    opened = rcdiag.open_run(run.path)
+    update_manifest(run.path, {"engine": {"name": "vllm", "temperature": 0.7, "replayed": True}})
+    again = opened.reopen()
+    assert len(checks) == 1 and opened.info.engine is None
+    assert again.info.engine.temperature == 0.7 and again.info.measured.rollout == "prefill_replay"
+    assert again.token_files == opened.token_files and again.changed() is None

@@ -8,7 +8,6 @@ the token's own entry is needed. Cost at T ≠ 1: V log-probs per position trave
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,9 +22,10 @@ from rcdiag.progress import Phases, progress
 from rcdiag.score.engine import LOGPROBS_MODE, check_model_dir, engine_facts, engine_session, model_files_hash
 from rcdiag.score.engine import vllm_version as _vllm_version
 from rcdiag.score.generate import GenerateConfig
-from rcdiag.store.files import TOKENS_DIR, write_parquet_atomic
+from rcdiag.store.files import TOKENS_DIR
 from rcdiag.store.manifest import update_manifest
 from rcdiag.store.run import Run, open_run
+from rcdiag.store.writer import shard_marker, write_marked
 
 REPLAYED_KEY = b"rcdiag.replayed"
 """Parquet key-value metadata of a token shard whose rollout_logprob came from replay (its JSON settings)."""
@@ -109,8 +109,7 @@ def replay_run(run: Run | str | Path, model: str | Path, config: GenerateConfig 
     model_dir = check_model_dir(model)
     settings = {"model": str(model_dir), "model_hash": model_files_hash(model_dir), "vllm_version": _vllm_version(),
                 "temperature": config.temperature, "engine_dtype": config.engine_dtype}
-    marker = json.dumps(settings, sort_keys=True).encode()
-    files = [f for f in run.token_files if (pq.read_schema(f).metadata or {}).get(REPLAYED_KEY) != marker]
+    files = [f for f in run.token_files if shard_marker(f, REPLAYED_KEY) != settings]  # the rest: done
     if not overwrite:
         for file in files:
             if pq.read_table(file, columns=["rollout_logprob"]).column(0).null_count != pq.read_metadata(
@@ -124,7 +123,7 @@ def replay_run(run: Run | str | Path, model: str | Path, config: GenerateConfig 
         with phases("replaying", f"{total:,} response tokens through vLLM"), \
                 progress(total=total, desc="replay", unit="tok", unit_scale=True, silent=silent) as bar:
             for file in files:
-                _replay_shard(engine, run.path, file, config.temperature, marker)
+                _replay_shard(engine, run.path, file, config.temperature, settings)
                 bar.update(pq.read_metadata(file).num_rows)
         facts = engine_facts(engine)
     engine_section = {"name": "vllm", "version": _vllm_version(), "model": str(model_dir),
@@ -135,12 +134,11 @@ def replay_run(run: Run | str | Path, model: str | Path, config: GenerateConfig 
                                       "models": {"engine": {"path": str(model_dir), "hash": settings["model_hash"]}}})
 
 
-def _replay_shard(engine: Any, run_path: Path, file: Path, temperature: float, marker: bytes) -> None:
+def _replay_shard(engine: Any, run_path: Path, file: Path, temperature: float, settings: dict[str, Any]) -> None:
     table = pq.read_table(file)
     sequences = pq.read_table(run_path / "sequences" / file.name, columns=["seq_id", "prompt_token_ids"])
     prompts, responses = _shard_inputs(table, sequences, Path(TOKENS_DIR) / file.name)
     values = replay_logprobs(engine, prompts, responses, temperature)
     column = pa.array(np.concatenate(values) if values else np.zeros(0), type=pa.float32())
     table = table.set_column(table.schema.get_field_index("rollout_logprob"), "rollout_logprob", column)
-    metadata = {**(table.schema.metadata or {}), REPLAYED_KEY: marker}
-    write_parquet_atomic(table.replace_schema_metadata(metadata), file)
+    write_marked(table, file, REPLAYED_KEY, settings)

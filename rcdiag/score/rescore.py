@@ -9,7 +9,6 @@ out of range, sequences longer than the context) is checked over all shards befo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -39,9 +38,10 @@ from rcdiag.score.scoring import (
     score_sequences,
 )
 from rcdiag.score.tokenizer_check import check_vocabulary
-from rcdiag.store.files import SEQUENCES_DIR, TOKENS_DIR, write_parquet_atomic
+from rcdiag.store.files import SEQUENCES_DIR, TOKENS_DIR
 from rcdiag.store.manifest import Manifest, abs_path, update_manifest
 from rcdiag.store.run import Run, open_run
+from rcdiag.store.writer import shard_marker, write_marked
 
 RESCORED_KEY = b"rcdiag.rescored"
 """Parquet key-value metadata of a rescored token shard: the JSON trainer settings it was scored with."""
@@ -131,9 +131,7 @@ def _read(tok_file: Path, seq_file: Path) -> tuple[pa.Table, pa.Table]:
 
 
 def _marker(tok_file: Path) -> Any:
-    metadata = pq.read_schema(tok_file).metadata or {}
-    raw = metadata.get(RESCORED_KEY)
-    return None if raw is None else json.loads(raw)
+    return shard_marker(tok_file, RESCORED_KEY)  # the resume rule of a rewriting stage (rcdiag.store.writer)
 
 
 def _write_scored(tokens: pa.Table, logprobs: np.ndarray, entropies: np.ndarray, settings: dict[str, Any],
@@ -141,8 +139,7 @@ def _write_scored(tokens: pa.Table, logprobs: np.ndarray, entropies: np.ndarray,
     for name, values in (("train_logprob", logprobs), ("train_entropy", entropies)):
         index = tokens.schema.get_field_index(name)
         tokens = tokens.set_column(index, pa.field(name, pa.float32()), pa.array(values, type=pa.float32()))
-    metadata = {**(tokens.schema.metadata or {}), RESCORED_KEY: json.dumps(settings, sort_keys=True).encode()}
-    write_parquet_atomic(tokens.replace_schema_metadata(metadata), tok_file)
+    write_marked(tokens, tok_file, RESCORED_KEY, settings)
 
 
 # --------------------------------------------------------------------------------------------------- the stage

@@ -6,6 +6,7 @@ so a shard counts as complete exactly when its sequences file exists; the manife
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -84,6 +85,20 @@ class RunWriter:
         manifest = write_manifest(self.path, manifest)
         (self.path / PENDING_NAME).unlink(missing_ok=True)
         return manifest
+
+
+def shard_marker(file: Path, key: bytes) -> Any:
+    """The settings a stage marked the token shard `file` with (its Parquet key-value metadata under `key`, JSON),
+    None when unmarked. A rewriting stage's resume rule: a shard marked with the same settings is done (rescoring's
+    `rcdiag.rescored`, the replay's `rcdiag.replayed`), so a rerun after an interruption skips it."""
+    raw = (pq.read_schema(file).metadata or {}).get(key)
+    return None if raw is None else json.loads(raw)
+
+
+def write_marked(table: pa.Table, file: Path, key: bytes, settings: dict[str, Any]) -> None:
+    """Write a stage's rewritten shard atomically, marked with the settings it was computed with (shard_marker)."""
+    metadata = {**(table.schema.metadata or {}), key: json.dumps(settings, sort_keys=True).encode()}
+    write_parquet_atomic(table.replace_schema_metadata(metadata), file)
 
 
 def _count(path: Path) -> dict[str, int]:

@@ -92,3 +92,18 @@ def test_run_writer_acts_on_the_answer(tmp_path):
     assert RunWriter(run, {}).mode == "resume" and RunWriter(run, {}).complete_shards() == [0]
     replaced = RunWriter(run, SPEC, overwrite=True)
     assert replaced.mode == "replace" and replaced.complete_shards() == []
+
+
+def test_a_rewriting_stage_marks_its_shards_and_a_rerun_reads_the_mark(tmp_path):
+    """Stage 2's resume rule (rescoring, the replay): a shard rewritten with settings S carries S, and only S."""
+    import pyarrow.parquet as pq
+
+    from rcdiag.store.writer import shard_marker, write_marked
+
+    file = _complete(tmp_path / "run") / "tokens" / "part-00000.parquet"
+    assert shard_marker(file, b"rcdiag.rescored") is None
+    table = pq.read_table(file)
+    write_marked(table, file, b"rcdiag.rescored", {"model": "/m", "temperature": 0.7})
+    assert shard_marker(file, b"rcdiag.rescored") == {"model": "/m", "temperature": 0.7}
+    assert shard_marker(file, b"rcdiag.replayed") is None
+    assert pq.read_table(file).equals(table.replace_schema_metadata(pq.read_table(file).schema.metadata))

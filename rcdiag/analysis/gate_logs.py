@@ -31,6 +31,7 @@ from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, sequence_mean
+from rcdiag.analysis.kernels import GATE_SEQ_COUNTS
 
 VERL_CLIP_RATIO_C = 3.0
 """verl ActorConfig.clip_ratio_c default (verl/workers/config/actor.py @ 1dda039): DPPO's TIS cap on ρ."""
@@ -42,27 +43,76 @@ def _per_sequence(chunk: TokenChunk, values: np.ndarray, where: np.ndarray) -> n
     return np.add.reduceat(np.where(where, values, 0.0), chunk.starts)
 
 
+def _valid_sums(chunk: TokenChunk, key: str, values: np.ndarray) -> np.ndarray:
+    """Per-sequence sums of `values` over the valid rows, once per chunk for every setting of every gate."""
+    return chunk.memo(("gate_sums", key), lambda: _per_sequence(chunk, values, chunk.mask))
+
+
+def _valid_counts(chunk: TokenChunk) -> np.ndarray:
+    """Valid rows per sequence (int64 [S]), once per chunk."""
+    return chunk.memo(("gate", "valid"), lambda: np.add.reduceat(chunk.mask.view(np.int8), chunk.starts,
+                                                                dtype=np.int64))
+
+
 @dataclass
 class Decision:
-    """A gate's decision on one chunk: rows kept / masked from above / from below (valid rows only), for
-    any-token gates the per-sequence over/under flags, else the aggregated statistic per row."""
+    """One chunk's decisions for every setting of one gate family, reduced (kernels.gate_family; its docstring
+    names each array); the setting's index `j` selects its numbers. `whole`: the gate keeps or masks whole
+    sequences (sequence level or any-token), so a sum over a sequence's kept rows is its sum over its valid rows
+    or 0."""
 
-    keep: np.ndarray
-    high: np.ndarray
-    low: np.ndarray
-    seq_over: np.ndarray | None
-    seq_under: np.ndarray | None
-    value: np.ndarray | None = None
+    counts: np.ndarray
+    per_w: np.ndarray
+    per_rho: np.ndarray
+    per_rho2: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    lo_w: np.ndarray
+    hi_w: np.ndarray
+    lower: np.ndarray
+    seq: np.ndarray
+    x_kept: np.ndarray
+    x_drop: np.ndarray
+    whole: bool
+
+    def seq_count(self, name: str, j: int) -> np.ndarray:
+        """Per-sequence count kernels.GATE_SEQ_COUNTS[name] of setting j (int64 [S]; needs `detail`)."""
+        return self.seq[GATE_SEQ_COUNTS.index(name), j]
+
+    def kept_sums(self, chunk: TokenChunk, key: str, values: np.ndarray, j: int) -> np.ndarray:
+        """Per-sequence sums of `values` over the rows setting j keeps, for a gate of whole sequences: the valid
+        rows' sums (the same bits as summing the kept rows alone) where the sequence is kept, else 0."""
+        if not self.whole:
+            raise ValueError("kept_sums: a gate that masks single tokens reduces its row values in the kernel")
+        return np.where(self.seq_count("kept", j) > 0, _valid_sums(chunk, key, values), 0.0)
 
 
-class VerlDppo:
+class Extra:
+    """A framework's logged numbers of one gate setting: `update(chunk, d, j, adv, rewards)` with the family's
+    Decision and the setting's index, `merge`, `finish(rows, valid)`. `DETAIL`: it reads the per-sequence counts;
+    `row_values(chunk)`: row values (float64 [n]) whose sums over the kept / masked rows of each sequence it reads
+    (x_kept / x_drop, in this order); `row_flag(chunk)`: rows whose kept count it reads (Decision.lower)."""
+
+    DETAIL = False
+
+    def row_values(self, chunk: TokenChunk) -> list[np.ndarray]:
+        return []
+
+    def row_flag(self, chunk: TokenChunk) -> np.ndarray | None:
+        return None
+
+
+class VerlDppo(Extra):
     def __init__(self) -> None:
         self.ppo_kl, self.lower, self.masked = ExactSum(), 0, 0
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.ppo_kl.add(_per_sequence(chunk, -chunk.log_ratio(LOG_RATIO_CLAMP), chunk.mask))
-        self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
-        self.lower += int(np.count_nonzero(d.keep & (chunk.log_ratio(LOG_RATIO_CLAMP) > math.log(VERL_CLIP_RATIO_C))))
+    def row_flag(self, chunk: TokenChunk) -> np.ndarray:
+        return chunk.memo(("verl", "above_c"), lambda: chunk.log_ratio(LOG_RATIO_CLAMP) > math.log(VERL_CLIP_RATIO_C))
+
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        self.ppo_kl.add(_valid_sums(chunk, "-lhat", -chunk.log_ratio(LOG_RATIO_CLAMP)))
+        self.masked += int(d.counts[j, 0] - d.counts[j, 1])
+        self.lower += int(d.lower[j])
 
     def merge(self, other: VerlDppo) -> None:
         self.ppo_kl.merge(other.ppo_kl)
@@ -78,8 +128,10 @@ PRIME_NAMES = ("is_masked", "is_masked_low", "is_masked_high", "masked_advantage
                "masked_advantage_negative", "masked_mismatch_kl", "unmasked_mismatch_kl")
 
 
-class PrimeMasks:
+class PrimeMasks(Extra):
     """prime-rl's per-sample trust-region metrics (`signed`: the default loss logs the sign split too)."""
+
+    DETAIL = True
 
     def __init__(self, signed: bool) -> None:
         self.names = PRIME_NAMES if signed else ("is_masked", "masked_mismatch_kl", "unmasked_mismatch_kl")
@@ -87,25 +139,28 @@ class PrimeMasks:
         self.maxes = {n: Extremum() for n in self.names}
         self.samples = 0
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        mask, starts = chunk.mask, chunk.starts
-        drop = mask & ~d.keep
-        mismatch = chunk.memo(("prime", "mismatch"), lambda: k3(ell64(chunk)))  # once per chunk for the grid
+    def row_values(self, chunk: TokenChunk) -> list[np.ndarray]:
+        return [chunk.memo(("prime", "mismatch"), lambda: k3(ell64(chunk)))]  # once per chunk for the grid
 
-        def per_seq(values: np.ndarray, where: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
-            total = np.add.reduceat(np.where(where, values, 0.0), starts)
-            return total / np.maximum(np.add.reduceat(where.view(np.int8), starts, dtype=np.int64), 1)
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        valid, kept = _valid_counts(chunk), d.seq_count("kept", j)
+        drop = valid - kept
 
-        values = {"is_masked": per_seq(drop.astype(float), mask),
-                  "is_masked_low": per_seq(((adv < 0) & d.low).astype(float), mask),
-                  "is_masked_high": per_seq(((adv > 0) & d.high).astype(float), mask),
-                  "masked_advantage_positive": per_seq((adv > 0).astype(float), drop),
-                  "masked_advantage_negative": per_seq((adv < 0).astype(float), drop),
-                  "masked_mismatch_kl": per_seq(mismatch, drop), "unmasked_mismatch_kl": per_seq(mismatch, d.keep)}
+        def mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
+            return total / np.maximum(count, 1)
+
+        values = {"is_masked": lambda: mean(drop, valid),
+                  "is_masked_low": lambda: mean(d.seq_count("low_neg", j), valid),
+                  "is_masked_high": lambda: mean(d.seq_count("high_pos", j), valid),
+                  "masked_advantage_positive": lambda: mean(d.seq_count("drop_pos", j), drop),
+                  "masked_advantage_negative": lambda: mean(d.seq_count("drop_neg", j), drop),
+                  "masked_mismatch_kl": lambda: mean(d.x_drop[0, j], drop),
+                  "unmasked_mismatch_kl": lambda: mean(d.x_kept[0, j], kept)}
         self.samples += int(chunk.seq_ids.size)
         for name in self.names:
-            self.sums[name].add(values[name])
-            self.maxes[name].add(values[name])
+            value = values[name]()
+            self.sums[name].add(value)
+            self.maxes[name].add(value)
 
     def merge(self, other: PrimeMasks) -> None:
         for name in self.names:
@@ -122,15 +177,17 @@ class PrimeMasks:
         return out
 
 
-class OpenRlhf:
+class OpenRlhf(Extra):
+    DETAIL = True
+
     def __init__(self, sequence_level: bool) -> None:
         self.sequence_level = sequence_level
         self.kl, self.masked, self.seq_filtered, self.seen = ExactSum(), 0, 0, 0
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.kl.add(_per_sequence(chunk, -ell64(chunk), chunk.mask))
-        self.masked += int(np.count_nonzero(chunk.mask & ~d.keep))
-        kept = np.add.reduceat(d.keep.view(np.int8), chunk.starts, dtype=np.int64)
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        self.kl.add(_valid_sums(chunk, "-ell", -ell64(chunk)))
+        self.masked += int(d.counts[j, 0] - d.counts[j, 1])
+        kept = d.seq_count("kept", j)
         self.seq_filtered += int(np.count_nonzero(kept == 0))  # a row without a valid token: NaN mean, filtered
         self.seen += int(chunk.seq_ids.size)
 
@@ -145,9 +202,11 @@ class OpenRlhf:
         return {"is_filter_ratio": share, "vllm_kl": ratio(self.kl.value(), valid)}
 
 
-class SkyRl:
+class SkyRl(Extra):
     """SkyRL's is_ratio_* over the padded micro-batch and the mask ratios of `kind` (outlier | token | geo |
     product)."""
+
+    DETAIL = True
 
     def __init__(self, kind: str, lo: float, hi: float) -> None:
         self.kind = kind
@@ -157,28 +216,27 @@ class SkyRl:
         self.valid = self.width = self.seen = 0
         self.counts = dict.fromkeys(("masked", "over", "under"), 0)
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        rows = chunk.ratio(LOG_RATIO_CLAMP)
-        rho = rows[chunk.mask]
-        self.rho_sum.add(_per_sequence(chunk, rows, chunk.mask))
-        self.moments.add(rho)
-        self.ext.add(rho)
-        self.valid += rho.size
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        sums, moments, lo, hi = chunk.memo(("skyrl", "rho"), lambda: _ratio_summary(chunk))
+        self.rho_sum.add(sums)
+        self.moments.merge(Moments(moments.n, moments.mean, moments.m2))  # = moments.add of the chunk's ρ
+        if moments.n:
+            self.ext.add_scalar(lo)
+            self.ext.add_scalar(hi)
+        self.valid += moments.n
         self.width = max(self.width, int(chunk.lengths.max()))
         self.seen += int(chunk.seq_ids.size)
-        kept = np.add.reduceat(d.keep.view(np.int8), chunk.starts, dtype=np.int64)
         if self.kind == "token":
-            self.counts["masked"] += int(np.count_nonzero(chunk.mask & ~d.keep))
+            self.counts["masked"] += int(d.counts[j, 0] - d.counts[j, 1])
             return
-        if self.kind == "outlier":
-            over, under = d.seq_over, d.seq_under
-        else:  # geo / product: the per-sequence ratio against its band
+        over, under = d.seq_count("high", j) > 0, d.seq_count("low", j) > 0
+        if self.kind != "outlier":  # geo / product: the per-sequence ratio against its band
             empty = chunk.counts == 0
-            over = np.logical_or.reduceat(d.high, chunk.starts) | (empty & bool(self.empty_over))
-            under = np.logical_or.reduceat(d.low, chunk.starts) | (empty & bool(self.empty_under))
+            over = over | (empty & bool(self.empty_over))
+            under = under | (empty & bool(self.empty_under))
         self.counts["over"] += int(np.count_nonzero(over))
         self.counts["under"] += int(np.count_nonzero(under))
-        self.counts["masked"] += int(np.count_nonzero((kept < chunk.counts) | over | under))
+        self.counts["masked"] += int(np.count_nonzero((d.seq_count("kept", j) < chunk.counts) | over | under))
 
     def merge(self, other: SkyRl) -> None:
         self.rho_sum.merge(other.rho_sum)
@@ -212,8 +270,21 @@ class SkyRl:
         return out
 
 
-class NemoSeqError:
-    """NeMo-RL's sequence error statistics (before / after the mask) and its loss metrics over the kept tokens."""
+def _ratio_summary(chunk: TokenChunk) -> tuple[np.ndarray, Moments, float, float]:
+    """The valid rows' ρ̂ (±20 clamp) once per chunk for every SkyRL setting: per-sequence sums, moments, min, max."""
+    rows = chunk.ratio(LOG_RATIO_CLAMP)
+    rho = rows[chunk.mask]
+    moments = Moments()
+    moments.add(rho)
+    return (_per_sequence(chunk, rows, chunk.mask), moments, float(rho.min()) if rho.size else math.inf,
+            float(rho.max()) if rho.size else -math.inf)
+
+
+class NemoSeqError(Extra):
+    """NeMo-RL's sequence error statistics (before / after the mask) and its loss metrics over the kept tokens (its
+    gate masks whole sequences: Decision.kept_sums)."""
+
+    DETAIL = True
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
@@ -221,7 +292,7 @@ class NemoSeqError:
         self.masked = self.correct = self.tokens = 0
         self.sums = {n: ExactSum() for n in ("mult", "gen_kl", "policy_kl", "js")}
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid = chunk.counts > 0
         lr = ell64(chunk)
         with np.errstate(over="ignore", invalid="ignore"):  # δ-independent rows: once per chunk for the grid
@@ -237,13 +308,10 @@ class NemoSeqError:
             n[0] += values.size
         self.masked += int(np.count_nonzero(masked))
         self.correct += int(np.count_nonzero(rewards[chunk.starts][valid][masked] == 1))
-        keep = d.keep
-        self.tokens += int(np.count_nonzero(keep))
+        self.tokens += int(d.counts[j, 1])
         with np.errstate(over="ignore", invalid="ignore"):  # rows not kept are left out below
-            self.sums["mult"].add(_per_sequence(chunk, mult, keep))
-            self.sums["gen_kl"].add(_per_sequence(chunk, gen_kl, keep))
-            self.sums["policy_kl"].add(_per_sequence(chunk, policy_kl, keep))
-            self.sums["js"].add(_per_sequence(chunk, js, keep))
+            for name, values in (("mult", mult), ("gen_kl", gen_kl), ("policy_kl", policy_kl), ("js", js)):
+                self.sums[name].add(d.kept_sums(chunk, "nemo_" + name, values, j))
 
     def merge(self, other: NemoSeqError) -> None:
         for mine, theirs in ((self.all, other.all), (self.kept, other.kept)):
@@ -271,12 +339,12 @@ class NemoSeqError:
         return out
 
 
-class RollFinal:
+class RollFinal(Extra):
     def __init__(self) -> None:
         self.kept = 0
 
-    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.kept += int(np.count_nonzero(d.keep))
+    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        self.kept += int(d.counts[j, 1])
 
     def merge(self, other: RollFinal) -> None:
         self.kept += other.kept
@@ -285,7 +353,7 @@ class RollFinal:
         return {"train_infer_final_mask_mean": ratio(self.kept, valid)}
 
 
-def extras_for(setting: Any) -> list[Any]:
+def extras_for(setting: Any) -> list[Extra]:
     """The framework-number reducers of a gate setting (by its gate's framework and name)."""
     g = setting.gate
     if g.name in ("dppo_tv", "dppo_kl"):

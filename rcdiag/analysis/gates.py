@@ -35,7 +35,7 @@ from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.engine import stream
 from rcdiag.analysis.gate_defs import GATES, Gate, check_delta, gate_bounds, get_gate, is_gate
 from rcdiag.analysis.gate_logs import Decision, extras_for
-from rcdiag.analysis.gate_stats import aggregate, ell64, rollout64, token_statistic, train64
+from rcdiag.analysis.gate_stats import aggregate, ell64, token_statistic
 from rcdiag.analysis.thresholds import as_number, optional_number
 from rcdiag.errors import ConfigError, InputError
 
@@ -78,38 +78,19 @@ def _log(x: float) -> float:
     return math.log(x) if x > 0 else -math.inf
 
 
-def decide(setting: GateSetting, chunk: TokenChunk, adv: np.ndarray) -> Decision:
-    """Which valid rows the gate keeps, and which it masks from above / below (analysis.gate_defs: rules)."""
-    g, mask = setting.gate, chunk.mask
-    stat = token_statistic(chunk, g.statistic)
-    ratio_space = g.statistic == "log_ratio"
-    if g.rule == "any_token":
-        lr = np.clip(ell64(chunk), -g.clamp, g.clamp) if g.clamp else ell64(chunk)
-        over, under = mask & (lr > _log(setting.hi)), mask & (lr < _log(setting.lo))
-        seq_over = np.logical_or.reduceat(over, chunk.starts)
-        seq_under = np.logical_or.reduceat(under, chunk.starts)
-        high, low = chunk.per_row(seq_over) & mask, chunk.per_row(seq_under) & mask
-        return Decision(mask & ~(high | low), high, low, seq_over, seq_under)
-    value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce),  # the same for every δ of the grid
-                       lambda: aggregate(chunk, stat, g.level, g.reduce))
-    hi, lo = setting.hi, setting.lo
-    if ratio_space:  # ratios compared in log space, exactly (ρ ≤ C ⇔ ℓ ≤ log C)
-        value = np.clip(value, -g.clamp, g.clamp) if g.clamp else value
-        hi, lo = _log(hi), _log(lo)
-    with np.errstate(invalid="ignore"):  # the frameworks keep where the bound holds: a NaN statistic is masked
-        if g.rule in ("upper", "band"):
-            high = ~(value <= hi)
-            low = ~(value >= lo) & ~high
-        elif g.rule == "dppo":
-            pos = adv > 0
-            high, low = pos & ~(value <= hi), ~pos & ~(value >= -lo)
-        else:  # dppo_kl: the KL bound binds only where the probability moved the way the advantage pushes
-            pos = adv > 0
-            a, b = train64(chunk), rollout64(chunk)
-            high = pos & ~(value <= hi) & (a > b)
-            low = ~pos & ~(value <= lo) & (a < b)
-    high, low = high & mask, low & mask
-    return Decision(mask & ~(high | low), high, low, None, None, value)
+def _compared(setting: GateSetting) -> tuple[float, float]:
+    """The setting's (upper, lower) bound as kernels.gate_family compares them: ratios in log space, exactly
+    (ρ ≤ C ⇔ ℓ ≤ log C); DPPO's low side as the bound −δ_low of p − q."""
+    g = setting.gate
+    if g.statistic == "log_ratio" or g.rule == "any_token":
+        return _log(setting.hi), _log(setting.lo)
+    return setting.hi, -setting.lo if g.rule == "dppo" else setting.lo
+
+
+def _nested(gate: Gate, his: np.ndarray, los: np.ndarray) -> bool:
+    """Whether each setting masks at most what the one before it masks (kernels.gate_family's requirement)."""
+    lows = los[1:] >= los[:-1] if gate.rule == "dppo_kl" else los[1:] <= los[:-1]  # −inf ≤ −inf: no lower bound
+    return bool(np.all(his[1:] >= his[:-1]) and np.all(lows))
 
 
 class GateState:
@@ -117,29 +98,29 @@ class GateState:
 
     def __init__(self, setting: GateSetting) -> None:
         self.setting = setting
-        self.counts = dict.fromkeys(("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos",
-                                     "neg", "zero", "kept_pos", "kept_neg", "kept_zero"), 0)
+        self.counts = dict.fromkeys(kernels.GATE_COUNTS, 0)
         self.w_sum, self.moments, self.w_ext = ExactSum(), Moments(), Extremum()
         self.rho_sum, self.rho2_sum = ExactSum(), ExactSum()
         self.extras = extras_for(setting)
 
     def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool = True) -> None:
         """`signed`: some advantage may be known (else every sign count stays 0 without a look at the rows)."""
-        d = decide(self.setting, chunk, adv)
-        counts, per_w, per_rho, per_rho2, mean, m2, lo, hi = kernels.gate_reduce(
-            d.keep, d.high, d.low, chunk.mask, adv, signed, chunk.ratio(LOG_RATIO_CLAMP),
-            self.setting.gate.weight == "ratio", chunk.starts)
+        GateFamily([self]).update(chunk, adv, rewards, signed)
+
+    def add(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+        """Take setting j's numbers of its family's Decision on `chunk` (GateFamily.update)."""
+        counts = d.counts[j]
         for name, count in zip(kernels.GATE_COUNTS, counts.tolist(), strict=True):
             self.counts[name] += count
         if counts[0]:  # exact sums of per-sequence sums, as every other rcdiag sum (one compiled reduction)
-            self.w_sum.add(per_w)
-            self.moments.merge(Moments(int(counts[0]), mean, m2))
-            self.w_ext.add_scalar(lo)
-            self.w_ext.add_scalar(hi)
-        self.rho_sum.add(per_rho)
-        self.rho2_sum.add(per_rho2)
+            self.w_sum.add(d.per_w[j])
+            self.moments.merge(Moments(int(counts[0]), float(d.mean[j]), float(d.m2[j])))
+            self.w_ext.add_scalar(float(d.lo_w[j]))
+            self.w_ext.add_scalar(float(d.hi_w[j]))
+        self.rho_sum.add(d.per_rho[j])
+        self.rho2_sum.add(d.per_rho2[j])
         for extra in self.extras:
-            extra.update(chunk, d, adv, rewards)
+            extra.update(chunk, d, j, adv, rewards)
 
     def merge(self, other: GateState) -> None:
         for key in self.counts:
@@ -174,6 +155,82 @@ class GateState:
         return out
 
 
+class GateFamily:
+    """Settings of one gate decided and reduced together: per chunk, the gate's statistic once (memoised on the
+    chunk), then ONE compiled pass (kernels.gate_family) for every setting and the framework numbers their extras
+    read; each GateState takes its setting's share (GateState.add).
+
+    The kernel needs the settings NESTED: each one masks a subset of what the one before it masks, from above and
+    from below (the rules are monotone in their bounds). `families` orders a gate's settings so and starts another
+    family where a setting does not nest (a grid of δ always nests; a custom lower bound, e.g. a band [0.9, 3]
+    next to [0.5, 2], may not): no setting is ever decided per setting."""
+
+    def __init__(self, states: list[GateState]) -> None:
+        self.states = states
+        g = self.gate = states[0].setting.gate
+        self.rule = kernels.GATE_RULES.index("band" if g.rule == "upper" else g.rule)
+        bounds = [_compared(s.setting) for s in states]
+        self.his = np.array([hi for hi, _ in bounds], np.float64)
+        self.los = np.array([lo for _, lo in bounds], np.float64)
+        if any(s.setting.gate != g for s in states) or not _nested(g, self.his, self.los):
+            raise ValueError("a GateFamily holds nested settings of one gate (GateFamily.families)")
+        self.detail = any(e.DETAIL for s in states for e in s.extras)
+        self.whole = g.level == "sequence" or g.rule == "any_token"
+
+    @staticmethod
+    def families(states: list[GateState]) -> list[GateFamily]:
+        """`states` as families: per gate, the settings ordered by their upper bound, each added to the first
+        family it nests in (a new one when none)."""
+        by_gate: dict[str, list[GateState]] = {}
+        for state in states:
+            by_gate.setdefault(state.setting.name, []).append(state)
+        out = []
+        for group in by_gate.values():
+            gate = group[0].setting.gate
+            rising = gate.rule == "dppo_kl"  # its low side masks above the bound: a looser one is larger
+            chains: list[list[GateState]] = []
+            for state in sorted(group, key=lambda s: (_compared(s.setting)[0],
+                                                      _compared(s.setting)[1] * (1 if rising else -1))):
+                lo = _compared(state.setting)[1]
+                for chain in chains:
+                    last = _compared(chain[-1].setting)[1]
+                    if (lo >= last) if rising else (lo <= last):
+                        chain.append(state)
+                        break
+                else:
+                    chains.append([state])
+            out += [GateFamily(chain) for chain in chains]
+        return out
+
+    def value(self, chunk: TokenChunk) -> np.ndarray:
+        """The statistic each setting compares (analysis.gate_defs: rules), per row."""
+        g = self.gate
+        clamp = (lambda v: np.clip(v, -g.clamp, g.clamp)) if g.clamp else (lambda v: v)
+        if g.rule == "any_token":
+            return chunk.memo(("gate_any", g.clamp), lambda: clamp(ell64(chunk)))
+        stat = token_statistic(chunk, g.statistic)
+        value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce),  # the same for every gate that shares it
+                           lambda: aggregate(chunk, stat, g.level, g.reduce))
+        if g.statistic == "log_ratio" and g.clamp:
+            value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce, g.clamp), lambda: clamp(value))
+        return value
+
+    def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool) -> None:
+        extras = self.states[0].extras  # every setting of a gate has the same kinds of extras
+        xs = [v for e in extras for v in e.row_values(chunk)]
+        flags = [f for e in extras if (f := e.row_flag(chunk)) is not None]
+        with np.errstate(invalid="ignore"):
+            out = kernels.gate_family(
+                self.rule, self.value(chunk), ell64(chunk), self.his, self.los, chunk.mask, adv, signed,
+                chunk.ratio(LOG_RATIO_CLAMP), self.gate.weight == "ratio", chunk.starts,
+                np.stack(xs) if xs else np.empty((0, chunk.n)),
+                flags[0] if flags else chunk.memo(("gate", "no_flag"), lambda: np.zeros(chunk.n, np.bool_)),
+                self.detail)
+        d = Decision(*out, whole=self.whole)
+        for j, state in enumerate(self.states):
+            state.add(chunk, d, j, adv, rewards)
+
+
 class GateAccumulator(ChunkConsumer):
     """Gate settings over one pass: `update_chunk`, `merge`, `fresh`, `finish(B)` → one dict per setting.
     `advantages` (analysis.advantages.Advantages) must be known when any setting's gate is advantage-signed."""
@@ -188,6 +245,7 @@ class GateAccumulator(ChunkConsumer):
                               "advantages= (a frame with seq_id and advantage, or 'grpo'), or give the sequences "
                               "a reward and a prompt_id (GRPO advantages are derived from them)")
         self.states = [GateState(s) for s in self.settings]
+        self.families = GateFamily.families(self.states)
 
     def fresh(self) -> GateAccumulator:
         return GateAccumulator(self.settings, self.advantages, self.rewards)
@@ -204,8 +262,8 @@ class GateAccumulator(ChunkConsumer):
                                  f"{int(chunk.pos[row])}): a sign-dependent gate needs one for every valid token",
                                  file=self.advantages.source, field="advantage")
         rewards = self.rewards.rows(chunk)
-        for state in self.states:
-            state.update(chunk, adv, rewards, self.advantages.known)
+        for family in self.families:
+            family.update(chunk, adv, rewards, self.advantages.known)
 
     def merge(self, other: GateAccumulator) -> GateAccumulator:
         for mine, theirs in zip(self.states, other.states, strict=True):

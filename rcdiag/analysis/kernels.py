@@ -110,67 +110,213 @@ def grow_partials(partials, count, values, plain, special, flags):
 
 GATE_COUNTS = ("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos", "neg", "zero",
                "kept_pos", "kept_neg", "kept_zero")
-"""gate_reduce's counts, in order (analysis.gates.GateState.counts)."""
+"""gate_family's counts per setting, in order (analysis.gates.GateState.counts)."""
+GATE_RULES = ("band", "dppo", "dppo_kl", "any_token")
+"""gate_family's rule codes (analysis.gate_defs rules; `upper` is a band without a lower bound)."""
+GATE_SEQ_COUNTS = ("kept", "high", "low", "low_neg", "high_pos", "drop_pos", "drop_neg")
+"""gate_family's per-sequence counts per setting (`detail`), in order: valid rows kept, masked from above, from
+below (as the rule flags them), from below with A < 0, from above with A > 0, masked with A > 0, with A < 0."""
 
 
 @numba.njit(**_JIT)
-def gate_reduce(keep, high, low, mask, adv, signed, rho, ratio_weight, starts):
-    """One gate setting's decision on a chunk reduced in two visits of the rows (it was ~25 numpy passes per
-    setting, ×130 settings in the report's gate sweep): counts [13] (GATE_COUNTS: rows valid / kept / masked from
-    above / from below only, sequences with a valid row / a kept row / a masked valid row, valid and kept rows by
-    the advantage's sign — left 0 unless `signed`: the advantages are known), per-sequence sums [S] of the weight w
-    (ρ on kept rows, or 1 when not `ratio_weight`; 0 elsewhere) and of ρ and ρ² on kept rows (terms of one sign:
-    plain sums, as the per-sequence table's), and over the valid rows the moments of w (mean, M2 about it:
-    two-pass) and its min and max."""
-    n_seq, n = starts.size, keep.size
-    counts = np.zeros(len(GATE_COUNTS), np.int64)
-    per_w = np.zeros(n_seq)
-    per_rho = np.zeros(n_seq)
-    per_rho2 = np.zeros(n_seq)
-    lo_w, hi_w = np.inf, -np.inf
-    n_high = n_low = 0
+def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail):
+    """Every setting of one gate family on a chunk in one compiled pass, O(1) work a row for any number of settings
+    (issue #32: it was decide's numpy masks, a reduction and the frameworks' numbers once per setting, ×130
+    settings in the report's gate sweep). Setting j masks a valid row from above / below by
+    rule with the bounds his[j], los[j]; `rule` indexes GATE_RULES, `value` is the gate's statistic per
+    row (any_token: the clamped ℓ, a sequence masked from above when one of its valid rows has ℓ > his[j], from
+    below when one has ℓ < los[j]); ℓ = a − b in float64 (dppo_kl's direction: its sign is exactly a − b's).
+
+    The settings must be NESTED (analysis.gates.GateFamily orders them so): a row masked at setting j is masked
+    at every j' < j, from above likewise. Each row is then placed by h (the settings that mask it from above are
+    j < h) and k (those that mask it at all, j < k; it is kept at j ≥ k), found by comparing it with every bound
+    in registers; the reductions add it to bin h or k only, and each setting's numbers are prefix (or suffix)
+    sums over the bins: per sequence for the sums an ExactSum takes (bins in order, so a sequence's sum depends
+    on its own rows only, never on the chunking), per chunk for the counts. The moments of w use the exact
+    decomposition M2_j = Σ_b≤j [M2_b + n_b (mean_b − μ_j)²] + (masked rows) μ_j² of two-pass bin moments (no
+    cancellation: every term is ≥ 0).
+
+    Returns, per setting j: counts [J, 13] (GATE_COUNTS; the sign counts 0 unless `signed`), per-sequence sums
+    [J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and ρ²
+    on kept rows, the moments of w over the valid rows (mean, M2), its min and max, the kept rows where `flag`
+    holds [J]; and when `detail`, per-sequence counts [7, J, S] (GATE_SEQ_COUNTS) and the per-sequence sums
+    [m, J, S] of each row value xs[q] over the kept rows and over the masked valid rows."""
+    n_seq, n, J, m = starts.size, mask.size, his.size, xs.shape[0]
+    B = J + 1
+    D = J if detail else 0
+    counts = np.zeros((J, len(GATE_COUNTS)), np.int64)
+    per_w = np.zeros((J, n_seq))
+    per_rho = np.zeros((J, n_seq))
+    per_rho2 = np.zeros((J, n_seq))
+    sc = np.zeros((len(GATE_SEQ_COUNTS), D, n_seq), np.int64)
+    x_kept = np.zeros((m, D, n_seq))
+    x_drop = np.zeros((m, D, n_seq))
+    bin_of = np.full(n, J, np.int64)  # k per row: the first setting that keeps it
+    n_b, w_b, lo_b, hi_b = np.zeros(B, np.int64), np.zeros(B), np.full(B, np.inf), np.full(B, -np.inf)
+    flag_b = np.zeros(B, np.int64)
+    sign_b = np.zeros((3, B), np.int64)  # rows by k: A > 0, A < 0, A = 0
+    # per-sequence bins: by k (kept count, Σρ, Σρ², A > 0, A < 0, row values), by h (above; A > 0), by the raw
+    # low interval [ls, u) (below as the rule flags it; A < 0)
+    bins = np.zeros((9, B), np.int64)
+    sk, sh, su, sls, hp, lnu, lns, dp, dn = bins[0], bins[1], bins[2], bins[3], bins[4], bins[5], bins[6], bins[7], \
+        bins[8]
+    sr, sq = np.zeros(B), np.zeros(B)
+    sx = np.zeros((m, B))
+    over = np.zeros(J, np.bool_)
+    under = np.zeros(J, np.bool_)
     for k in range(n_seq):
-        s_w = s_r = s_q = 0.0
-        valid = kept = 0
-        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+        first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
+        if rule == 3:
+            for j in range(J):
+                over[j] = under[j] = False
+            for i in range(first, last):
+                if mask[i]:
+                    for j in range(J):
+                        over[j] |= value[i] > his[j]
+                        under[j] |= value[i] < los[j]
+        bins[:] = 0
+        sr[:] = 0.0
+        sq[:] = 0.0
+        sx[:] = 0.0
+        valid = n_pos = n_neg = 0
+        for i in range(first, last):
             if not mask[i]:
                 continue
             valid += 1
-            n_high += high[i]
-            n_low += low[i] and not high[i]
-            w = 0.0
-            if keep[i]:
-                kept += 1
-                r = rho[i]
-                w = r if ratio_weight else 1.0
-                s_r += r
-                s_q += r * r
-            s_w += w
-            lo_w, hi_w = min(lo_w, w), max(hi_w, w)
-        per_w[k], per_rho[k], per_rho2[k] = s_w, s_r, s_q
-        counts[0] += valid
-        counts[1] += kept
-        counts[4] += valid > 0
-        counts[5] += kept > 0
-        counts[6] += valid > 0 and kept < valid
-    counts[2], counts[3] = n_high, n_low
-    m = counts[0]
-    mean = per_w.sum() / m if m else 0.0
-    m2 = 0.0
-    for i in range(n):
-        if mask[i]:
-            w = (rho[i] if ratio_weight else 1.0) if keep[i] else 0.0
-            m2 += (w - mean) * (w - mean)
+            v, r, rose, a_i = value[i], rho[i], ell[i], adv[i]
+            pos = a_i > 0
+            h = kk = u = 0  # the row's place (rules of analysis.gate_defs; NaN masks); written out here, as an
+            if rule == 0:  # inlined function made this loop 3× slower. band / upper: keep lo ≤ v ≤ hi
+                for j in range(J):
+                    hi = his[j]
+                    h += 0 if v <= hi else 1
+                    kk += 0 if v <= hi and v >= los[j] else 1
+            elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
+                for j in range(J):
+                    if pos:
+                        h += 0 if v <= his[j] else 1
+                    else:
+                        kk += 0 if v >= los[j] else 1
+                kk = max(h, kk)
+            elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
+                for j in range(J):
+                    if pos:
+                        h += 0 if v <= his[j] or rose <= 0 else 1
+                    else:
+                        kk += 0 if v <= los[j] or rose >= 0 else 1
+                kk = max(h, kk)
+            else:  # any_token: the sequence's flags
+                for j in range(J):
+                    h += 1 if over[j] else 0
+                    kk += 1 if over[j] or under[j] else 0
+                    u += 1 if under[j] else 0
+            if rule != 3:
+                u = kk
+            ls = 0 if rule == 3 else h
+            bin_of[i] = kk
+            w = (r if ratio_weight else 1.0) if kk < J else 0.0
+            n_b[kk] += 1
+            w_b[kk] += w
+            lo_b[kk], hi_b[kk] = min(lo_b[kk], w), max(hi_b[kk], w)
+            flag_b[kk] += flag[i]
+            sk[kk] += 1
+            sr[kk] += r
+            sq[kk] += r * r
+            sh[h] += 1
             if signed:
-                a = adv[i]
-                counts[7] += a > 0
-                counts[8] += a < 0
-                counts[9] += a == 0
-                if keep[i]:
-                    counts[10] += a > 0
-                    counts[11] += a < 0
-                    counts[12] += a == 0
-    return counts, per_w, per_rho, per_rho2, mean, m2, lo_w, hi_w
+                sign_b[0 if a_i > 0 else (1 if a_i < 0 else 2), kk] += 1
+            if detail:
+                su[u] += 1
+                sls[ls] += 1
+                n_pos += pos
+                n_neg += a_i < 0
+                if pos:
+                    hp[h] += 1
+                    dp[kk] += 1
+                elif a_i < 0:
+                    lnu[u] += 1
+                    lns[ls] += 1
+                    dn[kk] += 1
+                for q in range(m):
+                    sx[q, kk] += xs[q, i]
+        kept = c_h = c_u = c_ls = c_hp = c_lnu = c_lns = c_dp = c_dn = 0
+        s_r = s_q = 0.0
+        for j in range(J):  # setting j: the rows of bins b ≤ j are kept (by h: not masked from above)
+            kept += sk[j]
+            s_r += sr[j]
+            s_q += sq[j]
+            c_h += sh[j]
+            per_rho[j, k], per_rho2[j, k] = s_r, s_q
+            per_w[j, k] = s_r if ratio_weight else float(kept)
+            high = valid - c_h
+            counts[j, 0] += valid
+            counts[j, 1] += kept
+            counts[j, 2] += high
+            counts[j, 3] += valid - kept - high
+            counts[j, 4] += valid > 0
+            counts[j, 5] += kept > 0
+            counts[j, 6] += valid > 0 and kept < valid
+            if detail:
+                c_u += su[j]
+                c_ls += sls[j]
+                c_hp += hp[j]
+                c_lnu += lnu[j]
+                c_lns += lns[j]
+                c_dp += dp[j]
+                c_dn += dn[j]
+                sc[0, j, k] = kept
+                sc[1, j, k] = high
+                sc[2, j, k] = c_ls - c_u
+                sc[3, j, k] = c_lns - c_lnu
+                sc[4, j, k] = n_pos - c_hp
+                sc[5, j, k] = n_pos - c_dp
+                sc[6, j, k] = n_neg - c_dn
+        if detail and m:
+            for q in range(m):
+                s_k = 0.0
+                for j in range(J):
+                    s_k += sx[q, j]
+                    x_kept[q, j, k] = s_k
+                s_d = sx[q, J]
+                for j in range(J - 1, -1, -1):
+                    x_drop[q, j, k] = s_d
+                    s_d += sx[q, j]
+    mean_b = np.zeros(B)
+    m2_b = np.zeros(B)
+    for b in range(J):
+        mean_b[b] = w_b[b] / n_b[b] if n_b[b] else 0.0
+    if ratio_weight:  # w = 1 on every kept row otherwise: each bin's M2 is exactly 0
+        for i in range(n):
+            b = bin_of[i]
+            if mask[i] and b < J:
+                d = rho[i] - mean_b[b]
+                m2_b[b] += d * d
+    mean = np.zeros(J)
+    m2 = np.zeros(J)
+    lo_w = np.full(J, np.inf)
+    hi_w = np.full(J, -np.inf)
+    lower = np.zeros(J, np.int64)
+    lo, hi = np.inf, -np.inf
+    c_flag = c_pos = c_neg = c_zero = 0
+    for j in range(J):
+        valid, kept = counts[j, 0], counts[j, 1]
+        mu = per_w[j].sum() / valid if valid else 0.0
+        mean[j] = mu
+        total = (valid - kept) * mu * mu
+        for b in range(j + 1):
+            total += m2_b[b] + n_b[b] * (mean_b[b] - mu) * (mean_b[b] - mu)
+        m2[j] = total
+        lo, hi = min(lo, lo_b[j]), max(hi, hi_b[j])
+        lo_w[j], hi_w[j] = (min(lo, 0.0), max(hi, 0.0)) if kept < valid else (lo, hi)
+        c_flag += flag_b[j]
+        lower[j] = c_flag
+        if signed:
+            c_pos += sign_b[0, j]
+            c_neg += sign_b[1, j]
+            c_zero += sign_b[2, j]
+            counts[j, 7], counts[j, 8], counts[j, 9] = sign_b[0].sum(), sign_b[1].sum(), sign_b[2].sum()
+            counts[j, 10], counts[j, 11], counts[j, 12] = c_pos, c_neg, c_zero
+    return counts, per_w, per_rho, per_rho2, mean, m2, lo_w, hi_w, lower, sc, x_kept, x_drop
 
 
 @numba.njit(**_JIT)

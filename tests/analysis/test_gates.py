@@ -252,3 +252,50 @@ def test_verl_band_string_read_as_verl():
         rcdiag.simulate(tokens, "token_mask", "0.5_5", lower=0.5)
     with pytest.raises(ConfigError, match="two numbers"):
         rcdiag.simulate(tokens, "token_mask", "0.5_x")
+
+
+def _alone_vs_together(tokens, sequences, settings):
+    """Each setting's numbers from one pass of all `settings` (kernels.gate_family, settings grouped in families)
+    and from a pass of that setting alone."""
+    from rcdiag.analysis.accum import Totals
+    from rcdiag.analysis.engine import stream
+    from rcdiag.analysis.gates import accumulator
+
+    together = accumulator(tokens, settings, sequences=sequences)
+    rows = stream(tokens, [together], sequences=sequences, batch_rows=23)
+    for setting, got in zip(settings, together.finish(Totals(rows)), strict=True):
+        alone = simulate_gate(tokens, setting.gate, setting.threshold, setting.lower, sequences=sequences,
+                              batch_rows=23)
+        for key, want in alone.items():
+            if isinstance(want, str):
+                assert got[key] == want
+            else:
+                assert got[key] == pytest.approx(want, rel=1e-12, abs=1e-15, nan_ok=True), (setting, key)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_pass_of_a_family_equals_each_setting_alone(seed):
+    """Every gate × a shuffled grid in one pass (the report's sweep) gives each setting's numbers alone: guards
+    a bin or prefix-sum off by one in the family kernel, a grid that is not reordered before it is decided (the
+    kernel needs nested settings), and a framework number mixed up between settings."""
+    from rcdiag.analysis.gates import GATES, GateSetting
+
+    tokens = make_tokens(seed, n_seq=30, max_len=12, scale=0.6, mask_p=0.2)
+    sequences = _with_advantages(tokens, seed)
+    sequences["reward"] = np.random.default_rng(seed).choice([0.0, 1.0], len(sequences))
+    rng = np.random.default_rng(seed)
+    settings = [GateSetting.make(g, d) for g in GATES.values() for d in rng.permutation(sorted({*g.grid, g.default}))]
+    _alone_vs_together(tokens, sequences, settings)
+
+
+def test_settings_that_do_not_nest_are_split():
+    """A custom lower bound can break the nesting of a gate's settings (a wider upper bound with a tighter lower
+    one): such settings go to separate families, and each still gets its own numbers."""
+    from rcdiag.analysis.gates import GateFamily, GateSetting, GateState
+
+    tokens = make_tokens(4, n_seq=30, max_len=12, scale=0.6)
+    settings = [GateSetting.make("openrlhf_token_ratio", 5.0, 0.9), GateSetting.make("openrlhf_token_ratio", 2.0, 0.5),
+                GateSetting.make("openrlhf_token_ratio", 1.5, 0.95), GateSetting.make("roll_token_ratio", 0.3, 0.95)]
+    families = GateFamily.families([GateState(s) for s in settings])
+    assert sorted(len(f.states) for f in families) == [1, 1, 2]
+    _alone_vs_together(tokens, None, settings)

@@ -86,21 +86,32 @@ def prompt_hashes(sequences: pd.DataFrame) -> dict[int, int]:
 
 
 def _side(keys: np.ndarray, values: np.ndarray, versions: np.ndarray, side: str) -> Unchanged:
-    """Pairs (first occurrence per (key, version) against the first occurrence of the key) at different versions."""
+    """Pairs (first occurrence per (key, version) against the first occurrence of the key) at different versions.
+    Only the rows of repeated keys are sorted (one hashed pass finds them: most contexts occur once); stable numpy
+    sorts on those, where two pandas drop_duplicates and a duplicated over every row took seconds (#32)."""
     ok = np.isfinite(values) & np.isfinite(versions)
-    frame = pd.DataFrame({"key": keys[ok], "value": values[ok], "version": versions[ok]})
-    frame = frame.drop_duplicates(["key", "version"])
-    first = frame.drop_duplicates("key").set_index("key")
-    others = frame[frame.duplicated("key")]
-    if others.empty:
+    ok[ok] = pd.Series(keys[ok]).duplicated(keep=False).to_numpy()
+    key, value, version = keys[ok], values[ok], versions[ok]
+    if not key.size:
         return Unchanged(side, 0, 0, None)
-    base = first.loc[others["key"]]
-    same = others["value"].to_numpy() == base["value"].to_numpy()
+    order = np.lexsort((version, key))  # stable: a (key, version) group's first is its first row
+    sorted_key, sorted_version = key[order], version[order]
+    new = np.r_[True, (sorted_key[1:] != sorted_key[:-1]) | (sorted_version[1:] != sorted_version[:-1])]
+    rows = np.sort(order[new])  # the first row of each (key, version), in row order
+    by_key = rows[np.argsort(key[rows], kind="stable")]
+    first = np.r_[True, key[by_key[1:]] != key[by_key[:-1]]]  # the key's first (key, version) row
+    base = by_key[np.maximum.accumulate(np.where(first, np.arange(by_key.size), 0))]
+    others, base = by_key[~first], base[~first]
+    if not others.size:
+        return Unchanged(side, 0, 0, None)
+    in_rows = np.argsort(others)  # in row order, as the pairs were listed
+    others, base = others[in_rows], base[in_rows]
+    same = value[others] == value[base]
     example = None
     if same.any():
         i = int(np.flatnonzero(same)[0])
-        example = (int(base["version"].iloc[i]), int(others["version"].iloc[i]))
-    return Unchanged(side, int(len(others)), int(same.sum()), example)
+        example = (int(version[base[i]]), int(version[others[i]]))
+    return Unchanged(side, int(others.size), int(same.sum()), example)
 
 
 def weights_unchanged(run: Any) -> list[Unchanged]:

@@ -1,4 +1,5 @@
-"""What each framework LOGS about its gate, computed its way from one gate decision per chunk (mergeable):
+"""What each framework LOGS about its gate, computed its way from its gate family's Decision on each chunk (one
+compiled pass for every setting, kernels.gate_family; mergeable):
 verl's dppo actor metrics, prime-rl's per-sample trust-region means, OpenRLHF's is_filter_ratio / vllm_kl,
 SkyRL's is_ratio_* (over its padded micro-batch) and mask ratios, NeMo-RL's sequence error statistics and the
 loss metrics over the kept sequences, ROLL's final pass rate. The names here are canonical; analysis.keys maps

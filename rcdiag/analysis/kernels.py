@@ -122,9 +122,9 @@ below (as the rule flags them), from below with A < 0, from above with A > 0, ma
 def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail):
     """Every setting of one gate family on a chunk in one compiled pass, O(1) work a row for any number of settings
     (issue #32: it was decide's numpy masks, a reduction and the frameworks' numbers once per setting, ×130
-    settings in the report's gate sweep). Setting j masks a valid row from above / below by
-    rule with the bounds his[j], los[j]; `rule` indexes GATE_RULES, `value` is the gate's statistic per
-    row (any_token: the clamped ℓ, a sequence masked from above when one of its valid rows has ℓ > his[j], from
+    settings in the report's gate sweep). Setting j masks a valid row from above / below by its rule
+    (analysis.gate_defs) with the bounds his[j], los[j]; `rule` indexes GATE_RULES, `value` is the gate's statistic
+    per row (any_token: the clamped ℓ, a sequence masked from above when one of its valid rows has ℓ > his[j], from
     below when one has ℓ < los[j]); ℓ = a − b in float64 (dppo_kl's direction: its sign is exactly a − b's).
 
     The settings must be NESTED (analysis.gates.GateFamily orders them so): a row masked at setting j is masked
@@ -162,23 +162,30 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
         bins[8]
     sr, sq = np.zeros(B), np.zeros(B)
     sx = np.zeros((m, B))
-    over = np.zeros(J, np.bool_)
-    under = np.zeros(J, np.bool_)
+    wb0, lo0, hi0 = 0.0, np.inf, -np.inf  # bin 0 of the chunk (the rows every setting keeps)
+    fb0 = sp0 = sn0 = sz0 = 0
     for k in range(n_seq):
         first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
-        if rule == 3:
-            for j in range(J):
-                over[j] = under[j] = False
+        h3 = k3 = u3 = 0
+        if rule == 3:  # any_token: a sequence is masked from above when its largest ℓ is (NaN is never above)
+            top, bottom = -np.inf, np.inf
             for i in range(first, last):
                 if mask[i]:
-                    for j in range(J):
-                        over[j] |= value[i] > his[j]
-                        under[j] |= value[i] < los[j]
+                    if value[i] > top:
+                        top = value[i]
+                    if value[i] < bottom:
+                        bottom = value[i]
+            for j in range(J):
+                over_j, under_j = top > his[j], bottom < los[j]
+                h3 += over_j
+                k3 += over_j or under_j
+                u3 += under_j
         bins[:] = 0
         sr[:] = 0.0
         sq[:] = 0.0
         sx[:] = 0.0
-        valid = n_pos = n_neg = 0
+        valid = n_pos = n_neg = c0 = p0 = g0 = 0
+        r0 = q0 = 0.0
         for i in range(first, last):
             if not mask[i]:
                 continue
@@ -205,11 +212,29 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                     else:
                         kk += 0 if v <= los[j] or rose >= 0 else 1
                 kk = max(h, kk)
-            else:  # any_token: the sequence's flags
-                for j in range(J):
-                    h += 1 if over[j] else 0
-                    kk += 1 if over[j] or under[j] else 0
-                    u += 1 if under[j] else 0
+            else:  # any_token: the sequence's place
+                h, kk, u = h3, k3, u3
+            if kk == 0:  # kept at every setting, nearly every row: bin 0's sums in registers (the same adds in
+                w = r if ratio_weight else 1.0  # the same order as in memory: a chain through memory cost 3×)
+                c0 += 1
+                r0 += r
+                q0 += r * r
+                wb0 += w
+                lo0, hi0 = min(lo0, w), max(hi0, w)
+                fb0 += flag[i]
+                if signed:
+                    sp0 += a_i > 0
+                    sn0 += a_i < 0
+                    sz0 += a_i == 0
+                if detail:
+                    p0 += pos
+                    g0 += a_i < 0
+                    n_pos += pos
+                    n_neg += a_i < 0
+                    for q in range(m):
+                        sx[q, 0] += xs[q, i]
+                bin_of[i] = 0
+                continue
             if rule != 3:
                 u = kk
             ls = 0 if rule == 3 else h
@@ -239,6 +264,18 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                     dn[kk] += 1
                 for q in range(m):
                     sx[q, kk] += xs[q, i]
+        n_b[0] += c0
+        sk[0] += c0
+        sr[0] += r0
+        sq[0] += q0
+        sh[0] += c0
+        su[0] += c0
+        sls[0] += c0
+        hp[0] += p0
+        dp[0] += p0
+        lnu[0] += g0
+        lns[0] += g0
+        dn[0] += g0
         kept = c_h = c_u = c_ls = c_hp = c_lnu = c_lns = c_dp = c_dn = 0
         s_r = s_q = 0.0
         for j in range(J):  # setting j: the rows of bins b ≤ j are kept (by h: not masked from above)
@@ -281,16 +318,24 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                 for j in range(J - 1, -1, -1):
                     x_drop[q, j, k] = s_d
                     s_d += sx[q, j]
+    w_b[0], lo_b[0], hi_b[0] = wb0, lo0, hi0
+    flag_b[0] = fb0
+    sign_b[0, 0], sign_b[1, 0], sign_b[2, 0] = sp0, sn0, sz0
     mean_b = np.zeros(B)
     m2_b = np.zeros(B)
     for b in range(J):
         mean_b[b] = w_b[b] / n_b[b] if n_b[b] else 0.0
     if ratio_weight:  # w = 1 on every kept row otherwise: each bin's M2 is exactly 0
+        m0, mean0 = 0.0, mean_b[0]
         for i in range(n):
             b = bin_of[i]
-            if mask[i] and b < J:
-                d = rho[i] - mean_b[b]
-                m2_b[b] += d * d
+            if mask[i]:
+                if b == 0:
+                    m0 += (rho[i] - mean0) * (rho[i] - mean0)
+                elif b < J:
+                    d = rho[i] - mean_b[b]
+                    m2_b[b] += d * d
+        m2_b[0] = m0
     mean = np.zeros(J)
     m2 = np.zeros(J)
     lo_w = np.full(J, np.inf)

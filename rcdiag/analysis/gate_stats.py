@@ -28,9 +28,19 @@ def ell64(chunk: TokenChunk) -> np.ndarray:
     return chunk.memo(("gate", "ell64"), lambda: train64(chunk) - rollout64(chunk))
 
 
-def _binary_kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """D_B(x‖y) = x log(x/y) + (1 − x) log((1 − x)/(1 − y)) of clamped probabilities."""
-    return x * (np.log(x) - np.log(y)) + (1.0 - x) * (np.log1p(-x) - np.log1p(-y))
+def _binary_kl(chunk: TokenChunk, x: str, y: str) -> np.ndarray:
+    """D_B(x‖y) = x log(x/y) + (1 − x) log((1 − x)/(1 − y)) of the clamped probabilities named x, y ("P" the
+    rollout's, "Q" the trainer's); their logs once per chunk for every direction and gate."""
+    rollout, train = _clamped(chunk)
+    values = {"P": rollout, "Q": train}
+
+    def logs(name: str) -> tuple[np.ndarray, np.ndarray]:
+        v = values[name]
+        return (chunk.memo(("gate", "log", name), lambda: np.log(v)),
+                chunk.memo(("gate", "log1m", name), lambda: np.log1p(-v)))
+
+    (log_x, log1m_x), (log_y, log1m_y) = logs(x), logs(y)
+    return values[x] * (log_x - log_y) + (1.0 - values[x]) * (log1m_x - log1m_y)
 
 
 def _probs(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
@@ -59,13 +69,11 @@ def _tv_clamped(chunk: TokenChunk) -> np.ndarray:
 
 
 def _binary_kl_openrlhf(chunk: TokenChunk) -> np.ndarray:
-    rollout, train = _clamped(chunk)  # OpenRLHF: p = rollout prob, q = train (old) prob
-    return _binary_kl(rollout, train)
+    return chunk.memo(("gate", "kl_PQ"), lambda: _binary_kl(chunk, "P", "Q"))  # OpenRLHF: p = rollout, q = train
 
 
 def _binary_kl_two_sided(chunk: TokenChunk) -> np.ndarray:
-    rollout, train = _clamped(chunk)
-    return np.maximum(_binary_kl(train, rollout), _binary_kl(rollout, train))
+    return np.maximum(_binary_kl(chunk, "Q", "P"), _binary_kl_openrlhf(chunk))
 
 
 def _binary_kl_verl(chunk: TokenChunk) -> np.ndarray:

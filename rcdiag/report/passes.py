@@ -53,8 +53,6 @@ class Library(ChunkConsumer):
     def merge(self, other: Library) -> Library:
         self.metrics.merge(other.metrics)
         self.sweep.merge(other.sweep)
-        if self.gates is not None:
-            self.gates.merge(other.gates)
         for name, acc in self.rejections.items():
             acc.merge(other.rejections[name])
         # a file whose advantages could not be read has no gate numbers: then the run has none (not a part's)

@@ -299,3 +299,25 @@ def test_settings_that_do_not_nest_are_split():
     families = GateFamily.families([GateState(s) for s in settings])
     assert sorted(len(f.states) for f in families) == [1, 1, 2]
     _alone_vs_together(tokens, None, settings)
+
+
+def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
+    """The report's pass (a file at a time, parts merged) gives the unsigned gates the numbers of one gate_sweep
+    over the whole run: guards a part merged twice (report.passes.Library.merge did, so every file after the
+    first counted double). The signed DPPO gates are left out: the report forms GRPO groups within a file."""
+    from rcdiag.report.options import ReportOptions
+    from rcdiag.report.passes import run_passes
+    from tests.fixtures.runs import SyntheticSpec, synthetic_frames
+
+    tokens, sequences = synthetic_frames(SyntheticSpec(noise=0.8, n_seq=60, seed=5))
+    run = rcdiag.write_run(tmp_path / "run", tokens, sequences, shard_tokens=300)
+    assert len(run.token_files) >= 3
+    _, library = run_passes(run, ReportOptions(replicates=10, silent=True))
+    got = library.gates.frame(library.rows)
+    want = gate_sweep(run)
+    unsigned = ~got.gate.isin(["dppo_tv", "dppo_kl"]).to_numpy()
+    assert unsigned.sum() > 100
+    numbers = ["kept_token_frac", "kept_seq_frac", "fraction_high", "is_weight_mean", "is_weight_std", "ess"]
+    pd.testing.assert_frame_equal(got.loc[unsigned, ["gate", "threshold", *numbers]].reset_index(drop=True),
+                                  want.loc[unsigned, ["gate", "threshold", *numbers]].reset_index(drop=True),
+                                  rtol=1e-12)

@@ -123,16 +123,21 @@ def _sequence_columns(data: Any, sequences: Any) -> pa.Table | None:
     return None
 
 
+def token_advantages(run: Any) -> bool:
+    """Whether every token file of `run` (a store Run) has an advantage column: then the advantages are the token
+    rows' own (resolve's first source), and a file's rows carry theirs."""
+    return bool(run.token_files) and all("advantage" in pq.read_schema(f).names for f in run.token_files)
+
+
 def _token_column(data: Any) -> pa.Table | None:
     """seq_id, pos, advantage of the token rows when they carry an advantage column (else None)."""
     from rcdiag.store.run import Run
     from rcdiag.store.schema import as_table
 
     if isinstance(data, Run):
-        files = [f for f in data.token_files if "advantage" in pq.read_schema(f).names]
-        if not files or len(files) != len(data.token_files):
+        if not token_advantages(data):
             return None
-        return pa.concat_tables([pq.read_table(f, columns=["seq_id", "pos", "advantage"]) for f in files])
+        return pa.concat_tables([pq.read_table(f, columns=["seq_id", "pos", "advantage"]) for f in data.token_files])
     try:
         table = as_table(data, source="tokens")
     except InputError:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcdiag.analysis.accum import ChunkConsumer, Totals
+from rcdiag.analysis.advantages import Advantages
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode, lower_for
 from rcdiag.analysis.engine import MapFiles, run_pass
-from rcdiag.analysis.gates import GateAccumulator, report_gates
+from rcdiag.analysis.gates import GateAccumulator, report_gates, run_advantages
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.errors import InputError
@@ -88,12 +89,17 @@ class ReportParts:
 
     options: ReportOptions
     finish_labels: tuple[str, ...] | None = None
+    advantages: tuple[Advantages, Advantages] | None = None
+    """The whole run's (advantages, rewards) for the gates (analysis.gates.run_advantages: GRPO groups span
+    files), or None: each shard's token rows carry theirs."""
+    gates: bool = True
+    """False when the run's advantage columns were refused: no gate sweep (the rest of the report stands)."""
 
     def __call__(self, shard: Run | None) -> list[Any]:
         o = self.options
         library = library_accumulators(o)
-        try:  # a file task reads its own shard only: GRPO groups are formed within it (a bad column costs the gates)
-            library.gates = report_gates(shard)
+        try:  # a bad advantage or reward column costs the gates only
+            library.gates = report_gates(shard, self.advantages) if self.gates else None
         except InputError:
             library.gates = None
         return [scan_parts(shard, o.threshold, o.lower, self.finish_labels), library]
@@ -103,7 +109,11 @@ def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tup
     """The report's pass over `run`: (the merged scan, the library accumulators with `.rows` = B — or the
     InputError the metrics refused the data with; the scan still sees every row)."""
     info = sequence_info(run)  # the whole run's, once: each file's task reads only its own shard
-    merged = run_pass(run, ReportParts(options, tuple(info.finish_labels)), map_files=map_files,
+    try:
+        advantages, gates = run_advantages(run), True
+    except InputError:
+        advantages, gates = None, False
+    merged = run_pass(run, ReportParts(options, tuple(info.finish_labels), advantages, gates), map_files=map_files,
                       silent=options.silent or len(run.token_files) < 2, desc=f"report {run.name}")
     scan, library = merged.consumers
     scan.info = info

@@ -302,9 +302,10 @@ def test_settings_that_do_not_nest_are_split():
 
 
 def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
-    """The report's pass (a file at a time, parts merged) gives the unsigned gates the numbers of one gate_sweep
-    over the whole run: guards a part merged twice (report.passes.Library.merge did, so every file after the
-    first counted double). The signed DPPO gates are left out: the report forms GRPO groups within a file."""
+    """The report's pass (a file at a time, parts merged) gives every gate the numbers of one gate_sweep over the
+    whole run: guards a part merged twice (report.passes.Library.merge did, so every file after the first counted
+    double) and GRPO groups formed within a file (the signed DPPO gates' advantages: a prompt group split across
+    files had r − the mean of its part, not of the group)."""
     from rcdiag.report.options import ReportOptions
     from rcdiag.report.passes import run_passes
     from tests.fixtures.runs import SyntheticSpec, synthetic_frames
@@ -312,12 +313,13 @@ def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
     tokens, sequences = synthetic_frames(SyntheticSpec(noise=0.8, n_seq=60, seed=5))
     run = rcdiag.write_run(tmp_path / "run", tokens, sequences, shard_tokens=300)
     assert len(run.token_files) >= 3
+    groups = [set(pd.read_parquet(f, columns=["prompt_id"])["prompt_id"]) for f in run.sequence_files]
+    assert any(a & b for a, b in zip(groups, groups[1:], strict=False)), "no prompt group spans two files"
     _, library = run_passes(run, ReportOptions(replicates=10, silent=True))
     got = library.gates.frame(library.rows)
     want = gate_sweep(run)
-    unsigned = ~got.gate.isin(["dppo_tv", "dppo_kl"]).to_numpy()
-    assert unsigned.sum() > 100
-    numbers = ["kept_token_frac", "kept_seq_frac", "fraction_high", "is_weight_mean", "is_weight_std", "ess"]
-    pd.testing.assert_frame_equal(got.loc[unsigned, ["gate", "threshold", *numbers]].reset_index(drop=True),
-                                  want.loc[unsigned, ["gate", "threshold", *numbers]].reset_index(drop=True),
+    assert got.gate.isin(["dppo_tv", "dppo_kl"]).sum() > 10 and len(got) == len(want) > 100
+    numbers = ["kept_token_frac", "kept_seq_frac", "fraction_high", "kept_pos_frac", "kept_neg_frac",
+               "is_weight_mean", "is_weight_std", "ess"]
+    pd.testing.assert_frame_equal(got[["gate", "threshold", *numbers]], want[["gate", "threshold", *numbers]],
                                   rtol=1e-12)

@@ -171,11 +171,27 @@ def resolve(data: Any, sequences: Any = None, advantages: Any = None, normalize_
     tokens = _token_column(data)
     if tokens is not None and tokens.num_rows:
         return _from_table(tokens, "tokens", "tokens")
-    table = _sequence_columns(data, sequences)
+    return _from_sequences(_sequence_columns(data, sequences), normalize_std)
+
+
+def _from_sequences(table: pa.Table | None, normalize_std: bool) -> Advantages:
+    """resolve's sequence-level sources, from the sequence columns read once: their advantage column when it is
+    complete, else GRPO's from reward + prompt_id, else none."""
     if table is not None and "advantage" in table.column_names and table.column("advantage").null_count == 0 \
             and table.num_rows:
         return _from_table(table.select(["seq_id", "advantage"]), "sequences", "sequences")
-    return _grpo_or_refuse(data, sequences, normalize_std, forced=False)
+    return _grpo_or_refuse(None, table, normalize_std, forced=False)
+
+
+def run_advantages(run: Any) -> tuple[Advantages, Advantages] | None:
+    """The whole run's per-sequence (advantages, rewards) for a pass whose file tasks each read one shard: a GRPO
+    prompt group may span shards, so its advantages (r − the group's mean) are formed over the run, never within a
+    file; the sequence columns are read once for both. None when the token rows carry their own advantages (each
+    file's are complete)."""
+    if token_advantages(run):
+        return None
+    table = _sequence_columns(run, None)
+    return _from_sequences(table, False), sequence_rewards(run, table)
 
 
 def _grpo_or_refuse(data: Any, sequences: Any, normalize_std: bool, forced: bool) -> Advantages:

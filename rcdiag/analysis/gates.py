@@ -29,7 +29,7 @@ import numpy as np
 
 from rcdiag.analysis import kernels
 from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Moments, Totals, ratio
-from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards, token_advantages
+from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.engine import stream
@@ -349,16 +349,8 @@ def gate_sweep(data: Any, gates: Iterable[str | Gate] | None = None, thresholds:
 def report_gates(run: Any, whole: tuple[Advantages, Advantages] | None = None) -> GateAccumulator:
     """The report's gate sweep of `run`: every gate over its δ grid (the signed DPPO gates only when the run has
     advantages, or rewards and prompt ids for GRPO's). `whole`: the (advantages, rewards) of the whole run
-    (run_advantages) when `run` is one of its shards."""
+    (analysis.advantages.run_advantages) when `run` is one of its shards."""
     adv, rewards = whole if whole is not None else (resolve(run), sequence_rewards(run))
     settings = [s for s in sweep_settings() if adv.known or not s.gate.signed]
     return GateAccumulator(settings, adv, rewards)
 
-
-def run_advantages(run: Any) -> tuple[Advantages, Advantages] | None:
-    """The whole run's per-sequence (advantages, rewards) for a pass whose file tasks each read one shard: a GRPO
-    prompt group may span shards, so its advantages (r − the group's mean) are formed over the run, never within a
-    file. None when the token rows carry their own advantages (each file's are complete)."""
-    if token_advantages(run):
-        return None
-    return resolve(run), sequence_rewards(run)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcdiag.analysis.accum import ChunkConsumer, Totals
-from rcdiag.analysis.advantages import Advantages
+from rcdiag.analysis.advantages import Advantages, run_advantages
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode, lower_for
 from rcdiag.analysis.engine import MapFiles, run_pass
-from rcdiag.analysis.gates import GateAccumulator, report_gates, run_advantages
+from rcdiag.analysis.gates import GateAccumulator, report_gates
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.errors import InputError
@@ -90,7 +90,7 @@ class ReportParts:
     options: ReportOptions
     finish_labels: tuple[str, ...] | None = None
     advantages: tuple[Advantages, Advantages] | None = None
-    """The whole run's (advantages, rewards) for the gates (analysis.gates.run_advantages: GRPO groups span
+    """The whole run's (advantages, rewards) for the gates (analysis.advantages.run_advantages: GRPO groups span
     files), or None: each shard's token rows carry theirs."""
     gates: bool = True
     """False when the run's advantage columns were refused: no gate sweep (the rest of the report stands)."""

@@ -18,7 +18,7 @@ import pandas as pd
 
 from rcdiag.probe.factors import PREFILL_NOTE, Setting, TrainSetting
 from rcdiag.score.routes import PREFILL, MoeShape
-from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, as_3d, routing_info
+from rcdiag.store.routes import PROMPT_ROUTES, ROUTE_COLUMN, RoutingInfo, as_3d, routing_info
 from rcdiag.store.run import Run
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -48,14 +48,31 @@ def select_routed(settings: list[Setting], shape: MoeShape | None, run: Run, mod
         return [s for s in settings if s not in routed], [
             f"{names} skipped: {model} is a dense model (its config declares no experts), so there are no routes "
             "to replay or recompute"]
+    replay = [s for s in routed if s.routes == "engine"]
+    if not replay:
+        return settings, []
     info = routing_info(run.info)
     if info is None or info.engine is None:
-        replay = [s for s in routed if s.routes == "engine"]
-        if replay:
-            return [s for s in settings if s not in replay], [
-                "router_replay skipped: the run has no engine routes (score it with `rcdiag score`, which records "
-                "them for MoE models, or import a dump with routes)"]
+        return [s for s in settings if s not in replay], [
+            "router_replay skipped: the run has no engine routes (score it with `rcdiag score`, which records "
+            "them for MoE models, or import a dump with routes)"]
+    other = _other_shape(info, shape)
+    if other:
+        return [s for s in settings if s not in replay], [
+            f"router_replay skipped: the run's engine routes are {other}, so they are another model's routes and "
+            f"cannot be forced in {model} (probe with the model the run was scored or trained with)"]
     return settings, []
+
+
+def _other_shape(info: RoutingInfo, shape: MoeShape) -> str:
+    """How the run's recorded routes differ from what `shape` (the probed model's config) can take; '' when they
+    fit. Forcing top-8 routes into a top-2 router, or expert 100 into a 64-expert layer, would index outside the
+    router's weights: a replay measures nothing then."""
+    if info.top_k != shape.top_k:
+        return f"top-{info.top_k} and the model routes top-{shape.top_k}"
+    if info.experts is not None and info.experts != shape.experts:
+        return f"over {info.experts} experts and the model has {shape.experts}"
+    return ""
 
 
 def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: MoeShape, replay: bool

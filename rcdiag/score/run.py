@@ -31,17 +31,30 @@ class ScoreResult:
     def rescored(self) -> bool:
         return self.info.trainer is not None
 
+    def stages(self) -> list[str]:
+        """What happened to the run's rows, from its manifest (not from which flags were passed): where they came
+        from (`source.kind`: "generated" by vLLM, "imported from verl", …), "replayed in the engine" after
+        `--rescore-both`, "rescored" once a trainer section exists. A rescore-only call on an imported dump then
+        says so, instead of claiming a generation that never ran."""
+        kind = self.info.source.kind or "manual"
+        origin = ("generated" if kind == "generated" else
+                  f"imported from {kind.split(':', 1)[1]}" if kind.startswith("imported:") else f"written ({kind})")
+        engine = self.info.engine
+        return [origin] + (["replayed in the engine"] if engine is not None and engine.replayed else []) + \
+            (["rescored"] if self.rescored else [])
+
     def one_line(self) -> str:
         """`RUN: 6 sequences, 40 tokens in 1 shard(s) (generated + rescored)` — what --quiet prints."""
         counts = self.counts
-        stages = "generated" + (" + rescored" if self.rescored else "")
         return (f"{self.run}: {counts.get('sequences')} sequences, {counts.get('tokens')} tokens in "
-                f"{counts.get('shards')} shard(s) ({stages})")
+                f"{counts.get('shards')} shard(s) ({' + '.join(self.stages())})")
 
     def summary_lines(self) -> list[str]:
         """The closing summary: what the run holds, where it is, the time per phase and the next command."""
         counts = self.counts
-        stages = "generated" + (" and rescored" if self.rescored else ", not rescored yet")
+        done = self.stages()
+        stages = ", ".join(done[:-1]) + " and " + done[-1] if len(done) > 1 else done[0]
+        stages += "" if self.rescored else ", not rescored yet"
         lines = [f"Done: {counts.get('sequences', '?'):,} sequences, {counts.get('tokens', '?'):,} response tokens "
                  f"in {counts.get('shards', '?')} shard(s), {stages}.",
                  f"  run:  {self.run}"]

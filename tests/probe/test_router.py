@@ -22,14 +22,15 @@ pytestmark = pytest.mark.model
 FACTORS = ("router_replay", "router_precision")
 
 
-def routed_run(path: Path, shift: int) -> tuple[Path, np.ndarray]:
+def routed_run(path: Path, shift: int, top_k: int = 2) -> tuple[Path, np.ndarray]:
     """A run of 5 random sequences on the MoE sample whose engine routes are the float32 trainer's own top-2
-    (`shift` 0) or each expert id + shift mod 8; rollout = the trainer's log-probs + N(0, 0.05²)."""
+    (`shift` 0) or each expert id + shift mod 8; rollout = the trainer's log-probs + N(0, 0.05²). `top_k` other
+    than the model's 2: routes of another model's shape."""
     model = load_model(SAMPLE_MOE, dtype="float32", device="cpu")
     pairs = random_pairs(5, seed=4)
     train = score_sequences(model, pairs).logprobs
-    routes = [(reference_routes(all_router_logits(model, p, r), 2)[0] + shift) % 8 for p, r in pairs]
-    info = RoutingInfo(layers=4, top_k=2, experts=8, engine="prefill_replay")
+    routes = [(reference_routes(all_router_logits(model, p, r), top_k)[0] + shift) % 8 for p, r in pairs]
+    info = RoutingInfo(layers=4, top_k=top_k, experts=8, engine="prefill_replay")
     rng = np.random.default_rng(0)
     tokens = pd.DataFrame({"seq_id": np.concatenate([np.full(len(r), i) for i, (_, r) in enumerate(pairs)]),
                            "pos": np.concatenate([np.arange(len(r)) for _, r in pairs]),
@@ -74,6 +75,16 @@ def test_other_engine_routes_move_the_replay(tmp_path: Path) -> None:
     frame = result.tokens
     assert np.abs(frame["router_replay"] - frame["reference"]).mean() > 1e-2
     assert result.summary["routing"]["agreement_with_reference"]["engine"]["exact_rate"] == 0.0
+
+
+def test_routes_of_another_shape_skip_the_replay(tmp_path: Path) -> None:
+    """Guards forcing another model's routes (top-3 routes into the sample's top-2 routers index past what its
+    layers pick): router_replay is skipped with a note naming both shapes, router_precision still runs."""
+    path, _ = routed_run(tmp_path / "top3", shift=0, top_k=3)
+    result = run_probe(path, ProbeConfig(sample=3, factors=FACTORS, device="cpu"), silent=True, write=False)
+    factors = {r["factor"] for r in result.summary["budget"]}
+    assert "router_replay" not in factors and "router_precision" in factors
+    assert any("router_replay skipped" in n and "top-3" in n and "top-2" in n for n in result.summary["notes"])
 
 
 def test_dense_run_skips_router_factors(probe_run) -> None:

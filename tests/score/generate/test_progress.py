@@ -49,3 +49,25 @@ def test_phases_bars_and_summary(tmp_path: Path, sample_model: Path, vllm_engine
     assert lines[0] == f"Done: 6 sequences, {responses:,} response tokens in 2 shard(s), generated and rescored."
     assert lines[1] == f"  run:  {out}" and lines[2].startswith("  time: loading prompts ")
     assert lines[-1] == f"Next: rcdiag report {out}"
+
+
+@pytest.mark.parametrize(("source", "engine", "trainer", "done", "quiet"), [
+    ("generated", {"name": "vllm"}, {"name": "transformers"}, "generated and rescored", "generated + rescored"),
+    ("generated", {"name": "vllm"}, None, "generated, not rescored yet", "generated"),
+    ("imported:verl", {"name": "vllm"}, {"name": "transformers"}, "imported from verl and rescored",
+     "imported from verl + rescored"),
+    ("imported:slime", {"name": "vllm", "replayed": True}, {"name": "transformers"},
+     "imported from slime, replayed in the engine and rescored",
+     "imported from slime + replayed in the engine + rescored"),
+])
+def test_summary_names_the_stages_the_manifest_records(source: str, engine: dict, trainer: dict | None,
+                                                       done: str, quiet: str) -> None:
+    """Guards a summary that claims a generation that never ran: `--rescore-only` on an imported dump, or
+    `--rescore-both`, says where the rows came from and what touched them, read from the manifest."""
+    from rcdiag.store.manifest import Manifest, new_manifest
+
+    raw = new_manifest(source, engine=engine, counts={"sequences": 2, "tokens": 9, "shards": 1},
+                       **({"trainer": trainer} if trainer else {}))
+    result = ScoreResult(run=Path("r"), info=Manifest.of(raw))
+    assert result.summary_lines()[0] == f"Done: 2 sequences, 9 response tokens in 1 shard(s), {done}."
+    assert result.one_line() == f"r: 2 sequences, 9 tokens in 1 shard(s) ({quiet})"

@@ -1,4 +1,5 @@
-"""Exact divergences between whole next-token distributions, position by position (pure numpy, float64).
+"""Exact divergences between whole next-token distributions, position by position (float64; the row passes are
+compiled: rcdiag.analysis.divergence_kernels).
 
 The sampled-token estimators (`kl` = E[b − a], `k3_kl` = E[r − 1 − log r], r = π/μ at the sampled token) see one
 token per position; "0-diff on the sampled tokens" says nothing about the rest of the vocabulary. Given both
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rcdiag.analysis import divergence_kernels as dk
+
 TOP_KS = (1, 5, 20)
 """The k of the top-k overlaps reported."""
 PER_POSITION = ("kl_mu_pi", "kl_pi_mu", "tv", "js", *(f"top{k}_overlap" for k in TOP_KS), "kept_mass_mu",
@@ -44,40 +47,43 @@ def _kl(p: np.ndarray, logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
     return np.sum(p * diff, axis=-1)
 
 
+def truncates(vocab: int, top_p: float = 1.0, top_k: int | None = None) -> bool:
+    """Whether top-p/top-k remove anything from a vocabulary of `vocab` tokens."""
+    return top_p < 1.0 or top_k is not None and 0 < top_k < vocab
+
+
+def kept_ids(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(counts `[n]`, ids `[n, V]`): row r may sample ids[r, :counts[r]] under top-k then top-p (vLLM's order:
+    top-k keeps the k most probable; top-p then keeps, in descending order of the top-k renormalised
+    probabilities, every token whose predecessors' mass is below p — at least one; ties by token id). Every
+    token when nothing truncates."""
+    x = np.ascontiguousarray(logp, dtype=np.float64)
+    n, vocab = x.shape
+    if not truncates(vocab, top_p, top_k):
+        return np.full(n, vocab, np.int64), np.tile(np.arange(vocab, dtype=np.int64), (n, 1))
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return dk.kept_ids(shifted, np.exp(shifted), float(top_p), int(top_k or 0))
+
+
 def kept_mask(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) -> np.ndarray:
-    """bool `[n, V]`: the tokens the engine may sample from rows of log-probs under top-k then top-p (vLLM's
-    order: top-k keeps the k most probable; top-p then keeps, in descending order of the top-k renormalised
-    probabilities, every token whose predecessors' mass is below p — at least one token). All True without
-    truncation."""
+    """bool `[n, V]`: the tokens the engine may sample (kept_ids as a mask). All True without truncation."""
     x = np.asarray(logp, dtype=np.float64)
     n, vocab = x.shape
     keep = np.ones((n, vocab), dtype=bool)
-    if (top_k is None or top_k <= 0 or top_k >= vocab) and top_p >= 1.0:
+    if not truncates(vocab, top_p, top_k):
         return keep
-    order = np.argsort(-x, axis=-1, kind="stable")
-    ranked = np.take_along_axis(x, order, axis=-1)
-    allowed = np.ones((n, vocab), dtype=bool)
-    if top_k is not None and 0 < top_k < vocab:
-        allowed[:, top_k:] = False
-    if top_p < 1.0:
-        probs = np.where(allowed, np.exp(ranked - ranked[:, :1]), 0.0)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        before = np.cumsum(probs, axis=-1) - probs
-        allowed &= before < top_p
-        allowed[:, 0] = True
-    np.put_along_axis(keep, order, allowed, axis=-1)
+    counts, ids = kept_ids(x, top_p, top_k)
+    keep[:] = False
+    for r in range(n):
+        keep[r, ids[r, :counts[r]]] = True
     return keep
 
 
 def _top_ids(logp: np.ndarray, k: int) -> np.ndarray:
-    """`[n, k]` token ids of each row's k largest entries, largest first (ties by id): argpartition then a sort of
-    the k, not a sort of the whole vocabulary."""
-    x = np.asarray(logp, np.float64)
-    k = min(k, x.shape[-1])
-    part = np.argpartition(-x, k - 1, axis=-1)[:, :k] if k < x.shape[-1] else np.tile(np.arange(k), (len(x), 1))
-    part = np.sort(part, axis=-1)  # ties broken by token id, the same way on both sides
-    order = np.argsort(-np.take_along_axis(x, part, axis=-1), axis=-1, kind="stable")
-    return np.take_along_axis(part, order, axis=-1)
+    """`[n, k]` token ids of each row's k largest entries, largest first (ties by id), in one compiled pass per
+    row (divergence_kernels.top_ids), not a sort of the whole vocabulary."""
+    x = np.ascontiguousarray(logp, np.float64)
+    return dk.top_ids(x, min(k, x.shape[-1]))
 
 
 def topk_overlap(logp_mu: np.ndarray, logp_pi: np.ndarray, k: int, *, top_mu: np.ndarray | None = None,
@@ -93,23 +99,30 @@ def topk_overlap(logp_mu: np.ndarray, logp_pi: np.ndarray, k: int, *, top_mu: np
 def exact_divergences(logp_mu: np.ndarray, logp_pi: np.ndarray, *, top_p: float = 1.0,
                       top_k: int | None = None) -> dict[str, np.ndarray]:
     """Per-row PER_POSITION values for `[n, V]` log-prob rows of the engine (μ) and the trainer (π), both at the
-    sampling temperature (see the module doc). Rows are renormalised in float64 first."""
+    sampling temperature (see the module doc). Rows are renormalised in float64 first; the sums are one compiled
+    pass per row (divergence_kernels.divergence_sums) over the numpy-computed probabilities and logs."""
     a, b = np.asarray(logp_mu), np.asarray(logp_pi)
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"need two [n, V] arrays of one shape, got {a.shape} and {b.shape}")
     lmu, lpi = _log_normalised(a), _log_normalised(b)
     mu, pi = np.exp(lmu), np.exp(lpi)
-    mid = 0.5 * (mu + pi)
-    lmid = np.log(np.where(mid > 0, mid, 1.0))
-    keep = kept_mask(lmu, top_p, top_k)
-    out = {"kl_mu_pi": _kl(mu, lmu, lpi), "kl_pi_mu": _kl(pi, lpi, lmu), "tv": 0.5 * np.abs(mu - pi).sum(axis=-1),
-           "js": 0.5 * _kl(mu, lmu, lmid) + 0.5 * _kl(pi, lpi, lmid)}
+    with np.errstate(divide="ignore"):  # m = 0 only where μ = π = 0, which the sums skip
+        lmid = np.log(0.5 * (mu + pi))
+    sums = dk.divergence_sums(lmu, lpi, mu, pi, lmid)
+    out = {"kl_mu_pi": sums[:, 0], "kl_pi_mu": sums[:, 1], "tv": 0.5 * sums[:, 2], "js": 0.5 * sums[:, 3]}
     top_mu, top_pi = _top_ids(lmu, max(TOP_KS)), _top_ids(lpi, max(TOP_KS))
     for k in TOP_KS:
         out[f"top{k}_overlap"] = topk_overlap(lmu, lpi, k, top_mu=top_mu, top_pi=top_pi)
-    out["kept_mass_mu"] = np.where(keep, mu, 0.0).sum(axis=-1)
-    out["kept_mass_pi"] = np.where(keep, pi, 0.0).sum(axis=-1)
-    out["kept_size"] = keep.sum(axis=-1).astype(np.float64)
+    if truncates(lmu.shape[1], top_p, top_k):
+        counts, ids = kept_ids(lmu, top_p, top_k)
+        rows = np.repeat(np.arange(len(counts)), counts)
+        flat = np.concatenate([ids[r, :c] for r, c in enumerate(counts)]) if len(counts) else np.zeros(0, int)
+        out["kept_mass_mu"] = np.bincount(rows, mu[rows, flat], minlength=len(counts))
+        out["kept_mass_pi"] = np.bincount(rows, pi[rows, flat], minlength=len(counts))
+        out["kept_size"] = counts.astype(np.float64)
+    else:
+        out["kept_mass_mu"], out["kept_mass_pi"] = mu.sum(axis=-1), pi.sum(axis=-1)
+        out["kept_size"] = np.full(len(lmu), float(lmu.shape[1]))
     for name in ("kl_mu_pi", "kl_pi_mu", "js"):
         out[name] = np.maximum(out[name], 0.0)  # float64 rounding can leave −1e-17
     return out

@@ -111,6 +111,47 @@ def test_kept_mask_follows_vllms_top_k_then_top_p() -> None:
     assert kept_mask(row).all()
 
 
+def reference_kept(row: np.ndarray, top_p: float, top_k: int | None) -> set[int]:
+    """vLLM's kept set of one row by its definition, in plain Python: sort by (−logp, id), cut to top-k,
+    renormalise, keep each token whose predecessors' mass is below p (the first always)."""
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))
+    if top_k:
+        order = order[:top_k]
+    probs = [math.exp(row[i] - row[order[0]]) for i in order]
+    total = math.fsum(probs)
+    kept, before = [], 0.0
+    for i, p in zip(order, probs, strict=True):
+        if kept and top_p < 1.0 and before >= top_p:  # top-p 1 is off (vLLM skips it)
+            break
+        kept.append(i)
+        before += p / total
+    return set(kept)
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 5000])
+def test_kept_set_matches_the_definition_on_ties_and_flat_rows(vocab: int) -> None:
+    """Guards the candidate search (the kept set from a row's m largest entries, m grown ×4, a full sort past
+    1,024): on peaked rows, flat rows (nuclei of thousands of tokens), rows whose values tie in blocks (logits
+    rounded to bf16: ties across the m-th entry) and every top-k/top-p mix, the kept set is the definition's;
+    the top-20 ids are the stable descending sort's."""
+    from rcdiag.analysis.divergence import _top_ids, kept_ids
+
+    rng = np.random.default_rng(vocab)
+    rows = [log_softmax(peaked_logits(rng, 6, vocab)), log_softmax(rng.normal(0, 0.05, (3, vocab))),
+            log_softmax(bf16(peaked_logits(rng, 6, vocab, scale=0.5)).round(1)), np.full((1, vocab), -math.log(vocab))]
+    for logp in rows:
+        ties = logp.round(12)  # exact ties stay ties; the reference and the kernel see the same doubles
+        for top_p, top_k in [(0.9, None), (0.5, None), (0.999, None), (1.0, 5), (0.8, 20), (0.3, 3)]:
+            counts, ids = kept_ids(ties, top_p, top_k)
+            for r, row in enumerate(ties):
+                want = reference_kept(row.tolist(), top_p, top_k)
+                assert set(ids[r, :counts[r]].tolist()) == want, (vocab, top_p, top_k, r)
+                assert kept_mask(ties[r:r + 1], top_p, top_k)[0].sum() == len(want)
+        k = min(20, vocab)
+        want = [sorted(range(vocab), key=lambda i, row=row: (-row[i], i))[:k] for row in ties]
+        assert _top_ids(ties, 20).tolist() == want
+
+
 def test_top_p_kept_mass_equals_the_offset_check(tmp_path) -> None:
     """At top-p 0.9 a processed log-prob is log μ(x) − log S; with an exact trainer the per-token offset b − a is
     −log S, and the truncation check infers kept mass S ≈ exp(−mean offset). The exact geometric-mean kept mass

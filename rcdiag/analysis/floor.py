@@ -96,13 +96,16 @@ ASSUMED_DTYPE = "bfloat16"
 
 
 def noise_terms(a: np.ndarray, b: np.ndarray, temperature: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The per-row transcendental terms of `noise_evidence` for a whole batch, by numpy's vectorised (SIMD) loops:
-    (gap = 1 − p_min = −expm1(min(a, b)), log10(u) with u = |a − b| / gap, q = log(log(−b) / log(−a)); q empty
-    unless `temperature`), in the dtype the row-by-row kernel computed them in (a float32 batch stays float32).
+    """The per-row transcendental terms of `noise_evidence` for a whole batch, by numpy's vectorised (SIMD) loops,
+    in float64 whatever the stored dtype: (gap = 1 − p_min = −expm1(min(a, b)), log10(u) with u = |a − b| / gap,
+    q = log(log(−b) / log(−a)); q empty unless `temperature`).
 
-    Why here and not in the kernel: libm called row by row cost ~6–10 ns a value, numpy's loops ~0.6 (float32)
-    to ~1.6 ns (float64); the results may differ from libm's in the last bit (issue #32 allows it). Rows that are
-    not clean (invalid, non-finite, ≥ 0, ≤ −1e9) get meaningless values here; the kernel skips them."""
+    Why here and not in the kernel: libm called row by row cost ~6–10 ns a value, numpy's float64 loops ~1.6 ns
+    (float64 batches: the same bits as libm's on the benchmark runs). Why float64 for float32 batches too: numpy's
+    float32 expm1 is biased (−7e-9 relative on average, up to 3 ulp), which moved Σ(1 − p) by ~6e-9; float64
+    terms move it by what float32 rounding was (~1e-10). Rows that are not clean (invalid, non-finite, ≥ 0,
+    ≤ −1e9) get meaningless values here; the kernel skips them."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     with np.errstate(all="ignore"):
         gap = -np.expm1(np.minimum(a, b))
         log10_u = np.log10(np.abs(a - b) / gap)

@@ -13,12 +13,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import data, judged
+from app import data, judged, runcheck
 from rcdiag.analysis.strata import titles
 from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
 from rcdiag.report.scan import scan_run
 from rcdiag.store.batches import keep_seq_ids
-from rcdiag.store.run import open_run
 
 SHOWN_STRATA = ("position", "rollout_prob", "entropy")
 """The rcdiag.analysis.strata stratifications the Distributions page draws (the others are in the report)."""
@@ -39,7 +38,7 @@ def distributions(path: str, stamp: str, filters: Filters | None) -> dict[str, A
         scan = judged.report(path, stamp).scan
     else:
         keep_ids = data.seq_ids_where(data.sequence_index(path, stamp), *filters)
-        scan = scan_run(open_run(path), keep=keep_seq_ids(keep_ids))
+        scan = scan_run(runcheck.checked_run(path, stamp), keep=keep_seq_ids(keep_ids))
     strata = {name: pd.DataFrame(rows) for name, rows in scan.strata.finish().items()}
     return {"tails": scan.tails, "tail_stats": scan.tails.finish(), "strata": strata}
 

@@ -21,13 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import streamlit as st
 
+from app import runcheck
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.errors import RunDirError
 from rcdiag.store.files import MANIFEST_NAME, SEQUENCES_DIR, TOKENS_DIR
-from rcdiag.store.run import open_run
 from rcdiag.tokenizers import fast_tokenizer, manifest_tokenizer_dir
 
-REQUIRED_TOKEN_COLUMNS = ("seq_id", "pos", "rollout_logprob", "train_logprob", "mask")
 INDEX_COLUMNS = ("seq_id", "prompt_id", "sample_index", "response_len", "finish_reason", "reward", "step")
 """Sequence metadata kept in the (cached, paged) sequence index; the texts are read per selected sequence."""
 
@@ -50,7 +49,8 @@ class RunRef:
 
 
 def open_ref(path: str | Path) -> RunRef:
-    """Resolve and validate a run directory; raises RunDirError with the fix when it is not a usable run."""
+    """Resolve and validate a run directory (runcheck.checked_run: once per file stamp, shared by every loader);
+    raises RunDirError with the fix when it is not a usable run."""
     resolved = Path(path).expanduser().resolve()
     if not resolved.is_dir():
         raise RunDirError(f"{path}: no such directory")
@@ -59,7 +59,7 @@ def open_ref(path: str | Path) -> RunRef:
         raise RunDirError(f"{path}: not a run directory (no {MANIFEST_NAME}); choose a directory written by "
                           "`rcdiag score` or `rcdiag import` (an interrupted score resumes when re-run)")
     stamp = file_stamp(resolved)
-    return RunRef(str(resolved), stamp, validate(str(resolved), stamp))
+    return RunRef(str(resolved), stamp, runcheck.validate(str(resolved), stamp))
 
 
 def file_stamp(path: Path) -> str:
@@ -78,55 +78,6 @@ def file_stamp(path: Path) -> str:
         except OSError:
             continue
     return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()[:32]
-
-
-@st.cache_data(show_spinner="Checking the run…", max_entries=32)
-def validate(path: str, stamp: str) -> dict[str, Any]:
-    """The manifest, after checking every token file opens and holds training log-probs (O(#files) footers)."""
-    run = open_run(path)
-    files = run.token_files
-    if not files:
-        raise RunDirError(f"{path}: the run has no token files (tokens/part-*.parquet)")
-    for file in files:
-        _check_token_file(file)
-    for file in run.sequence_files:
-        _footer(file)
-    return json.loads(json.dumps(run.manifest, default=str))
-
-
-def _footer(file: Path) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(file)
-    except (pa.ArrowException, OSError) as exc:
-        raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt — re-create it") from None
-
-
-def _check_token_file(file: Path) -> None:
-    parquet = _footer(file)
-    names = parquet.schema_arrow.names
-    missing = [c for c in REQUIRED_TOKEN_COLUMNS if c not in names]
-    if missing:
-        raise RunDirError(f"{file}: missing column(s) {missing}; a run needs both sides' log-probs — rescore "
-                          "the rollouts with `rcdiag score` (or import a dump that has train log-probs)")
-    rows = parquet.metadata.num_rows
-    if rows and _null_count(parquet, file) == rows:
-        raise RunDirError(f"{file}: train_logprob is empty (rollout log-probs only); rescore the run with "
-                          "`rcdiag score` before diagnosing it")
-
-
-def _null_count(parquet: pq.ParquetFile, file: Path) -> int:
-    """Nulls in train_logprob, from row-group statistics when present, else by reading the column."""
-    column = parquet.schema_arrow.get_field_index("train_logprob")
-    total = 0
-    for index in range(parquet.metadata.num_row_groups):
-        stats = parquet.metadata.row_group(index).column(column).statistics
-        if stats is None or not stats.has_null_count:
-            try:
-                return pq.read_table(file, columns=["train_logprob"]).column(0).null_count
-            except (pa.ArrowException, OSError) as exc:
-                raise RunDirError(f"{file}: unreadable Parquet file ({exc}); the run is corrupt") from None
-        total += stats.null_count
-    return total
 
 
 # --------------------------------------------------------------------------------------------------- simulator
@@ -150,7 +101,7 @@ def sweep_grid(path: str, stamp: str, modes: tuple[str, ...], lower: float | Non
     pass: one row per mode × threshold, columns mode, threshold, IS metrics."""
     from rcdiag.analysis.correction import sweep as sweep_
 
-    return sweep_(open_run(path), modes=modes, thresholds=(*threshold_grid(), UNCORRECTED), lower=lower,
+    return sweep_(runcheck.checked_run(path, stamp), modes=modes, thresholds=(*threshold_grid(), UNCORRECTED), lower=lower,
                   convention=convention)
 
 
@@ -159,7 +110,7 @@ def trend_frame(path: str, stamp: str, convention: str, threshold: float) -> pd.
     """rcdiag.trend of the run (token_truncate at `threshold`, 200 bootstrap replicates per step)."""
     from rcdiag.analysis.trend import trend
 
-    return trend(open_run(path), convention, "token_truncate", threshold, replicates=200)
+    return trend(runcheck.checked_run(path, stamp), convention, "token_truncate", threshold, replicates=200)
 
 
 def is_number(value: Any) -> bool:
@@ -179,7 +130,7 @@ def sequence_index(path: str, stamp: str) -> pd.DataFrame:
     from app import judged
     from rcdiag.analysis.metrics import sequence_stats
 
-    run = open_run(path)
+    run = runcheck.checked_run(path, stamp)
     meta = run.sequences(list(INDEX_COLUMNS))
     stats = judged.sequence_stats(path, stamp)
     if stats is None:
@@ -200,7 +151,7 @@ def sequence_order(path: str, stamp: str, column: str, descending: bool) -> np.n
 @st.cache_data(max_entries=256, show_spinner=False)  # a point read: no spinner timer thread per sequence
 def sequence_detail(path: str, stamp: str, seq_id: int) -> tuple[dict[str, Any], pd.DataFrame]:
     """(sequence row with texts, its token rows sorted by pos) read with a seq_id filter (row-group pruning)."""
-    run = open_run(path)
+    run = runcheck.checked_run(path, stamp)
     meta = _filtered(run.sequence_files, seq_id, None)
     if meta.num_rows == 0:
         raise RunDirError(f"{path}: no sequence with seq_id {seq_id}")
@@ -225,7 +176,7 @@ def _filtered(files: list[Path], seq_id: int, columns: list[str] | None) -> pa.T
 
 
 def _empty(files: list[Path], columns: list[str]) -> pa.Table:
-    schema = _footer(files[0]).schema_arrow if files else pa.schema([])
+    schema = runcheck.footer(files[0]).schema_arrow if files else pa.schema([])
     return pa.Table.from_pylist([], schema=pa.schema([schema.field(c) for c in columns]))
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from app import runcheck
 from rcdiag.analysis.metrics import sequence_frame
 from rcdiag.report.build import RunReport, headline_values, judge
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.recommend import recommend
-from rcdiag.store.run import open_run
 
 OPTIONS = ReportOptions()
 """The report's defaults: the same pass options as a plain `rcdiag report RUN`, so its cache entry is ours."""
@@ -29,7 +29,7 @@ OPTIONS = ReportOptions()
 def report(path: str, stamp: str) -> RunReport:
     """rcdiag.report.build.judge of the run with the report's defaults (checks, tails, metrics, IS modes, sweep,
     verdict); `stamp` (data.file_stamp) keys the memory copy, the pass cache keys its own by the files' bytes."""
-    return judge(open_run(path), OPTIONS)
+    return judge(runcheck.checked_run(path, stamp), OPTIONS)
 
 
 def headline(path: str, stamp: str) -> dict[str, float]:

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, runcheck
 from app.simvalues import shown
 from app.text import md
 from rcdiag.analysis.gate_defs import GATES
@@ -28,7 +28,7 @@ def gate_grid(path: str, stamp: str) -> pd.DataFrame:
     """rcdiag.gate_sweep of the run: every gate × its δ grid, one pass."""
     from rcdiag.analysis.gates import gate_sweep
 
-    return gate_sweep(data.open_run(path))
+    return gate_sweep(runcheck.checked_run(path, stamp))
 
 
 def chart(rows: pd.DataFrame, delta: float) -> dict[str, Any]:

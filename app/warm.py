@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from app import data, distview, judged, simchart
+from app import data, distview, judged, runcheck, simchart
 from app.simvalues import CURVES
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
 from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
@@ -61,4 +61,4 @@ def _first_sequence(path: str, stamp: str) -> None:
         return
     first = int(index["seq_id"].iloc[int(data.sequence_order(path, stamp, column, True)[0])])
     data.sequence_detail(path, stamp, first)
-    data.decode_tokens(data.validate(path, stamp), ())
+    data.decode_tokens(runcheck.validate(path, stamp), ())

@@ -171,7 +171,7 @@ def scan_chunk(starts, pos, a, b, kept, entropy, lh, em1, pa_rows, pb_rows, log1
 
 def scan_update(tails: TailAccumulator, strata: StrataAccumulator, chunk: TokenChunk, table: np.ndarray) -> None:
     """Add one chunk's kept rows (valid, finite log-probs) to the tails and strata (one compiled pass over the
-    rows, their numpy-computed terms and the chunk's per-sequence `table`; the worst tokens by argpartition)."""
+    rows, their numpy-computed terms and the chunk's per-sequence `table`; the worst tokens by tails.worst_rows)."""
     info = strata.info
     t = chunk.terms
     with np.errstate(all="ignore"):  # rows not kept hold placeholders: skipped by the kernel
@@ -199,7 +199,7 @@ def scan_update(tails: TailAccumulator, strata: StrataAccumulator, chunk: TokenC
     tails.underflow += underflow
     tails.hist_pos += hist[0]
     tails.hist_neg += hist[1]
-    pick = np.argpartition(-absl, min(tails_mod.WORST_K, kept) - 1)[:min(tails_mod.WORST_K, kept)]
+    pick = tails_mod.worst_rows(absl, max(tails.worst_floor(), 0.0))  # ≥ 0: not the −1 of rows not kept
     token_id = chunk.extra.get("token_id")
     a_pick, b_pick = t.a[pick].astype(np.float64), t.b[pick].astype(np.float64)
     tails.keep_worst({"abs_log_ratio": absl[pick], "log_ratio": a_pick - b_pick, "train_logprob": a_pick,

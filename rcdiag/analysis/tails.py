@@ -25,6 +25,23 @@ DENSITY_RANGE = (-30.0, 0.0)
 DENSITY_BINS = 300
 """b-vs-a density: 300 × 300 bins over [−30, 0] nats (0.1-nat cells); values outside land in the edge cells."""
 WORST_K = 20
+"""The worst tokens kept: the top WORST_K by |ℓ|, ties by (seq_id, pos) ascending (TailAccumulator.keep_worst)."""
+
+
+def worst_rows(score: np.ndarray, floor: float = -np.inf, k: int = WORST_K) -> np.ndarray:
+    """Positions, ascending, of the rows of `score` that can be among the k largest scores at or above `floor`:
+    those ≥ the k-th largest, every row tied with it included (so keep_worst's order rule, not the partition's
+    arbitrary order, picks among ties at the cut). NaN scores are never picked.
+
+    Why a floor: the accumulator's own k-th worst |ℓ| so far (TailAccumulator.worst_floor) — after the first
+    chunk few rows reach it, and one compare over the chunk replaces a partition of all of it (~10 ns a row)."""
+    above = score >= floor
+    count = int(np.count_nonzero(above))
+    if count <= k:
+        return np.flatnonzero(above)
+    values = score if count == score.size else score[above]
+    cut = np.partition(values, count - k)[count - k]  # the k-th largest (≥ floor)
+    return np.flatnonzero(score >= cut)
 
 
 def band_name(lo: float, hi: float) -> str:
@@ -80,12 +97,17 @@ class TailAccumulator:
         self.density += np.bincount(ia * DENSITY_BINS + ib, minlength=DENSITY_BINS**2).reshape(self.density.shape)
 
     def _worst(self, score: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-        k = min(WORST_K, score.size)
-        top = np.argpartition(-score, k - 1)[:k]
-        batch = {name: np.asarray(col)[top] for name, col in columns.items()}
-        self.keep_worst(batch)
+        top = worst_rows(score, self.worst_floor())
+        self.keep_worst({name: np.asarray(col)[top] for name, col in columns.items()})
+
+    def worst_floor(self) -> float:
+        """The smallest |ℓ| among the worst tokens once WORST_K are kept (a row below it can never enter), else −∞."""
+        kept = self.worst.get("abs_log_ratio")
+        return float(kept[-1]) if kept is not None and kept.size >= WORST_K else -np.inf
 
     def keep_worst(self, batch: dict[str, np.ndarray]) -> None:
+        """Merge `batch` (columns of candidate rows) into the worst tokens: the WORST_K largest |ℓ|, ties by seq_id
+        then pos, sorted so (worst_floor reads the last)."""
         merged = {n: np.concatenate([self.worst[n], v]) if self.worst else v for n, v in batch.items()}
         order = np.lexsort((merged["pos"], merged["seq_id"], -merged["abs_log_ratio"]))[:WORST_K]
         self.worst = {n: v[order] for n, v in merged.items()}

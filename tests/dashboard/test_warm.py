@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import threading
+import traceback
 
 import pyarrow.parquet as pq
 import pytest
 
+import rcdiag.store.run as store_run
 from app import charts, data, distview, judged, simchart, warm
 from app.simvalues import CURVES
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
@@ -41,3 +43,20 @@ def test_warming_fills_what_the_pages_open_with(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="read after warming"):  # the guard itself works
         data.sequence_detail(*ref.key, int(index["seq_id"].iloc[-1]) if first != int(index["seq_id"].iloc[-1])
                              else int(index["seq_id"].iloc[0]))
+
+
+def test_the_run_is_checked_once_per_stamp(tmp_path, monkeypatch):
+    """The door check (the run's structure: every file's seq_id column) runs once for the Overview's judged pass
+    and every loader the warming thread fills (runcheck.checked_run), not once per loader."""
+    run = build_run(tmp_path / "run", "clean", noise=0.5, seed=12)
+    checks = []
+    real = store_run.validate_run
+    monkeypatch.setattr(store_run, "validate_run",
+                        lambda *a: checks.append("".join(traceback.format_stack(limit=8))) or real(*a))
+    ref = data.open_ref(run.path)
+    judged.report(*ref.key)
+    warm.after_overview(*ref.key)
+    for thread in [t for t in threading.enumerate() if t.name == "rcdiag-warm"]:
+        thread.join(timeout=120)
+    assert data.trend_frame(*ref.key, DEFAULT_CONVENTION, 2.0) is not None  # the warming reached its last loader
+    assert len(checks) == 1, "\n".join(checks)

@@ -18,3 +18,17 @@ def test_lag_page(make_app, tmp_path, monkeypatch):  # noqa: F811
     async_run(tmp_path / "plain", versions=False)
     app = make_app(tmp_path / "plain", page="lag")
     assert not app.exception and "carries no policy versions" in app.info[0].value
+
+
+def test_lag_page_without_lag_is_one_line(make_app, tmp_path, monkeypatch):  # noqa: F811
+    """A run with nothing lag-related (no versions, no repeated context to test the weights on): the page says
+    so in one line, from the judged report's findings (no pass of its own)."""
+    from tests.fixtures.runs import build_run
+
+    monkeypatch.chdir(tmp_path)
+    build_run(tmp_path / "plain", "clean", seed=4)
+    app = make_app(tmp_path / "plain", page="lag")
+    assert not app.exception, [e.value for e in app.exception]
+    page = app.main
+    assert len(page.info) == 1 and "carries no policy versions" in page.info[0].value
+    assert not page.caption and not page.error and not page.warning and not page.dataframe

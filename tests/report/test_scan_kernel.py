@@ -7,7 +7,7 @@ import pytest
 
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator, TokenView
-from rcdiag.analysis.tails import EDGES, TailAccumulator
+from rcdiag.analysis.tails import EDGES, WORST_K, TailAccumulator, worst_rows
 from rcdiag.report.scan import new_scan, update
 
 
@@ -113,3 +113,22 @@ def test_scan_kernel_against_the_numpy_accumulators(seed):
     np.testing.assert_array_equal(rows[:, [0, 5]], want[:, [0, 5]])
     scale = np.abs(want).sum(axis=0) + np.abs(rows).sum(axis=0)
     _close(rows, want, np.broadcast_to(scale, want.shape), "per-sequence sums")
+
+
+def test_worst_tokens_ties_at_the_cut_go_by_seq_id_then_pos():
+    """More rows tied at the WORST_K-th |ℓ| than fit, in one batch or two of either order: the kept ones are the
+    lowest (seq_id, pos) — the documented order rule, not whichever rows the partition left in front (before
+    tails.worst_rows, an argpartition per batch kept the highest seq_ids here)."""
+    n = 10 * WORST_K
+    seq, pos = np.arange(n, dtype=np.int64)[::-1] // 2, np.arange(n, dtype=np.int64)[::-1] % 2
+    lr = np.where(np.arange(n) % 7 == 0, -2.0, 1.0)  # 29 rows tied at |ℓ| = 2 for 20 places
+    a = lr - 3.0
+    want = sorted(zip(-np.abs(lr), seq, pos, strict=True))[:WORST_K]
+    for parts in ((slice(0, n),), (slice(0, n // 2), slice(n // 2, n)), (slice(n // 2, n), slice(0, n // 2))):
+        tails = TailAccumulator()
+        for part in parts:
+            tails.update(lr[part], a[part], a[part] - lr[part],
+                         {"seq_id": seq[part], "pos": pos[part], "token_id": pos[part]})
+        worst = tails.worst
+        assert list(zip(-worst["abs_log_ratio"], worst["seq_id"], worst["pos"], strict=True)) == want
+    assert worst_rows(np.array([3.0, 1.0, 3.0, np.nan, 3.0]), k=2).tolist() == [0, 2, 4]

@@ -75,6 +75,28 @@ def _row(a, b, mask, i):
     return 0.0, 0.0
 
 
+@numba.njit(inline="always")
+def _grow(partials, count, x):
+    """Add one finite x to the non-overlapping partials[:count] (msum's inner loop, shared by grow_partials and
+    grow_partials_rows). Returns (count, whether the sum overflowed: x is then dropped, the caller flags it and
+    grows that sum no further: its partials then hold ±inf, every later value would add a NaN partial and run
+    past the buffer's end)."""
+    i = 0
+    for j in range(count):
+        y = partials[j]
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo != 0.0:
+            partials[i] = lo
+            i += 1
+        x = hi
+    overflow = not math.isfinite(x)
+    partials[i] = 0.0 if overflow else x
+    return i + 1, overflow
+
+
 @numba.njit(**_JIT)
 def grow_partials(partials, count, values, plain, special, flags):
     """Add `values` (float64 [m]) to an exact sum held as Shewchuk's non-overlapping partials (math.fsum's own
@@ -89,23 +111,37 @@ def grow_partials(partials, count, values, plain, special, flags):
             flags |= 1
             continue
         plain += x
-        i = 0
-        for j in range(count):
-            y = partials[j]
-            if abs(x) < abs(y):
-                x, y = y, x
-            hi = x + y
-            lo = y - (hi - x)
-            if lo != 0.0:
-                partials[i] = lo
-                i += 1
-            x = hi
-        if not math.isfinite(x):
+        if flags & 2:  # overflowed: value() is the IEEE `plain`; growing on would corrupt memory (see _grow)
+            continue
+        count, overflow = _grow(partials, count, x)
+        if overflow:
             flags |= 2
-            x = 0.0
-        partials[i] = x
-        count = i + 1
     return count, plain, special, flags
+
+
+@numba.njit(**_JIT)
+def grow_partials_rows(partials, count, values, lengths, plain, special, flags, track_plain):
+    """K exact sums at once (accum.ExactSums), in place: sum k (partials[k], count[k], plain[k], special[k],
+    flags[k], as grow_partials's) takes values[k, :lengths[k]]. One call for a chunk's (K, m) values, where K
+    ExactSum adds cost a Python call each (issue #32: the gate sweep's ~130 settings × 3 sums a chunk).
+    `track_plain` False leaves `plain` alone (a merge adds the other side's partials, and its plain apart)."""
+    for k in range(values.shape[0]):
+        row = partials[k]
+        c, p, s, f = count[k], plain[k], special[k], flags[k]
+        for t in range(lengths[k]):
+            x = np.float64(values[k, t])
+            if not math.isfinite(x):
+                s += x
+                f |= 1
+                continue
+            if track_plain:
+                p += x
+            if f & 2:
+                continue
+            c, overflow = _grow(row, c, x)
+            if overflow:
+                f |= 2
+        count[k], plain[k], special[k], flags[k] = c, p, s, f
 
 
 GATE_COUNTS = ("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos", "neg", "zero",

@@ -173,17 +173,16 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     cancellation: every term is ≥ 0).
 
     Returns, per setting j: counts [J, 13] (GATE_COUNTS; the sign counts 0 unless `signed`), per-sequence sums
-    [J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and ρ²
-    on kept rows, the moments of w over the valid rows (mean, M2), its min and max, the kept rows where `flag`
+    [3, J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and
+    ρ² on kept rows, the moments of w over the valid rows (mean, M2), its min and max, the kept rows where `flag`
     holds [J]; and when `detail`, per-sequence counts [7, J, S] (GATE_SEQ_COUNTS) and the per-sequence sums
     [m, J, S] of each row value xs[q] over the kept rows and over the masked valid rows."""
     n_seq, n, J, m = starts.size, mask.size, his.size, xs.shape[0]
     B = J + 1
     D = J if detail else 0
     counts = np.zeros((J, len(GATE_COUNTS)), np.int64)
-    per_w = np.zeros((J, n_seq))
-    per_rho = np.zeros((J, n_seq))
-    per_rho2 = np.zeros((J, n_seq))
+    sums = np.zeros((3, J, n_seq))  # one block: the caller adds it to its ExactSums in one call
+    per_w, per_rho, per_rho2 = sums[0], sums[1], sums[2]
     sc = np.zeros((len(GATE_SEQ_COUNTS), D, n_seq), np.int64)
     x_kept = np.zeros((m, D, n_seq))
     x_drop = np.zeros((m, D, n_seq))
@@ -397,7 +396,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
             c_zero += sign_b[2, j]
             counts[j, 7], counts[j, 8], counts[j, 9] = sign_b[0].sum(), sign_b[1].sum(), sign_b[2].sum()
             counts[j, 10], counts[j, 11], counts[j, 12] = c_pos, c_neg, c_zero
-    return counts, per_w, per_rho, per_rho2, mean, m2, lo_w, hi_w, lower, sc, x_kept, x_drop
+    return counts, sums, mean, m2, lo_w, hi_w, lower, sc, x_kept, x_drop
 
 
 @numba.njit(**_JIT)

@@ -427,6 +427,50 @@ def _total(s, c):
 
 
 @numba.njit(**_JIT)
+def segment_means(values, mask, starts, level, broadcast):
+    """The gates' per-sequence / per-segment aggregates of a row value in one pass over the valid rows (they were
+    numpy's masked copy, reduceat, a division and a repeat per call: analysis.gate_stats.aggregate, issue #32).
+    `level` 0: each sequence's mean of `values` over its valid rows (0 when it has none: the divisor is clamped at
+    1, as ROLL's / SkyRL's), 1: its sum, 2: each segment's mean (ROLL's segments: runs of consecutive valid rows
+    within a sequence). Sums are compensated (Neumaier), so nearly correctly rounded; masked rows are never read.
+    Returns (per row [n] when `broadcast`, else [0]: levels 0 / 1 the row's sequence's number, level 2 a valid row's
+    segment mean and 0 on masked rows; per sequence [S]: levels 0 / 1 the number, level 2 zeros)."""
+    n, n_seq = mask.size, starts.size
+    rows = np.zeros(n if broadcast or level == 2 else 0)
+    per_seq = np.zeros(n_seq)
+    for k in range(n_seq):
+        first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
+        if level == 2:
+            i = first
+            while i < last:
+                if not mask[i]:
+                    i += 1
+                    continue
+                j, s, c = i, 0.0, 0.0
+                while j < last and mask[j]:
+                    s, c = _two_sum(s, c, np.float64(values[j]))
+                    j += 1
+                mean = _total(s, c) / (j - i)
+                for t in range(i, j):
+                    rows[t] = mean
+                i = j
+            continue
+        s = c = 0.0
+        count = 0
+        for i in range(first, last):
+            if mask[i]:
+                s, c = _two_sum(s, c, np.float64(values[i]))
+                count += 1
+        total = _total(s, c)
+        value = total if level == 1 else total / max(count, 1)
+        per_seq[k] = value
+        if broadcast:
+            for i in range(first, last):
+                rows[i] = value
+    return rows, per_seq
+
+
+@numba.njit(**_JIT)
 def sequence_table(a, b, kept, lh, em1, rho, starts, threshold, lower):
     """SEQ_COLUMNS per sequence of a chunk, one pass over its rows: float64 [len(SEQ_COLUMNS), S].
 

@@ -263,6 +263,36 @@ def test_exact_sum_is_independent_of_how_values_arrive():
     assert inf.value() == math.inf
 
 
+def test_segment_means_match_fsum_per_group():
+    """kernels.segment_means (the gates' sequence / ROLL-segment aggregates): each sequence's mean and sum over its
+    valid rows, each segment's mean (a run of valid rows within a sequence), against math.fsum of the same values;
+    masked rows (NaN here) never read, a sequence without a valid row 0."""
+    rng = np.random.default_rng(14)
+    starts, lengths = _segments(rng, 50, 40)
+    n = int(lengths.sum())
+    mask = rng.random(n) > 0.3
+    mask[starts[3]:starts[4]] = False
+    values = np.where(mask, rng.normal(0, 1e3, n) * rng.choice([1.0, 1e-9], n), np.nan)
+    bounds = [*starts.tolist(), n]
+    for level in (0, 1):
+        rows, per_seq = kernels.segment_means(values, mask, starts, level, True)
+        for k in range(starts.size):
+            kept = values[bounds[k]:bounds[k + 1]][mask[bounds[k]:bounds[k + 1]]].tolist()
+            want = math.fsum(kept) / (max(len(kept), 1) if level == 0 else 1)
+            assert per_seq[k] == pytest.approx(want, rel=1e-15, abs=1e-300), (level, k)
+            assert np.all(rows[bounds[k]:bounds[k + 1]] == per_seq[k])
+    rows = kernels.segment_means(values, mask, starts, 2, False)[0]
+    for k in range(starts.size):
+        i, last = bounds[k], bounds[k + 1]
+        while i < last:
+            j = i
+            while j < last and mask[j] == mask[i]:
+                j += 1
+            want = math.fsum(values[i:j].tolist()) / (j - i) if mask[i] else 0.0
+            assert np.all(rows[i:j] == pytest.approx(want, rel=1e-15, abs=1e-300)), (k, i)
+            i = j
+
+
 def test_exact_sums_equal_one_exact_sum_each():
     """ExactSums (K sums, one compiled call per (K, m) add) gives each sum ExactSum's bits whatever the batching,
     merges included: the gate sweep's determinism across threads and file order rests on it; inf / NaN and an

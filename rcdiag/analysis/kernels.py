@@ -228,23 +228,31 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
             v, r, rose, a_i = value[i], rho[i], ell[i], adv[i]
             pos = a_i > 0
             h = kk = u = 0  # the row's place (rules of analysis.gate_defs; NaN masks); written out here, as an
-            if rule == 0:  # inlined function made this loop 3× slower. band / upper: keep lo ≤ v ≤ hi
-                for j in range(J):
-                    hi = his[j]
-                    h += 0 if v <= hi else 1
-                    kk += 0 if v <= hi and v >= los[j] else 1
+            # inlined function made this loop 3× slower. The bounds nest (his rise, the low side tightens toward
+            # setting 0), so a row setting 0 keeps is kept at every setting: two comparisons, not 2J, for nearly
+            # every row, and the loop over the settings only for a row some setting masks
+            if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
+                if not (v <= his[0] and v >= los[0]):
+                    for j in range(J):
+                        hi = his[j]
+                        h += 0 if v <= hi else 1
+                        kk += 0 if v <= hi and v >= los[j] else 1
             elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
-                for j in range(J):
-                    if pos:
-                        h += 0 if v <= his[j] else 1
-                    else:
+                if pos:
+                    if not v <= his[0]:
+                        for j in range(J):
+                            h += 0 if v <= his[j] else 1
+                elif not v >= los[0]:
+                    for j in range(J):
                         kk += 0 if v >= los[j] else 1
                 kk = max(h, kk)
             elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
-                for j in range(J):
-                    if pos:
-                        h += 0 if v <= his[j] or rose <= 0 else 1
-                    else:
+                if pos:
+                    if not (v <= his[0] or rose <= 0):
+                        for j in range(J):
+                            h += 0 if v <= his[j] or rose <= 0 else 1
+                elif not (v <= los[0] or rose >= 0):
+                    for j in range(J):
                         kk += 0 if v <= los[j] or rose >= 0 else 1
                 kk = max(h, kk)
             else:  # any_token: the sequence's place

@@ -150,7 +150,10 @@ class GateFamily:
             raise ValueError("a GateFamily holds nested settings of one gate (GateFamily.families)")
         J = len(states)
         self.counts = np.zeros((J, len(kernels.GATE_COUNTS)), np.int64)
-        self.sums = ExactSums(3 * J)  # Σw of setting j: sum j; Σρ, Σρ² over its kept rows: J + j, 2J + j
+        # Σw, Σρ, Σρ² of setting j: sums j, J + j, 2J + j (the kernel's block); a ratio weight's Σw is its Σρ
+        # exactly (w = ρ on kept rows, 0 on masked ones), so its sums start at Σρ: a third fewer values to add
+        self.first = 1 if g.weight == "ratio" else 0
+        self.sums = ExactSums((3 - self.first) * J)
         self.moments = MomentsArray(J)
         self.w_lo, self.w_hi = np.full(J, math.inf), np.full(J, -math.inf)
         self.extras = extras_for([s.setting for s in states])
@@ -209,7 +212,7 @@ class GateFamily:
                 self.detail)
         d = Decision(*out, whole=self.whole)
         self.counts += d.counts
-        self.sums.add(d.sums.reshape(len(self.sums), -1))
+        self.sums.add(d.sums[self.first:].reshape(len(self.sums), -1))
         self.moments.add(d.counts[:, 0], d.mean, d.m2)
         np.minimum(self.w_lo, d.lo_w, out=self.w_lo)
         np.maximum(self.w_hi, d.hi_w, out=self.w_hi)
@@ -232,7 +235,11 @@ class GateFamily:
         c = dict(zip(kernels.GATE_COUNTS, self.counts[j].tolist(), strict=True))
         s, J = self.states[j].setting, len(self.states)
         n = c["valid"]
-        kept_rho, kept_rho2 = self.sums.value(J + j), self.sums.value(2 * J + j)
+
+        def total(q: int) -> float:  # sum q (0 Σw, 1 Σρ, 2 Σρ²) of setting j
+            return self.sums.value((max(q, self.first) - self.first) * J + j)
+
+        kept_rho, kept_rho2 = total(1), total(2)
         moments = self.moments.slot(j)
         out: dict[str, Any] = {
             "kept_token_frac": ratio(c["kept"], n), "kept_seq_frac": ratio(c["seqs_kept"], c["seqs"]),
@@ -241,7 +248,7 @@ class GateFamily:
             **{f"kept_{k}_frac": ratio(c["kept_" + k], c[k]) for k in ("pos", "neg", "zero")},
             "adv_pos_frac": ratio(c["pos"], n) if source != "none" else math.nan,
             "adv_neg_frac": ratio(c["neg"], n) if source != "none" else math.nan,
-            "is_weight_mean": ratio(self.sums.value(j), n),
+            "is_weight_mean": ratio(total(0), n),
             "is_weight_std": math.sqrt(max(moments.var, 0.0)) if moments.n > 1 else (0.0 if n else math.nan),
             "is_weight_min": float(self.w_lo[j]) if n else math.nan,
             "is_weight_max": float(self.w_hi[j]) if n else math.nan,

@@ -186,7 +186,8 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     sc = np.zeros((len(GATE_SEQ_COUNTS), D, n_seq), np.int64)
     x_kept = np.zeros((m, D, n_seq))
     x_drop = np.zeros((m, D, n_seq))
-    bin_of = np.full(n, J, np.int64)  # k per row: the first setting that keeps it
+    # k per row, the first setting that keeps it: only the second pass of a ratio weight's moments reads it
+    bin_of = np.full(n if ratio_weight else 0, J, np.int32)
     n_b, w_b, lo_b, hi_b = np.zeros(B, np.int64), np.zeros(B), np.full(B, np.inf), np.full(B, -np.inf)
     flag_b = np.zeros(B, np.int64)
     sign_b = np.zeros((3, B), np.int64)  # rows by k: A > 0, A < 0, A = 0
@@ -276,12 +277,14 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                     n_neg += a_i < 0
                     for q in range(m):
                         sx[q, 0] += xs[q, i]
-                bin_of[i] = 0
+                if ratio_weight:
+                    bin_of[i] = 0
                 continue
             if rule != 3:
                 u = kk
             ls = 0 if rule == 3 else h
-            bin_of[i] = kk
+            if ratio_weight:
+                bin_of[i] = kk
             w = (r if ratio_weight else 1.0) if kk < J else 0.0
             n_b[kk] += 1
             w_b[kk] += w

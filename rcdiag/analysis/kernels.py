@@ -199,6 +199,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     sr, sq = np.zeros(B), np.zeros(B)
     sx = np.zeros((m, B))
     wb0, lo0, hi0 = 0.0, np.inf, -np.inf  # bin 0 of the chunk (the rows every setting keeps)
+    hi0_, lo0_ = his[0], los[0]  # setting 0's bounds, in registers: a row it keeps is kept at every setting
     fb0 = sp0 = sn0 = sz0 = 0
     for k in range(n_seq):
         first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
@@ -221,7 +222,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
         sq[:] = 0.0
         sx[:] = 0.0
         valid = n_pos = n_neg = c0 = p0 = g0 = 0
-        r0 = q0 = 0.0
+        r0 = q0 = x0 = 0.0  # x0: bin 0's sum of xs[0] (the first row value, nearly always the only one)
         for i in range(first, last):
             if not mask[i]:
                 continue
@@ -233,26 +234,26 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
             # setting 0), so a row setting 0 keeps is kept at every setting: two comparisons, not 2J, for nearly
             # every row, and the loop over the settings only for a row some setting masks
             if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
-                if not (v <= his[0] and v >= los[0]):
+                if not (v <= hi0_ and v >= lo0_):
                     for j in range(J):
                         hi = his[j]
                         h += 0 if v <= hi else 1
                         kk += 0 if v <= hi and v >= los[j] else 1
             elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
                 if pos:
-                    if not v <= his[0]:
+                    if not v <= hi0_:
                         for j in range(J):
                             h += 0 if v <= his[j] else 1
-                elif not v >= los[0]:
+                elif not v >= lo0_:
                     for j in range(J):
                         kk += 0 if v >= los[j] else 1
                 kk = max(h, kk)
             elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
                 if pos:
-                    if not (v <= his[0] or rose <= 0):
+                    if not (v <= hi0_ or rose <= 0):
                         for j in range(J):
                             h += 0 if v <= his[j] or rose <= 0 else 1
-                elif not (v <= los[0] or rose >= 0):
+                elif not (v <= lo0_ or rose >= 0):
                     for j in range(J):
                         kk += 0 if v <= los[j] or rose >= 0 else 1
                 kk = max(h, kk)
@@ -275,7 +276,9 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                     g0 += a_i < 0
                     n_pos += pos
                     n_neg += a_i < 0
-                    for q in range(m):
+                    if m:
+                        x0 += xs[0, i]
+                    for q in range(1, m):
                         sx[q, 0] += xs[q, i]
                 if ratio_weight:
                     bin_of[i] = 0
@@ -311,6 +314,8 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                 for q in range(m):
                     sx[q, kk] += xs[q, i]
         n_b[0] += c0
+        if m:
+            sx[0, 0] += x0  # 0 + x0: the bits of the adds in memory
         sk[0] += c0
         sr[0] += r0
         sq[0] += q0

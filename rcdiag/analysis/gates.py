@@ -104,10 +104,17 @@ class GateState:
         self.index = 0
 
     def _family(self) -> GateFamily:
-        if self.family is None:
-            GateFamily([self])
-        assert self.family is not None
-        return self.family
+        """Its family (for a state made alone, a family of one, made on first use)."""
+        return self.family if self.family is not None else GateFamily([self])
+
+    def _alone(self) -> GateFamily:
+        """Its family, which must hold it alone: an update or merge through one state of a larger family would
+        count that family once per state (update or merge the families: GateAccumulator)."""
+        family = self._family()
+        if len(family.states) > 1:
+            raise ValueError("this GateState is one row of a GateFamily of several settings: update and merge "
+                             "the family (GateAccumulator does), not its states one by one")
+        return family
 
     @property
     def counts(self) -> dict[str, int]:
@@ -115,13 +122,11 @@ class GateState:
         return dict(zip(kernels.GATE_COUNTS, self._family().counts[self.index].tolist(), strict=True))
 
     def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool = True) -> None:
-        """`signed`: some advantage may be known (else every sign count stays 0 without a look at the rows).
-        Updates the state's whole family (alone: itself)."""
-        self._family().update(chunk, adv, rewards, signed)
+        """`signed`: some advantage may be known (else every sign count stays 0 without a look at the rows)."""
+        self._alone().update(chunk, adv, rewards, signed)
 
     def merge(self, other: GateState) -> None:
-        """Merge `other`'s family into this one's (families of the same settings: GateAccumulator.merge)."""
-        self._family().merge(other._family())
+        self._alone().merge(other._alone())
 
     def finish(self, num_sequences: int, source: str) -> dict[str, Any]:
         return self._family().finish(self.index, num_sequences, source)
@@ -131,8 +136,8 @@ class GateFamily:
     """Settings of one gate decided and reduced together: per chunk, the gate's statistic once (memoised on the
     chunk), then ONE compiled pass (kernels.gate_family) for every setting and the framework numbers their extras
     read; the family's state holds every setting side by side (counts [J, 13], the exact sums Σw, Σρ, Σρ² as
-    one ExactSums of 3J, the moments and extrema of w as arrays, the extras per family), so a chunk's numbers
-    are a few array adds whatever J is.
+    one ExactSums, the moments and extrema of w as arrays, the extras per family), so a chunk's numbers are a few
+    array adds whatever J is.
 
     The kernel needs the settings NESTED: each one masks a subset of what the one before it masks, from above and
     from below (the rules are monotone in their bounds). `families` orders a gate's settings so and starts another

@@ -10,8 +10,9 @@ Contract (rcdiag.analysis.engine runs every pass on it):
 A class that names one of them as a base and lacks a method, or gives `finish` or an update another parameter
 list, is a TypeError when its `class` statement runs (at import), not a silent slow path when a pass meets it.
 
-Primitives: exact sums (`ExactSum`), extrema (`Extremum`) and moments (`Moments`), whose results do not depend on
-how the data was split, and `merge_fields`, which merges such attributes generically.
+Primitives: exact sums (`ExactSum`; K side by side, `ExactSums`), extrema (`Extremum`) and moments (`Moments`; K side
+by side, `MomentsArray`), whose results do not depend on how the data was split, and `merge_fields`, which merges
+such attributes generically.
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def merge_fields(target: Any, other: Any, fields: tuple[str, ...]) -> Any:
     once): a mergeable primitive or consumer merges, numbers and numpy arrays add, lists extend. Returns target."""
     for name in fields:
         mine, theirs = getattr(target, name), getattr(other, name)
-        if isinstance(mine, (ExactSum, Extremum, Moments, Mergeable)):
+        if isinstance(mine, (ExactSum, ExactSums, Extremum, Moments, MomentsArray, Mergeable)):
             mine.merge(theirs)
         elif isinstance(mine, list):
             mine.extend(theirs)
@@ -152,7 +153,8 @@ class ExactSum:
 
     def merge(self, other: ExactSum) -> ExactSum:
         plain = self.plain
-        self.add(other.partials[:other.count])  # exact: the partials are values like any other
+        if not other.flags & 2:  # an overflowed sum's partials are stale (its value is its plain sum)
+            self.add(other.partials[:other.count])  # exact: the partials are values like any other
         self.plain = plain + other.plain
         self.special += other.special
         self.flags |= other.flags
@@ -163,6 +165,53 @@ class ExactSum:
             return self.plain + self.special
         total = math.fsum(self.partials[:self.count].tolist()) if self.count else 0.0
         return total + self.special if self.flags & 1 else total
+
+
+class ExactSums:
+    """K exact float64 sums side by side, each with ExactSum's semantics (exact until `value(k)` rounds it once, so
+    any batching, order or merge gives the same bits): a chunk's (K, m) values, or (K,) one each, are ONE compiled
+    call (kernels.grow_partials_rows), where K ExactSums cost K Python calls — the gate sweep's ~130 settings × 3
+    sums per chunk were most of its Python time (issue #32)."""
+
+    __slots__ = ("partials", "count", "plain", "special", "flags")
+
+    def __init__(self, k: int) -> None:
+        self.partials = np.zeros((k, _PARTIALS))
+        self.count = np.zeros(k, np.int64)
+        self.plain = np.zeros(k)
+        self.special = np.zeros(k)
+        self.flags = np.zeros(k, np.int64)
+
+    def __len__(self) -> int:
+        return self.count.size
+
+    def add(self, values: np.ndarray) -> None:
+        """Add row k of `values` (float64 [K, m], or [K]: one value each) to sum k."""
+        values = np.asarray(values, dtype=np.float64)
+        values = values.reshape(values.shape[0], -1) if values.ndim else values.reshape(1, 1)
+        if values.shape[0] != len(self):
+            raise ValueError(f"ExactSums of {len(self)} sums given {values.shape[0]} rows of values")
+        if values.shape[1]:
+            kernels.grow_partials_rows(self.partials, self.count, values, np.full(len(self), values.shape[1]),
+                                       self.plain, self.special, self.flags, True)
+
+    def merge(self, other: ExactSums) -> ExactSums:
+        lengths = np.where(other.flags & 2, 0, other.count)  # an overflowed sum's partials are stale (ExactSum)
+        kernels.grow_partials_rows(self.partials, self.count, other.partials, lengths, self.plain, self.special,
+                                   self.flags, False)  # exact: the partials are values like any other
+        self.plain += other.plain
+        self.special += other.special
+        self.flags |= other.flags
+        return self
+
+    def value(self, k: int) -> float:
+        """Sum k, correctly rounded (ExactSum.value)."""
+        flags, special = int(self.flags[k]), float(self.special[k])
+        if flags & 2:
+            return float(self.plain[k]) + special
+        count = int(self.count[k])
+        total = math.fsum(self.partials[k, :count].tolist()) if count else 0.0
+        return total + special if flags & 1 else total
 
 
 class Extremum:
@@ -247,6 +296,39 @@ class Moments:
     def var(self) -> float:
         """Population variance (divide by n); NaN when empty."""
         return self.m2 / self.n if self.n else math.nan
+
+
+class MomentsArray:
+    """K Moments side by side (count, mean, M2 per slot), merged slot by slot with Moments' own Chan formula in
+    numpy: a chunk's K batches are one vectorised merge, not K Python merges (the gate sweep, issue #32)."""
+
+    __slots__ = ("n", "mean", "m2")
+
+    def __init__(self, k: int) -> None:
+        self.n = np.zeros(k, np.int64)
+        self.mean = np.zeros(k)
+        self.m2 = np.zeros(k)
+
+    def add(self, n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> None:
+        """Merge batch k (n[k] values of mean[k] and M2 m2[k]; n[k] = 0: nothing) into slot k, as Moments.merge."""
+        n = np.asarray(n, np.int64)
+        total = self.n + n
+        first, both = (self.n == 0) & (n > 0), (self.n > 0) & (n > 0)
+        safe = np.where(total > 0, total, 1)
+        delta = mean - self.mean
+        merged_mean = self.mean + delta * (n / safe)
+        merged_m2 = self.m2 + (m2 + delta * delta * (self.n.astype(np.float64) * n / safe))
+        self.mean = np.where(first, mean, np.where(both, merged_mean, self.mean))
+        self.m2 = np.where(first, m2, np.where(both, merged_m2, self.m2))
+        self.n = total
+
+    def merge(self, other: MomentsArray) -> MomentsArray:
+        self.add(other.n, other.mean, other.m2)
+        return self
+
+    def slot(self, k: int) -> Moments:
+        """Slot k as a Moments (its var, n, mean)."""
+        return Moments(int(self.n[k]), float(self.mean[k]), float(self.m2[k]))
 
 
 def add_range(ranges: list[list[int]], first: int, last: int) -> None:

@@ -23,12 +23,13 @@ them to each framework's keys. Sources (file @ commit) are in analysis.gate_defs
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
+from rcdiag.analysis.accum import ExactSum, ExactSums, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, sequence_mean
@@ -58,14 +59,11 @@ def _valid_counts(chunk: TokenChunk) -> np.ndarray:
 @dataclass
 class Decision:
     """One chunk's decisions for every setting of one gate family, reduced (kernels.gate_family; its docstring
-    names each array); the setting's index `j` selects its numbers. `whole`: the gate keeps or masks whole
-    sequences (sequence level or any-token), so a sum over a sequence's kept rows is its sum over its valid rows
-    or 0."""
+    names each array), indexed by setting first. `whole`: the gate keeps or masks whole sequences (sequence level
+    or any-token), so a sum over a sequence's kept rows is its sum over its valid rows or 0."""
 
     counts: np.ndarray
-    per_w: np.ndarray
-    per_rho: np.ndarray
-    per_rho2: np.ndarray
+    sums: np.ndarray
     mean: np.ndarray
     m2: np.ndarray
     lo_w: np.ndarray
@@ -76,25 +74,36 @@ class Decision:
     x_drop: np.ndarray
     whole: bool
 
-    def seq_count(self, name: str, j: int) -> np.ndarray:
-        """Per-sequence count kernels.GATE_SEQ_COUNTS[name] of setting j (int64 [S]; needs `detail`)."""
-        return self.seq[GATE_SEQ_COUNTS.index(name), j]
+    def seq_count(self, name: str) -> np.ndarray:
+        """Per-sequence count kernels.GATE_SEQ_COUNTS[name] of every setting (int64 [J, S]; needs `detail`)."""
+        return self.seq[GATE_SEQ_COUNTS.index(name)]
 
-    def kept_sums(self, chunk: TokenChunk, key: str, values: np.ndarray, j: int) -> np.ndarray:
-        """Per-sequence sums of `values` over the rows setting j keeps, for a gate of whole sequences: the valid
-        rows' sums (the same bits as summing the kept rows alone) where the sequence is kept, else 0."""
+    def kept_sums(self, chunk: TokenChunk, key: str, values: np.ndarray) -> np.ndarray:
+        """Per-sequence sums of `values` over the rows each setting keeps (float64 [J, S]), for a gate of whole
+        sequences: the valid rows' sums (the same bits as summing the kept rows alone) where the sequence is kept,
+        else 0."""
         if not self.whole:
             raise ValueError("kept_sums: a gate that masks single tokens reduces its row values in the kernel")
-        return np.where(self.seq_count("kept", j) > 0, _valid_sums(chunk, key, values), 0.0)
+        return np.where(self.seq_count("kept") > 0, _valid_sums(chunk, key, values), 0.0)
 
 
 class Extra:
-    """A framework's logged numbers of one gate setting: `update(chunk, d, j, adv, rewards)` with the family's
-    Decision and the setting's index, `merge`, `finish(rows, valid)`. `DETAIL`: it reads the per-sequence counts;
+    """A framework's logged numbers of every setting of one gate family (`settings`, in the family's order):
+    `update(chunk, d, adv, rewards)` with the family's Decision, `merge`, `finish(j, rows, valid)` → setting j's
+    numbers. Each update is a numpy step over the family's [J, S] arrays, not a Python loop over its settings
+    (issue #32: per setting per chunk, the extras were a fifth of the gate sweep); a number the same for every
+    setting (a sum over the valid rows) is kept once. `DETAIL`: it reads the per-sequence counts;
     `row_values(chunk)`: row values (float64 [n]) whose sums over the kept / masked rows of each sequence it reads
     (x_kept / x_drop, in this order); `row_flag(chunk)`: rows whose kept count it reads (Decision.lower)."""
 
     DETAIL = False
+
+    def __init__(self, settings: Sequence[Any]) -> None:
+        self.size = len(settings)
+
+    def counter(self) -> np.ndarray:
+        """A count per setting (int64 [J], zeros)."""
+        return np.zeros(self.size, np.int64)
 
     def row_values(self, chunk: TokenChunk) -> list[np.ndarray]:
         return []
@@ -103,26 +112,32 @@ class Extra:
         return None
 
 
+def _masked(d: Decision) -> np.ndarray:
+    """Valid rows each setting masks on the chunk (int64 [J])."""
+    return d.counts[:, 0] - d.counts[:, 1]
+
+
 class VerlDppo(Extra):
-    def __init__(self) -> None:
-        self.ppo_kl, self.lower, self.masked = ExactSum(), 0, 0
+    def __init__(self, settings: Sequence[Any]) -> None:
+        super().__init__(settings)
+        self.ppo_kl, self.lower, self.masked = ExactSum(), self.counter(), self.counter()
 
     def row_flag(self, chunk: TokenChunk) -> np.ndarray:
         return chunk.memo(("verl", "above_c"), lambda: chunk.log_ratio(LOG_RATIO_CLAMP) > math.log(VERL_CLIP_RATIO_C))
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         self.ppo_kl.add(_valid_sums(chunk, "-lhat", -chunk.log_ratio(LOG_RATIO_CLAMP)))
-        self.masked += int(d.counts[j, 0] - d.counts[j, 1])
-        self.lower += int(d.lower[j])
+        self.masked += _masked(d)
+        self.lower += d.lower
 
     def merge(self, other: VerlDppo) -> None:
         self.ppo_kl.merge(other.ppo_kl)
         self.lower += other.lower
         self.masked += other.masked
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
-        return {"dppo_clipfrac": ratio(self.masked, valid), "dppo_ppo_kl": ratio(self.ppo_kl.value(), valid),
-                "dppo_clipfrac_lower": ratio(self.lower, valid)}
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
+        return {"dppo_clipfrac": ratio(int(self.masked[j]), valid), "dppo_ppo_kl": ratio(self.ppo_kl.value(), valid),
+                "dppo_clipfrac_lower": ratio(int(self.lower[j]), valid)}
 
 
 PRIME_NAMES = ("is_masked", "is_masked_low", "is_masked_high", "masked_advantage_positive",
@@ -134,46 +149,45 @@ class PrimeMasks(Extra):
 
     DETAIL = True
 
-    def __init__(self, signed: bool) -> None:
+    def __init__(self, settings: Sequence[Any], signed: bool) -> None:
+        super().__init__(settings)
         self.names = PRIME_NAMES if signed else ("is_masked", "masked_mismatch_kl", "unmasked_mismatch_kl")
-        self.sums = {n: ExactSum() for n in self.names}
-        self.maxes = {n: Extremum() for n in self.names}
+        self.sums = ExactSums(len(self.names) * self.size)  # name q, setting j: sum q·J + j
+        self.maxes = np.full((len(self.names), self.size), -math.inf)
         self.samples = 0
 
     def row_values(self, chunk: TokenChunk) -> list[np.ndarray]:
         return [chunk.memo(("prime", "mismatch"), lambda: k3(ell64(chunk)))]  # once per chunk for the grid
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
-        valid, kept = _valid_counts(chunk), d.seq_count("kept", j)
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
+        valid, kept = _valid_counts(chunk), d.seq_count("kept")
         drop = valid - kept
 
         def mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
             return total / np.maximum(count, 1)
 
         values = {"is_masked": lambda: mean(drop, valid),
-                  "is_masked_low": lambda: mean(d.seq_count("low_neg", j), valid),
-                  "is_masked_high": lambda: mean(d.seq_count("high_pos", j), valid),
-                  "masked_advantage_positive": lambda: mean(d.seq_count("drop_pos", j), drop),
-                  "masked_advantage_negative": lambda: mean(d.seq_count("drop_neg", j), drop),
-                  "masked_mismatch_kl": lambda: mean(d.x_drop[0, j], drop),
-                  "unmasked_mismatch_kl": lambda: mean(d.x_kept[0, j], kept)}
+                  "is_masked_low": lambda: mean(d.seq_count("low_neg"), valid),
+                  "is_masked_high": lambda: mean(d.seq_count("high_pos"), valid),
+                  "masked_advantage_positive": lambda: mean(d.seq_count("drop_pos"), drop),
+                  "masked_advantage_negative": lambda: mean(d.seq_count("drop_neg"), drop),
+                  "masked_mismatch_kl": lambda: mean(d.x_drop[0], drop),
+                  "unmasked_mismatch_kl": lambda: mean(d.x_kept[0], kept)}
         self.samples += int(chunk.seq_ids.size)
-        for name in self.names:
-            value = values[name]()
-            self.sums[name].add(value)
-            self.maxes[name].add(value)
+        per_sample = np.stack([values[name]() for name in self.names])  # [names, J, S]
+        self.sums.add(per_sample.reshape(len(self.sums), -1))
+        np.maximum(self.maxes, per_sample.max(axis=2), out=self.maxes)
 
     def merge(self, other: PrimeMasks) -> None:
-        for name in self.names:
-            self.sums[name].merge(other.sums[name])
-            self.maxes[name].merge(other.maxes[name])
+        self.sums.merge(other.sums)
+        np.maximum(self.maxes, other.maxes, out=self.maxes)
         self.samples += other.samples
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
         out = {}
-        for name in self.names:  # a sample without token rows logs 0 for every metric
-            out[f"prime_{name}_mean"] = ratio(self.sums[name].value(), rows)
-            top = self.maxes[name].hi if self.samples else -math.inf
+        for q, name in enumerate(self.names):  # a sample without token rows logs 0 for every metric
+            out[f"prime_{name}_mean"] = ratio(self.sums.value(q * self.size + j), rows)
+            top = float(self.maxes[q, j]) if self.samples else -math.inf
             out[f"prime_{name}_max"] = max(top, 0.0) if rows > self.samples else (top if self.samples else math.nan)
         return out
 
@@ -181,15 +195,16 @@ class PrimeMasks(Extra):
 class OpenRlhf(Extra):
     DETAIL = True
 
-    def __init__(self, sequence_level: bool) -> None:
-        self.sequence_level = sequence_level
-        self.kl, self.masked, self.seq_filtered, self.seen = ExactSum(), 0, 0, 0
+    def __init__(self, settings: Sequence[Any]) -> None:
+        super().__init__(settings)
+        self.sequence_level = settings[0].gate.level == "sequence"
+        self.kl, self.masked, self.seq_filtered, self.seen = ExactSum(), self.counter(), self.counter(), 0
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         self.kl.add(_valid_sums(chunk, "-ell", -ell64(chunk)))
-        self.masked += int(d.counts[j, 0] - d.counts[j, 1])
-        kept = d.seq_count("kept", j)
-        self.seq_filtered += int(np.count_nonzero(kept == 0))  # a row without a valid token: NaN mean, filtered
+        self.masked += _masked(d)
+        # a row without a valid token: NaN mean, filtered
+        self.seq_filtered += np.count_nonzero(d.seq_count("kept") == 0, axis=1)
         self.seen += int(chunk.seq_ids.size)
 
     def merge(self, other: OpenRlhf) -> None:
@@ -198,26 +213,29 @@ class OpenRlhf(Extra):
         self.seq_filtered += other.seq_filtered
         self.seen += other.seen
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
-        share = ratio(self.seq_filtered + rows - self.seen, rows) if self.sequence_level else ratio(self.masked, valid)
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
+        share = ratio(int(self.seq_filtered[j]) + rows - self.seen, rows) if self.sequence_level \
+            else ratio(int(self.masked[j]), valid)
         return {"is_filter_ratio": share, "vllm_kl": ratio(self.kl.value(), valid)}
 
 
 class SkyRl(Extra):
-    """SkyRL's is_ratio_* over the padded micro-batch and the mask ratios of `kind` (outlier | token | geo |
-    product)."""
+    """SkyRL's is_ratio_* over the padded micro-batch and the mask ratios of its gate's kind (outlier | token |
+    geo | product)."""
 
     DETAIL = True
 
-    def __init__(self, kind: str, lo: float, hi: float) -> None:
-        self.kind = kind
+    def __init__(self, settings: Sequence[Any]) -> None:
+        super().__init__(settings)
+        self.kind = settings[0].gate.name.split("_")[1]
         # a row without a valid token has the sequence ratio exp(0) = 1: out of band only if the band excludes 1
-        self.empty_over, self.empty_under = int(hi < 1.0), int(lo > 1.0)
-        self.rho_sum, self.moments, self.ext = ExactSum(), Moments(), Extremum()
+        self.empty_over = np.array([s.hi < 1.0 for s in settings], np.bool_)
+        self.empty_under = np.array([s.lo > 1.0 for s in settings], np.bool_)
+        self.rho_sum, self.moments, self.ext = ExactSum(), Moments(), Extremum()  # the valid rows': one for all
         self.valid = self.width = self.seen = 0
-        self.counts = dict.fromkeys(("masked", "over", "under"), 0)
+        self.counts = {k: self.counter() for k in ("masked", "over", "under")}
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         sums, moments, lo, hi = chunk.memo(("skyrl", "rho"), lambda: _ratio_summary(chunk))
         self.rho_sum.add(sums)
         self.moments.merge(Moments(moments.n, moments.mean, moments.m2))  # = moments.add of the chunk's ρ
@@ -228,16 +246,16 @@ class SkyRl(Extra):
         self.width = max(self.width, int(chunk.lengths.max()))
         self.seen += int(chunk.seq_ids.size)
         if self.kind == "token":
-            self.counts["masked"] += int(d.counts[j, 0] - d.counts[j, 1])
+            self.counts["masked"] += _masked(d)
             return
-        over, under = d.seq_count("high", j) > 0, d.seq_count("low", j) > 0
+        over, under = d.seq_count("high") > 0, d.seq_count("low") > 0
         if self.kind != "outlier":  # geo / product: the per-sequence ratio against its band
             empty = chunk.counts == 0
-            over = over | (empty & bool(self.empty_over))
-            under = under | (empty & bool(self.empty_under))
-        self.counts["over"] += int(np.count_nonzero(over))
-        self.counts["under"] += int(np.count_nonzero(under))
-        self.counts["masked"] += int(np.count_nonzero((d.seq_count("kept", j) < chunk.counts) | over | under))
+            over = over | (empty & self.empty_over[:, None])
+            under = under | (empty & self.empty_under[:, None])
+        self.counts["over"] += np.count_nonzero(over, axis=1)
+        self.counts["under"] += np.count_nonzero(under, axis=1)
+        self.counts["masked"] += np.count_nonzero((d.seq_count("kept") < chunk.counts) | over | under, axis=1)
 
     def merge(self, other: SkyRl) -> None:
         self.rho_sum.merge(other.rho_sum)
@@ -249,7 +267,7 @@ class SkyRl(Extra):
         for k in self.counts:
             self.counts[k] += other.counts[k]
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
         cells = rows * self.width
         zeros = cells - self.valid
         padded = Moments(self.moments.n, self.moments.mean, self.moments.m2)
@@ -259,13 +277,15 @@ class SkyRl(Extra):
                "skyrl_is_ratio_max": max(self.ext.hi, 0.0) if zeros else self.ext.hi,
                "skyrl_is_ratio_min": 0.0 if zeros else self.ext.lo}
         prefix = {"outlier": "outlier_seq", "geo": "geo_sequence_mask", "product": "product_sequence_mask"}
+        counts = {k: int(v[j]) for k, v in self.counts.items()}
         if self.kind == "token":
-            out["token_mask_ratio"] = self.counts["masked"] / max(valid, 1)
+            out["token_mask_ratio"] = counts["masked"] / max(valid, 1)
             return out
         p, unseen = prefix[self.kind], (rows - self.seen) if self.kind != "outlier" else 0
-        over = self.counts["over"] + unseen * self.empty_over
-        under = self.counts["under"] + unseen * self.empty_under
-        masked = self.counts["masked"] + unseen * int(self.empty_over or self.empty_under)
+        empty_over, empty_under = int(self.empty_over[j]), int(self.empty_under[j])
+        over = counts["over"] + unseen * empty_over
+        under = counts["under"] + unseen * empty_under
+        masked = counts["masked"] + unseen * int(empty_over or empty_under)
         out.update({f"{p}_masked_ratio": ratio(masked, rows), f"{p}_over_high_ratio": ratio(over, rows),
                     f"{p}_under_low_ratio": ratio(under, rows)})
         return out
@@ -281,19 +301,26 @@ def _ratio_summary(chunk: TokenChunk) -> tuple[np.ndarray, Moments, float, float
             float(rho.max()) if rho.size else -math.inf)
 
 
+NEMO_SUMS = ("mult", "gen_kl", "policy_kl", "js")
+"""NeMo-RL's loss metrics over the kept tokens (NemoSeqError.sums, in this order)."""
+
+
 class NemoSeqError(Extra):
     """NeMo-RL's sequence error statistics (before / after the mask) and its loss metrics over the kept tokens (its
-    gate masks whole sequences: Decision.kept_sums)."""
+    gate masks whole sequences: Decision.kept_sums). The statistics before the mask are one for every setting."""
 
     DETAIL = True
 
-    def __init__(self, threshold: float) -> None:
-        self.threshold = threshold
-        self.all, self.kept = (Extremum(), ExactSum(), [0]), (Extremum(), ExactSum(), [0])
-        self.masked = self.correct = self.tokens = 0
-        self.sums = {n: ExactSum() for n in ("mult", "gen_kl", "policy_kl", "js")}
+    def __init__(self, settings: Sequence[Any]) -> None:
+        super().__init__(settings)
+        self.thresholds = np.array([s.hi for s in settings], np.float64)
+        self.all_ext, self.all_sum, self.all_n = Extremum(), ExactSum(), 0
+        self.kept_lo, self.kept_hi = np.full(self.size, math.inf), np.full(self.size, -math.inf)
+        self.kept_sum, self.kept_n = ExactSums(self.size), self.counter()
+        self.masked, self.correct, self.tokens = self.counter(), self.counter(), self.counter()
+        self.sums = ExactSums(len(NEMO_SUMS) * self.size)  # name q, setting j: sum q·J + j
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid = chunk.counts > 0
         lr = ell64(chunk)
         with np.errstate(over="ignore", invalid="ignore"):  # δ-independent rows: once per chunk for the grid
@@ -302,72 +329,83 @@ class NemoSeqError(Extra):
             policy_kl = chunk.memo(("nemo", "policy_kl"), lambda: k3(-lr))
             js = chunk.memo(("nemo", "js"), lambda: js_divergence(chunk))
         error = chunk.memo(("nemo", "error"), lambda: sequence_mean(chunk, mult))[valid]
-        masked = error > self.threshold
-        for (ext, total, n), values in ((self.all, error), (self.kept, error[~masked])):
-            ext.add(values)
-            total.add(values)
-            n[0] += values.size
-        self.masked += int(np.count_nonzero(masked))
-        self.correct += int(np.count_nonzero(rewards[chunk.starts][valid][masked] == 1))
-        self.tokens += int(d.counts[j, 1])
+        masked = error > self.thresholds[:, None]  # [J, S']
+        self.all_ext.add(error)
+        self.all_sum.add(error)
+        self.all_n += error.size
+        if error.size:
+            self.kept_lo = np.minimum(self.kept_lo, np.where(masked, math.inf, error).min(axis=1))
+            self.kept_hi = np.maximum(self.kept_hi, np.where(masked, -math.inf, error).max(axis=1))
+        self.kept_sum.add(np.where(masked, 0.0, error))  # a 0 for a masked sequence: the same exact sum
+        self.kept_n += np.count_nonzero(~masked, axis=1)
+        self.masked += np.count_nonzero(masked, axis=1)
+        self.correct += np.count_nonzero(masked & (rewards[chunk.starts][valid] == 1), axis=1)
+        self.tokens += d.counts[:, 1]
+        rows = {"mult": mult, "gen_kl": gen_kl, "policy_kl": policy_kl, "js": js}
         with np.errstate(over="ignore", invalid="ignore"):  # rows not kept are left out below
-            for name, values in (("mult", mult), ("gen_kl", gen_kl), ("policy_kl", policy_kl), ("js", js)):
-                self.sums[name].add(d.kept_sums(chunk, "nemo_" + name, values, j))
+            kept = np.stack([d.kept_sums(chunk, "nemo_" + name, rows[name]) for name in NEMO_SUMS])
+        self.sums.add(kept.reshape(len(self.sums), -1))
 
     def merge(self, other: NemoSeqError) -> None:
-        for mine, theirs in ((self.all, other.all), (self.kept, other.kept)):
-            mine[0].merge(theirs[0])
-            mine[1].merge(theirs[1])
-            mine[2][0] += theirs[2][0]
-        self.masked += other.masked
-        self.correct += other.correct
-        self.tokens += other.tokens
-        for k in self.sums:
-            self.sums[k].merge(other.sums[k])
+        self.all_ext.merge(other.all_ext)
+        self.all_sum.merge(other.all_sum)
+        self.all_n += other.all_n
+        np.minimum(self.kept_lo, other.kept_lo, out=self.kept_lo)
+        np.maximum(self.kept_hi, other.kept_hi, out=self.kept_hi)
+        self.kept_sum.merge(other.kept_sum)
+        for name in ("kept_n", "masked", "correct", "tokens"):
+            getattr(self, name)[:] += getattr(other, name)
+        self.sums.merge(other.sums)
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        for suffix, (ext, total, n) in (("", self.all), ("_after_mask", self.kept)):
-            some = n[0] > 0
-            out[f"max_seq_mult_prob_error{suffix}"] = ext.hi if some else 0.0
-            out[f"mean_seq_mult_prob_error{suffix}"] = total.value() / n[0] if some else 0.0
-            out[f"min_seq_mult_prob_error{suffix}"] = ext.lo if some else 0.0
-        out["num_masked_seqs_by_logprob_error"] = self.masked
-        out["masked_correct_pct"] = self.correct / self.masked if self.masked else 0.0
+        kept_n = int(self.kept_n[j])
+        stats = (("", self.all_ext.lo, self.all_ext.hi, self.all_sum.value(), self.all_n),
+                 ("_after_mask", float(self.kept_lo[j]), float(self.kept_hi[j]), self.kept_sum.value(j), kept_n))
+        for suffix, lo, hi, total, n in stats:
+            some = n > 0
+            out[f"max_seq_mult_prob_error{suffix}"] = hi if some else 0.0
+            out[f"mean_seq_mult_prob_error{suffix}"] = total / n if some else 0.0
+            out[f"min_seq_mult_prob_error{suffix}"] = lo if some else 0.0
+        masked = int(self.masked[j])
+        out["num_masked_seqs_by_logprob_error"] = masked
+        out["masked_correct_pct"] = int(self.correct[j]) / masked if masked else 0.0
         names = {"mult": "token_mult_prob_error", "gen_kl": "gen_kl_error", "policy_kl": "policy_kl_error",
                  "js": "js_divergence_error"}
-        out.update({f"nemo_kept_{names[k]}": ratio(v.value(), self.tokens) for k, v in self.sums.items()})
+        tokens = int(self.tokens[j])
+        out.update({f"nemo_kept_{names[k]}": ratio(self.sums.value(q * self.size + j), tokens)
+                    for q, k in enumerate(NEMO_SUMS)})
         return out
 
 
 class RollFinal(Extra):
-    def __init__(self) -> None:
-        self.kept = 0
+    def __init__(self, settings: Sequence[Any]) -> None:
+        super().__init__(settings)
+        self.kept = self.counter()
 
-    def update(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
-        self.kept += int(d.counts[j, 1])
+    def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
+        self.kept += d.counts[:, 1]
 
     def merge(self, other: RollFinal) -> None:
         self.kept += other.kept
 
-    def finish(self, rows: int, valid: int) -> dict[str, float]:
-        return {"train_infer_final_mask_mean": ratio(self.kept, valid)}
+    def finish(self, j: int, rows: int, valid: int) -> dict[str, float]:
+        return {"train_infer_final_mask_mean": ratio(int(self.kept[j]), valid)}
 
 
-def extras_for(setting: Any) -> list[Extra]:
-    """The framework-number reducers of a gate setting (by its gate's framework and name)."""
-    g = setting.gate
+def extras_for(settings: Sequence[Any]) -> list[Extra]:
+    """The framework-number reducers of a family of settings of one gate (by its framework and name)."""
+    g = settings[0].gate
     if g.name in ("dppo_tv", "dppo_kl"):
-        return [VerlDppo(), *([PrimeMasks(True)] if g.name == "dppo_tv" else [])]
+        return [VerlDppo(settings), *([PrimeMasks(settings, True)] if g.name == "dppo_tv" else [])]
     if g.name in ("ipo", "two_sided_kl"):
-        return [PrimeMasks(False)]
+        return [PrimeMasks(settings, False)]
     if g.framework == "openrlhf":
-        return [OpenRlhf(g.level == "sequence")]
+        return [OpenRlhf(settings)]
     if g.framework == "skyrl":
-        return [SkyRl(g.name.split("_")[1], setting.lo, setting.hi)]
+        return [SkyRl(settings)]
     if g.framework == "nemo-rl":
-        return [NemoSeqError(setting.hi)]
+        return [NemoSeqError(settings)]
     if g.framework == "roll":
-        return [RollFinal()]
+        return [RollFinal(settings)]
     return []
-

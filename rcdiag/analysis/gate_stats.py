@@ -1,9 +1,11 @@
-"""The gates' per-token statistics and their per-sequence / per-segment aggregates over one chunk (float64 numpy,
-cached on the chunk so every gate setting of a sweep computes each once). Formulas: analysis.gate_defs."""
+"""The gates' per-token statistics and their per-sequence / per-segment aggregates over one chunk (float64 numpy;
+the aggregates one compiled pass, kernels.segment_means), cached on the chunk so every gate setting of a sweep
+computes each once. Formulas: analysis.gate_defs."""
 from __future__ import annotations
 
 import numpy as np
 
+from rcdiag.analysis import kernels
 from rcdiag.analysis.chunks import TokenChunk
 
 CLIP = 1e-6
@@ -103,50 +105,25 @@ def token_statistic(chunk: TokenChunk, name: str) -> np.ndarray:
 
 def sequence_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
     """Per-sequence mean over valid rows (0 for a sequence without one, as ROLL's / SkyRL's clamped divisors)."""
-    return chunk.seq_sum(np.where(chunk.mask, values, 0.0)) / np.maximum(chunk.counts, 1)
-
-
-def segments(chunk: TokenChunk) -> tuple[np.ndarray, np.ndarray]:
-    """(segment id per row, -1 on masked rows; number of segments): ROLL's segments, each run of consecutive valid
-    rows within a sequence (`compute_segment_masked_mean`: runs of response_mask = 1)."""
-    def make() -> np.ndarray:
-        mask = chunk.mask
-        starts = np.zeros(chunk.n, dtype=bool)
-        starts[chunk.starts] = True
-        previous = np.concatenate(([False], mask[:-1]))
-        opens = mask & (starts | ~previous)
-        ids = np.cumsum(opens) - 1
-        return np.where(mask, ids, -1)
-    ids = chunk.memo(("gate", "segments"), make)
-    return ids, int(ids.max()) + 1 if ids.size else 0
+    return kernels.segment_means(values, chunk.mask, chunk.starts, 0, False)[1]
 
 
 def segment_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
-    """Each valid row's segment mean of `values` (0 on masked rows, as ROLL fills them)."""
-    ids, count = segments(chunk)
-    valid = ids >= 0
-    if not count:
-        return np.zeros(chunk.n)
-    total = np.bincount(ids[valid], weights=values[valid], minlength=count)
-    size = np.bincount(ids[valid], minlength=count)
-    out = np.zeros(chunk.n)
-    out[valid] = (total / size)[ids[valid]]
-    return out
+    """Each valid row's segment mean of `values` (0 on masked rows, as ROLL fills them): ROLL's segments, each run
+    of consecutive valid rows within a sequence (`compute_segment_masked_mean`: runs of response_mask = 1)."""
+    return kernels.segment_means(values, chunk.mask, chunk.starts, 2, False)[0]
 
 
 def aggregate(chunk: TokenChunk, values: np.ndarray, level: str, reduce: str) -> np.ndarray:
     """The statistic at the gate's level, per row: token → itself; sequence → its sequence's mean | sum |
     geometric | product broadcast (geometric / product on a log-ratio: the mean / sum of ℓ, exp'd by the caller);
-    segment → its segment's mean."""
+    segment → its segment's mean. One compiled pass (kernels.segment_means)."""
     if level == "token":
         return values
     if level == "segment":
         return segment_mean(chunk, values)
-    if reduce in ("sum", "product"):
-        per_seq = chunk.seq_sum(np.where(chunk.mask, values, 0.0))
-    else:
-        per_seq = sequence_mean(chunk, values)
-    return chunk.per_row(per_seq)
+    summed = reduce in ("sum", "product")  # else the mean (geometric: of ℓ)
+    return kernels.segment_means(values, chunk.mask, chunk.starts, 1 if summed else 0, True)[0]
 
 
 def k3(log_ratio: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis import kernels
-from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Moments, Totals, ratio
+from rcdiag.analysis.accum import ChunkConsumer, ExactSums, MomentsArray, Totals, ratio
 from rcdiag.analysis.advantages import Advantages, resolve, sequence_rewards
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
@@ -94,71 +94,50 @@ def _nested(gate: Gate, his: np.ndarray, los: np.ndarray) -> bool:
 
 
 class GateState:
-    """The mergeable reduction of one setting (module docstring names), plus its framework's logged numbers."""
+    """One setting of a sweep: a view of row `index` of its family's arrays (GateFamily holds every setting's
+    state side by side, so a chunk costs one array add per quantity, not one per setting: issue #32). A state made
+    alone is a family of one."""
 
     def __init__(self, setting: GateSetting) -> None:
         self.setting = setting
-        self.counts = dict.fromkeys(kernels.GATE_COUNTS, 0)
-        self.w_sum, self.moments, self.w_ext = ExactSum(), Moments(), Extremum()
-        self.rho_sum, self.rho2_sum = ExactSum(), ExactSum()
-        self.extras = extras_for(setting)
+        self.family: GateFamily | None = None
+        self.index = 0
+
+    def _family(self) -> GateFamily:
+        """Its family (for a state made alone, a family of one, made on first use)."""
+        return self.family if self.family is not None else GateFamily([self])
+
+    def _alone(self) -> GateFamily:
+        """Its family, which must hold it alone: an update or merge through one state of a larger family would
+        count that family once per state (update or merge the families: GateAccumulator)."""
+        family = self._family()
+        if len(family.states) > 1:
+            raise ValueError("this GateState is one row of a GateFamily of several settings: update and merge "
+                             "the family (GateAccumulator does), not its states one by one")
+        return family
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """kernels.GATE_COUNTS → this setting's count so far."""
+        return dict(zip(kernels.GATE_COUNTS, self._family().counts[self.index].tolist(), strict=True))
 
     def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool = True) -> None:
         """`signed`: some advantage may be known (else every sign count stays 0 without a look at the rows)."""
-        GateFamily([self]).update(chunk, adv, rewards, signed)
-
-    def add(self, chunk: TokenChunk, d: Decision, j: int, adv: np.ndarray, rewards: np.ndarray) -> None:
-        """Take setting j's numbers of its family's Decision on `chunk` (GateFamily.update)."""
-        counts = d.counts[j]
-        for name, count in zip(kernels.GATE_COUNTS, counts.tolist(), strict=True):
-            self.counts[name] += count
-        if counts[0]:  # exact sums of per-sequence sums, as every other rcdiag sum (one compiled reduction)
-            self.w_sum.add(d.per_w[j])
-            self.moments.merge(Moments(int(counts[0]), float(d.mean[j]), float(d.m2[j])))
-            self.w_ext.add_scalar(float(d.lo_w[j]))
-            self.w_ext.add_scalar(float(d.hi_w[j]))
-        self.rho_sum.add(d.per_rho[j])
-        self.rho2_sum.add(d.per_rho2[j])
-        for extra in self.extras:
-            extra.update(chunk, d, j, adv, rewards)
+        self._alone().update(chunk, adv, rewards, signed)
 
     def merge(self, other: GateState) -> None:
-        for key in self.counts:
-            self.counts[key] += other.counts[key]
-        self.w_sum.merge(other.w_sum)
-        self.moments.merge(other.moments)
-        self.w_ext.merge(other.w_ext)
-        self.rho_sum.merge(other.rho_sum)
-        self.rho2_sum.merge(other.rho2_sum)
-        for mine, theirs in zip(self.extras, other.extras, strict=True):
-            mine.merge(theirs)
+        self._alone().merge(other._alone())
 
     def finish(self, num_sequences: int, source: str) -> dict[str, Any]:
-        c, s = self.counts, self.setting
-        n = c["valid"]
-        kept_rho, kept_rho2 = self.rho_sum.value(), self.rho2_sum.value()
-        out: dict[str, Any] = {
-            "kept_token_frac": ratio(c["kept"], n), "kept_seq_frac": ratio(c["seqs_kept"], c["seqs"]),
-            "clipped_frac": ratio(n - c["kept"], n), "fraction_high": ratio(c["high"], n),
-            "fraction_low": ratio(c["low"], n), "masked_seq_frac": ratio(c["seqs_masked"], c["seqs"]),
-            **{f"kept_{k}_frac": ratio(c["kept_" + k], c[k]) for k in ("pos", "neg", "zero")},
-            "adv_pos_frac": ratio(c["pos"], n) if source != "none" else math.nan,
-            "adv_neg_frac": ratio(c["neg"], n) if source != "none" else math.nan,
-            "is_weight_mean": ratio(self.w_sum.value(), n),
-            "is_weight_std": math.sqrt(max(self.moments.var, 0.0)) if self.moments.n > 1 else (0.0 if n else math.nan),
-            "is_weight_min": self.w_ext.lo if n else math.nan, "is_weight_max": self.w_ext.hi if n else math.nan,
-            "ess": kept_rho * kept_rho / (c["kept"] * kept_rho2) if c["kept"] and kept_rho2 > 0 else math.nan,
-            "threshold_low": s.lo, "threshold_high": s.hi}
-        for extra in self.extras:
-            out.update(extra.finish(num_sequences, n))
-        out["advantage_source"] = source
-        return out
+        return self._family().finish(self.index, num_sequences, source)
 
 
 class GateFamily:
     """Settings of one gate decided and reduced together: per chunk, the gate's statistic once (memoised on the
     chunk), then ONE compiled pass (kernels.gate_family) for every setting and the framework numbers their extras
-    read; each GateState takes its setting's share (GateState.add).
+    read; the family's state holds every setting side by side (counts [J, 13], the exact sums Σw, Σρ, Σρ² as
+    one ExactSums, the moments and extrema of w as arrays, the extras per family), so a chunk's numbers are a few
+    array adds whatever J is.
 
     The kernel needs the settings NESTED: each one masks a subset of what the one before it masks, from above and
     from below (the rules are monotone in their bounds). `families` orders a gate's settings so and starts another
@@ -174,8 +153,19 @@ class GateFamily:
         self.los = np.array([lo for _, lo in bounds], np.float64)
         if any(s.setting.gate != g for s in states) or not _nested(g, self.his, self.los):
             raise ValueError("a GateFamily holds nested settings of one gate (GateFamily.families)")
-        self.detail = any(e.DETAIL for s in states for e in s.extras)
+        J = len(states)
+        self.counts = np.zeros((J, len(kernels.GATE_COUNTS)), np.int64)
+        # Σw, Σρ, Σρ² of setting j: sums j, J + j, 2J + j (the kernel's block); a ratio weight's Σw is its Σρ
+        # exactly (w = ρ on kept rows, 0 on masked ones), so its sums start at Σρ: a third fewer values to add
+        self.first = 1 if g.weight == "ratio" else 0
+        self.sums = ExactSums((3 - self.first) * J)
+        self.moments = MomentsArray(J)
+        self.w_lo, self.w_hi = np.full(J, math.inf), np.full(J, -math.inf)
+        self.extras = extras_for([s.setting for s in states])
+        self.detail = any(e.DETAIL for e in self.extras)
         self.whole = g.level == "sequence" or g.rule == "any_token"
+        for j, state in enumerate(states):
+            state.family, state.index = self, j
 
     @staticmethod
     def families(states: list[GateState]) -> list[GateFamily]:
@@ -216,9 +206,8 @@ class GateFamily:
         return value
 
     def update(self, chunk: TokenChunk, adv: np.ndarray, rewards: np.ndarray, signed: bool) -> None:
-        extras = self.states[0].extras  # every setting of a gate has the same kinds of extras
-        xs = [v for e in extras for v in e.row_values(chunk)]
-        flags = [f for e in extras if (f := e.row_flag(chunk)) is not None]
+        xs = [v for e in self.extras for v in e.row_values(chunk)]
+        flags = [f for e in self.extras if (f := e.row_flag(chunk)) is not None]
         with np.errstate(invalid="ignore"):
             out = kernels.gate_family(
                 self.rule, self.value(chunk), ell64(chunk), self.his, self.los, chunk.mask, adv, signed,
@@ -227,8 +216,53 @@ class GateFamily:
                 flags[0] if flags else chunk.memo(("gate", "no_flag"), lambda: np.zeros(chunk.n, np.bool_)),
                 self.detail)
         d = Decision(*out, whole=self.whole)
-        for j, state in enumerate(self.states):
-            state.add(chunk, d, j, adv, rewards)
+        self.counts += d.counts
+        self.sums.add(d.sums[self.first:].reshape(len(self.sums), -1))
+        self.moments.add(d.counts[:, 0], d.mean, d.m2)
+        np.minimum(self.w_lo, d.lo_w, out=self.w_lo)
+        np.maximum(self.w_hi, d.hi_w, out=self.w_hi)
+        for extra in self.extras:
+            extra.update(chunk, d, adv, rewards)
+
+    def merge(self, other: GateFamily) -> GateFamily:
+        """Add `other`'s state (a family of the same settings, over other sequences)."""
+        self.counts += other.counts
+        self.sums.merge(other.sums)
+        self.moments.merge(other.moments)
+        np.minimum(self.w_lo, other.w_lo, out=self.w_lo)
+        np.maximum(self.w_hi, other.w_hi, out=self.w_hi)
+        for mine, theirs in zip(self.extras, other.extras, strict=True):
+            mine.merge(theirs)
+        return self
+
+    def finish(self, j: int, num_sequences: int, source: str) -> dict[str, Any]:
+        """Setting j's numbers (module docstring), its framework's after them."""
+        c = dict(zip(kernels.GATE_COUNTS, self.counts[j].tolist(), strict=True))
+        s, J = self.states[j].setting, len(self.states)
+        n = c["valid"]
+
+        def total(q: int) -> float:  # sum q (0 Σw, 1 Σρ, 2 Σρ²) of setting j
+            return self.sums.value((max(q, self.first) - self.first) * J + j)
+
+        kept_rho, kept_rho2 = total(1), total(2)
+        moments = self.moments.slot(j)
+        out: dict[str, Any] = {
+            "kept_token_frac": ratio(c["kept"], n), "kept_seq_frac": ratio(c["seqs_kept"], c["seqs"]),
+            "clipped_frac": ratio(n - c["kept"], n), "fraction_high": ratio(c["high"], n),
+            "fraction_low": ratio(c["low"], n), "masked_seq_frac": ratio(c["seqs_masked"], c["seqs"]),
+            **{f"kept_{k}_frac": ratio(c["kept_" + k], c[k]) for k in ("pos", "neg", "zero")},
+            "adv_pos_frac": ratio(c["pos"], n) if source != "none" else math.nan,
+            "adv_neg_frac": ratio(c["neg"], n) if source != "none" else math.nan,
+            "is_weight_mean": ratio(total(0), n),
+            "is_weight_std": math.sqrt(max(moments.var, 0.0)) if moments.n > 1 else (0.0 if n else math.nan),
+            "is_weight_min": float(self.w_lo[j]) if n else math.nan,
+            "is_weight_max": float(self.w_hi[j]) if n else math.nan,
+            "ess": kept_rho * kept_rho / (c["kept"] * kept_rho2) if c["kept"] and kept_rho2 > 0 else math.nan,
+            "threshold_low": s.lo, "threshold_high": s.hi}
+        for extra in self.extras:
+            out.update(extra.finish(j, num_sequences, n))
+        out["advantage_source"] = source
+        return out
 
 
 class GateAccumulator(ChunkConsumer):
@@ -266,7 +300,7 @@ class GateAccumulator(ChunkConsumer):
             family.update(chunk, adv, rewards, self.advantages.known)
 
     def merge(self, other: GateAccumulator) -> GateAccumulator:
-        for mine, theirs in zip(self.states, other.states, strict=True):
+        for mine, theirs in zip(self.families, other.families, strict=True):  # the same settings: the same families
             mine.merge(theirs)
         return self
 

@@ -75,6 +75,28 @@ def _row(a, b, mask, i):
     return 0.0, 0.0
 
 
+@numba.njit(inline="always")
+def _grow(partials, count, x):
+    """Add one finite x to the non-overlapping partials[:count] (msum's inner loop, shared by grow_partials and
+    grow_partials_rows). Returns (count, whether the sum overflowed: x is then dropped, the caller flags it and
+    grows that sum no further: its partials then hold ±inf, every later value would add a NaN partial and run
+    past the buffer's end)."""
+    i = 0
+    for j in range(count):
+        y = partials[j]
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo != 0.0:
+            partials[i] = lo
+            i += 1
+        x = hi
+    overflow = not math.isfinite(x)
+    partials[i] = 0.0 if overflow else x
+    return i + 1, overflow
+
+
 @numba.njit(**_JIT)
 def grow_partials(partials, count, values, plain, special, flags):
     """Add `values` (float64 [m]) to an exact sum held as Shewchuk's non-overlapping partials (math.fsum's own
@@ -89,23 +111,37 @@ def grow_partials(partials, count, values, plain, special, flags):
             flags |= 1
             continue
         plain += x
-        i = 0
-        for j in range(count):
-            y = partials[j]
-            if abs(x) < abs(y):
-                x, y = y, x
-            hi = x + y
-            lo = y - (hi - x)
-            if lo != 0.0:
-                partials[i] = lo
-                i += 1
-            x = hi
-        if not math.isfinite(x):
+        if flags & 2:  # overflowed: value() is the IEEE `plain`; growing on would corrupt memory (see _grow)
+            continue
+        count, overflow = _grow(partials, count, x)
+        if overflow:
             flags |= 2
-            x = 0.0
-        partials[i] = x
-        count = i + 1
     return count, plain, special, flags
+
+
+@numba.njit(**_JIT)
+def grow_partials_rows(partials, count, values, lengths, plain, special, flags, track_plain):
+    """K exact sums at once (accum.ExactSums), in place: sum k (partials[k], count[k], plain[k], special[k],
+    flags[k], as grow_partials's) takes values[k, :lengths[k]]. One call for a chunk's (K, m) values, where K
+    ExactSum adds cost a Python call each (issue #32: the gate sweep's ~130 settings × 3 sums a chunk).
+    `track_plain` False leaves `plain` alone (a merge adds the other side's partials, and its plain apart)."""
+    for k in range(values.shape[0]):
+        row = partials[k]
+        c, p, s, f = count[k], plain[k], special[k], flags[k]
+        for t in range(lengths[k]):
+            x = np.float64(values[k, t])
+            if not math.isfinite(x):
+                s += x
+                f |= 1
+                continue
+            if track_plain:
+                p += x
+            if f & 2:
+                continue
+            c, overflow = _grow(row, c, x)
+            if overflow:
+                f |= 2
+        count[k], plain[k], special[k], flags[k] = c, p, s, f
 
 
 GATE_COUNTS = ("valid", "kept", "high", "low", "seqs", "seqs_kept", "seqs_masked", "pos", "neg", "zero",
@@ -137,21 +173,21 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     cancellation: every term is ≥ 0).
 
     Returns, per setting j: counts [J, 13] (GATE_COUNTS; the sign counts 0 unless `signed`), per-sequence sums
-    [J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and ρ²
-    on kept rows, the moments of w over the valid rows (mean, M2), its min and max, the kept rows where `flag`
+    [3, J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and
+    ρ² on kept rows, the moments of w over the valid rows (mean, M2), its min and max, the kept rows where `flag`
     holds [J]; and when `detail`, per-sequence counts [7, J, S] (GATE_SEQ_COUNTS) and the per-sequence sums
     [m, J, S] of each row value xs[q] over the kept rows and over the masked valid rows."""
     n_seq, n, J, m = starts.size, mask.size, his.size, xs.shape[0]
     B = J + 1
     D = J if detail else 0
     counts = np.zeros((J, len(GATE_COUNTS)), np.int64)
-    per_w = np.zeros((J, n_seq))
-    per_rho = np.zeros((J, n_seq))
-    per_rho2 = np.zeros((J, n_seq))
+    sums = np.zeros((3, J, n_seq))  # one block: the caller adds it to its ExactSums in one call
+    per_w, per_rho, per_rho2 = sums[0], sums[1], sums[2]
     sc = np.zeros((len(GATE_SEQ_COUNTS), D, n_seq), np.int64)
     x_kept = np.zeros((m, D, n_seq))
     x_drop = np.zeros((m, D, n_seq))
-    bin_of = np.full(n, J, np.int64)  # k per row: the first setting that keeps it
+    # k per row, the first setting that keeps it: only the second pass of a ratio weight's moments reads it
+    bin_of = np.full(n if ratio_weight else 0, J, np.int32)
     n_b, w_b, lo_b, hi_b = np.zeros(B, np.int64), np.zeros(B), np.full(B, np.inf), np.full(B, -np.inf)
     flag_b = np.zeros(B, np.int64)
     sign_b = np.zeros((3, B), np.int64)  # rows by k: A > 0, A < 0, A = 0
@@ -163,6 +199,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     sr, sq = np.zeros(B), np.zeros(B)
     sx = np.zeros((m, B))
     wb0, lo0, hi0 = 0.0, np.inf, -np.inf  # bin 0 of the chunk (the rows every setting keeps)
+    hi0_, lo0_ = his[0], los[0]  # setting 0's bounds, in registers: a row it keeps is kept at every setting
     fb0 = sp0 = sn0 = sz0 = 0
     for k in range(n_seq):
         first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
@@ -185,7 +222,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
         sq[:] = 0.0
         sx[:] = 0.0
         valid = n_pos = n_neg = c0 = p0 = g0 = 0
-        r0 = q0 = 0.0
+        r0 = q0 = x0 = 0.0  # x0: bin 0's sum of xs[0] (the first row value, nearly always the only one)
         for i in range(first, last):
             if not mask[i]:
                 continue
@@ -193,23 +230,31 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
             v, r, rose, a_i = value[i], rho[i], ell[i], adv[i]
             pos = a_i > 0
             h = kk = u = 0  # the row's place (rules of analysis.gate_defs; NaN masks); written out here, as an
-            if rule == 0:  # inlined function made this loop 3× slower. band / upper: keep lo ≤ v ≤ hi
-                for j in range(J):
-                    hi = his[j]
-                    h += 0 if v <= hi else 1
-                    kk += 0 if v <= hi and v >= los[j] else 1
+            # inlined function made this loop 3× slower. The bounds nest (his rise, the low side tightens toward
+            # setting 0), so a row setting 0 keeps is kept at every setting: two comparisons, not 2J, for nearly
+            # every row, and the loop over the settings only for a row some setting masks
+            if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
+                if not (v <= hi0_ and v >= lo0_):
+                    for j in range(J):
+                        hi = his[j]
+                        h += 0 if v <= hi else 1
+                        kk += 0 if v <= hi and v >= los[j] else 1
             elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
-                for j in range(J):
-                    if pos:
-                        h += 0 if v <= his[j] else 1
-                    else:
+                if pos:
+                    if not v <= hi0_:
+                        for j in range(J):
+                            h += 0 if v <= his[j] else 1
+                elif not v >= lo0_:
+                    for j in range(J):
                         kk += 0 if v >= los[j] else 1
                 kk = max(h, kk)
             elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
-                for j in range(J):
-                    if pos:
-                        h += 0 if v <= his[j] or rose <= 0 else 1
-                    else:
+                if pos:
+                    if not (v <= hi0_ or rose <= 0):
+                        for j in range(J):
+                            h += 0 if v <= his[j] or rose <= 0 else 1
+                elif not (v <= lo0_ or rose >= 0):
+                    for j in range(J):
                         kk += 0 if v <= los[j] or rose >= 0 else 1
                 kk = max(h, kk)
             else:  # any_token: the sequence's place
@@ -231,14 +276,18 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                     g0 += a_i < 0
                     n_pos += pos
                     n_neg += a_i < 0
-                    for q in range(m):
+                    if m:
+                        x0 += xs[0, i]
+                    for q in range(1, m):
                         sx[q, 0] += xs[q, i]
-                bin_of[i] = 0
+                if ratio_weight:
+                    bin_of[i] = 0
                 continue
             if rule != 3:
                 u = kk
             ls = 0 if rule == 3 else h
-            bin_of[i] = kk
+            if ratio_weight:
+                bin_of[i] = kk
             w = (r if ratio_weight else 1.0) if kk < J else 0.0
             n_b[kk] += 1
             w_b[kk] += w
@@ -265,6 +314,8 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                 for q in range(m):
                     sx[q, kk] += xs[q, i]
         n_b[0] += c0
+        if m:
+            sx[0, 0] += x0  # 0 + x0: the bits of the adds in memory
         sk[0] += c0
         sr[0] += r0
         sq[0] += q0
@@ -361,7 +412,7 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
             c_zero += sign_b[2, j]
             counts[j, 7], counts[j, 8], counts[j, 9] = sign_b[0].sum(), sign_b[1].sum(), sign_b[2].sum()
             counts[j, 10], counts[j, 11], counts[j, 12] = c_pos, c_neg, c_zero
-    return counts, per_w, per_rho, per_rho2, mean, m2, lo_w, hi_w, lower, sc, x_kept, x_drop
+    return counts, sums, mean, m2, lo_w, hi_w, lower, sc, x_kept, x_drop
 
 
 @numba.njit(**_JIT)
@@ -389,6 +440,50 @@ def _two_sum(s, c, x):
 def _total(s, c):
     """s + c, or s alone when s is ±inf/NaN (the compensation term is then NaN)."""
     return s + c if math.isfinite(s) else s
+
+
+@numba.njit(**_JIT)
+def segment_means(values, mask, starts, level, broadcast):
+    """The gates' per-sequence / per-segment aggregates of a row value in one pass over the valid rows (they were
+    numpy's masked copy, reduceat, a division and a repeat per call: analysis.gate_stats.aggregate, issue #32).
+    `level` 0: each sequence's mean of `values` over its valid rows (0 when it has none: the divisor is clamped at
+    1, as ROLL's / SkyRL's), 1: its sum, 2: each segment's mean (ROLL's segments: runs of consecutive valid rows
+    within a sequence). Sums are compensated (Neumaier), so nearly correctly rounded; masked rows are never read.
+    Returns (per row [n] when `broadcast`, else [0]: levels 0 / 1 the row's sequence's number, level 2 a valid row's
+    segment mean and 0 on masked rows; per sequence [S]: levels 0 / 1 the number, level 2 zeros)."""
+    n, n_seq = mask.size, starts.size
+    rows = np.zeros(n if broadcast or level == 2 else 0)
+    per_seq = np.zeros(n_seq)
+    for k in range(n_seq):
+        first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
+        if level == 2:
+            i = first
+            while i < last:
+                if not mask[i]:
+                    i += 1
+                    continue
+                j, s, c = i, 0.0, 0.0
+                while j < last and mask[j]:
+                    s, c = _two_sum(s, c, np.float64(values[j]))
+                    j += 1
+                mean = _total(s, c) / (j - i)
+                for t in range(i, j):
+                    rows[t] = mean
+                i = j
+            continue
+        s = c = 0.0
+        count = 0
+        for i in range(first, last):
+            if mask[i]:
+                s, c = _two_sum(s, c, np.float64(values[i]))
+                count += 1
+        total = _total(s, c)
+        value = total if level == 1 else total / max(count, 1)
+        per_seq[k] = value
+        if broadcast:
+            for i in range(first, last):
+                rows[i] = value
+    return rows, per_seq
 
 
 @numba.njit(**_JIT)

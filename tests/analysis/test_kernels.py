@@ -263,6 +263,91 @@ def test_exact_sum_is_independent_of_how_values_arrive():
     assert inf.value() == math.inf
 
 
+def test_segment_means_match_fsum_per_group():
+    """kernels.segment_means (the gates' sequence / ROLL-segment aggregates): each sequence's mean and sum over its
+    valid rows, each segment's mean (a run of valid rows within a sequence), against math.fsum of the same values;
+    masked rows (NaN here) never read, a sequence without a valid row 0."""
+    rng = np.random.default_rng(14)
+    starts, lengths = _segments(rng, 50, 40)
+    n = int(lengths.sum())
+    mask = rng.random(n) > 0.3
+    mask[starts[3]:starts[4]] = False
+    values = np.where(mask, rng.normal(0, 1e3, n) * rng.choice([1.0, 1e-9], n), np.nan)
+    bounds = [*starts.tolist(), n]
+    for level in (0, 1):
+        rows, per_seq = kernels.segment_means(values, mask, starts, level, True)
+        for k in range(starts.size):
+            kept = values[bounds[k]:bounds[k + 1]][mask[bounds[k]:bounds[k + 1]]].tolist()
+            want = math.fsum(kept) / (max(len(kept), 1) if level == 0 else 1)
+            assert per_seq[k] == pytest.approx(want, rel=1e-15, abs=1e-300), (level, k)
+            assert np.all(rows[bounds[k]:bounds[k + 1]] == per_seq[k])
+    rows = kernels.segment_means(values, mask, starts, 2, False)[0]
+    for k in range(starts.size):
+        i, last = bounds[k], bounds[k + 1]
+        while i < last:
+            j = i
+            while j < last and mask[j] == mask[i]:
+                j += 1
+            want = math.fsum(values[i:j].tolist()) / (j - i) if mask[i] else 0.0
+            assert np.all(rows[i:j] == pytest.approx(want, rel=1e-15, abs=1e-300)), (k, i)
+            i = j
+
+
+def test_exact_sums_equal_one_exact_sum_each():
+    """ExactSums (K sums, one compiled call per (K, m) add) gives each sum ExactSum's bits whatever the batching,
+    merges included: the gate sweep's determinism across threads and file order rests on it; inf / NaN and an
+    overflowing intermediate sum fall back as ExactSum does."""
+    from rcdiag.analysis.accum import ExactSums
+
+    rng = np.random.default_rng(12)
+    values = np.stack([rng.normal(0, 1e16, 3000), rng.normal(0, 1.0, 3000), rng.normal(0, 1e-300, 3000),
+                       np.r_[rng.normal(0, 1.0, 2999), math.inf], np.r_[1e308, 1e308, -1e308, np.zeros(2997)]])
+    singles = [ExactSum() for _ in values]
+    for single, row in zip(singles, values, strict=True):
+        single.add(row)
+    whole, pieces, left, right = ExactSums(5), ExactSums(5), ExactSums(5), ExactSums(5)
+    whole.add(values)
+    for part in np.array_split(values, 97, axis=1):
+        pieces.add(part)
+    for column in values[:, :1234].T:
+        left.add(column)  # one value per sum
+    right.add(values[:, 1234:])
+    left.merge(right)
+    late, first = ExactSums(5), ExactSums(5)  # merged the other way round: sum 4 has no intermediate overflow
+    late.add(values[:, 1:])
+    first.add(values[:, :1])
+    first.merge(late)
+    assert first.value(4) == 1e308
+    for k, single in enumerate(singles):
+        want = single.value()
+        for got in (whole, pieces, left) + ((first,) if k < 4 else ()):
+            assert np.array_equal(got.value(k), want, equal_nan=True), k
+    assert whole.value(0) == math.fsum(values[0].tolist()) and whole.value(3) == math.inf
+    assert ExactSums(2).value(1) == 0.0
+
+
+def test_moments_array_merges_as_moments():
+    """MomentsArray's vectorised Chan merge gives each slot the bits of Moments.merge of the same batches (empty
+    batches and slots included)."""
+    from rcdiag.analysis.accum import Moments, MomentsArray
+
+    rng = np.random.default_rng(13)
+    batches = [(rng.integers(0, 3, 4) * rng.integers(0, 50, 4), rng.normal(size=4), rng.random(4)) for _ in range(9)]
+    vector, slots = MomentsArray(4), [Moments() for _ in range(4)]
+    for n, mean, m2 in batches:
+        m2 = np.where(n > 0, m2, 0.0)
+        vector.add(n, mean, m2)
+        for k, slot in enumerate(slots):
+            slot.merge(Moments(int(n[k]), float(mean[k]), float(m2[k])))
+    other = MomentsArray(4)
+    other.add(np.array([0, 5, 7, 0]), np.array([0.0, 1.5, -2.0, 0.0]), np.array([0.0, 0.25, 3.0, 0.0]))
+    vector.merge(other)
+    for k, slot in enumerate(slots):
+        slot.merge(Moments(int(other.n[k]), float(other.mean[k]), float(other.m2[k])))
+        got = vector.slot(k)
+        assert (got.n, got.mean, got.m2) == (slot.n, slot.mean, slot.m2), k
+
+
 def test_bucket_index_is_clipped_searchsorted():
     """The scan's branch-free bucket rule equals clip(searchsorted(edges, v, 'right') − 1, 0, len − 2) on every
     strata edge set, at the edges themselves, between them, beyond both ends and at ±inf."""

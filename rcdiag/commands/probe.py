@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
+from rcdiag.errors import ConfigError
 from rcdiag.probe.answer import answer_lines
-from rcdiag.probe.factors import FACTORS
+from rcdiag.probe.factors import FACTORS, check_factors
 from rcdiag.probe.run import ProbeConfig, run_probe
 from rcdiag.score.config import DEVICE_HELP
 from rcdiag.score.engine import set_vllm_logging
@@ -17,9 +18,15 @@ DEFAULTS = ProbeConfig()
 
 
 def _factors(text: str | None) -> tuple[str, ...]:
+    """The --factors list; an unknown name is a usage error (exit 2, the usage line and a did-you-mean)."""
     if text is None:
         return DEFAULTS.factors
-    return tuple(f.strip() for f in text.split(",") if f.strip())
+    factors = tuple(f.strip() for f in text.split(",") if f.strip())
+    try:
+        check_factors(factors)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--factors'") from None
+    return factors
 
 
 def command(
@@ -65,8 +72,12 @@ def command(
 
         rcdiag probe runs/q05 --factors engine_numerics,decode_vs_prefill,batch_invariance --name engine
     """
-    config = ProbeConfig(sample=sample, factors=_factors(factors), seed=seed, name=name, train_model=train_model,
-                         device=device, threads=threads, grid=grid, divergence_positions=divergence_positions)
+    try:  # a bad option is a usage error (exit 2 with the usage line), found before any run or model is opened
+        config = ProbeConfig(sample=sample, factors=_factors(factors), seed=seed, name=name,
+                             train_model=train_model, device=device, threads=threads, grid=grid,
+                             divergence_positions=divergence_positions)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
     set_vllm_logging(verbose)
     start = time.perf_counter()
     result = run_probe(run, config, silent=quiet)

@@ -11,6 +11,7 @@ import typer
 from typer._click.exceptions import UsageError  # typer 0.29's vendored click (pinned in pyproject)
 
 from rcdiag.distributed import RAY_HELP
+from rcdiag.errors import ConfigError
 from rcdiag.score.config import (
     ATTN_CHOICES,
     DEVICE_HELP,
@@ -122,15 +123,19 @@ def command(
         rcdiag score -m ./model -p prompts.jsonl -o s3://bucket/runs/q05 --ray auto --engines 8   # on a Ray cluster
     """
     set_vllm_logging(verbose)
-    generate = GenerateConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                              seed=seed, engine_dtype=engine_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                              enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
-                              allow_truncated_sampling=allow_truncated_sampling, limit=limit,
-                              prompt_field=prompt_field, shard_prompts=shard_prompts,
-                              trust_remote_code=trust_remote_code)
-    rescore = None if generate_only else RescoreConfig(
-        train_model=train_model, train_dtype=train_dtype, device=device, token_budget=token_budget,
-        chunk_tokens=chunk_tokens, attn=attn, trust_remote_code=trust_remote_code)
+    try:  # a bad option value is a usage error (exit 2 with the usage line), found before any engine starts
+        generate = GenerateConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                                  seed=seed, engine_dtype=engine_dtype,
+                                  gpu_memory_utilization=gpu_memory_utilization,
+                                  enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+                                  allow_truncated_sampling=allow_truncated_sampling, limit=limit,
+                                  prompt_field=prompt_field, shard_prompts=shard_prompts,
+                                  trust_remote_code=trust_remote_code)
+        rescore = None if generate_only else RescoreConfig(
+            train_model=train_model, train_dtype=train_dtype, device=device, token_budget=token_budget,
+            chunk_tokens=chunk_tokens, attn=attn, trust_remote_code=trust_remote_code)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if checkpoint is not None:
         if rescore_only is None or rescore is None:
             raise UsageError("--checkpoint goes with --rescore-only RUN (it rescores an existing run's tokens).")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, did_you_mean
 
 REFERENCE = "reference"
 ROLLOUT = "rollout"
@@ -133,6 +133,15 @@ GRIDS = ("auto", "quick", "full")
 """--grid: auto = quick on CPU, full on CUDA."""
 
 
+def check_factors(factors: tuple[str, ...] | list[str]) -> None:
+    """ConfigError naming each unknown factor, the close known ones and the full list (a mistyped
+    `--factors router_replya` must fail at the command line, before any run or model is opened)."""
+    unknown = [f for f in factors if f not in FACTORS]
+    if unknown:
+        guesses = "".join(did_you_mean(f, FACTORS) for f in unknown)
+        raise ConfigError(f"unknown factor(s) {', '.join(unknown)}{guesses}; choose from {', '.join(FACTORS)}")
+
+
 def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str, quick: bool = False
                     ) -> list[Setting]:
     """The reference plus the settings of `factors` (and the baselines they need), in a stable order; `quick`:
@@ -140,9 +149,7 @@ def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str,
 
     `engine_dtype` compares against float32 unless the run already used float32 (then bfloat16). Unknown factor
     names raise ConfigError listing the known ones."""
-    unknown = [f for f in factors if f not in FACTORS]
-    if unknown:
-        raise ConfigError(f"--factors: unknown factor(s) {', '.join(unknown)}; choose from {', '.join(FACTORS)}")
+    check_factors(factors)
     wanted = set(factors)
     if wanted & {"decode_vs_prefill", "engine_dtype", "prefix_caching", "batch_invariance", "divergence"}:
         wanted.add("engine_numerics")

@@ -60,7 +60,7 @@ def test_dtype_aliases_accepted_and_wrong_dtype_refused() -> None:
     accepted = rcdiag_cli("score", "--engine-dtype", "bf16", "--train-dtype", "FP32", "--out", "x")
     assert accepted.returncode == 2 and "--model, --prompts required" in accepted.stderr, accepted.stderr
     refused = rcdiag_cli("score", "--engine-dtype", "bf17", "-o", "x")
-    assert refused.returncode == 1 and "--engine-dtype 'bf17' is not one of" in refused.stderr
+    assert refused.returncode == 2 and "--engine-dtype 'bf17' is not one of" in refused.stderr  # a usage error
     assert "bf16, fp16, fp32" in refused.stderr and "Traceback" not in refused.stderr
     assert GenerateConfig(engine_dtype="fp16").engine_dtype == "float16"
     assert RescoreConfig(train_dtype="BF16").train_dtype == "bfloat16"

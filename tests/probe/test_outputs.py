@@ -47,13 +47,19 @@ def test_cli_probe_writes_files_and_prints_budget(cli_probe, capsys: pytest.Capt
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--factors", "train_dtype,warp_speed"], "unknown factor(s) warp_speed"),
+    (["--factors", "router_replya"], "unknown factor(s) router_replya (did you mean 'router_replay'"),
     (["--sample", "0"], "--sample must be ≥ 1"),
     (["--name", "../x"], "use a plain file name"),
 ])
 def test_cli_refusals(cli_probe, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    """A bad option value is a usage error: exit 2, the usage line, the value named (with a guess for a typo),
+    and no probe file written."""
     run, _ = cli_probe
-    assert main(["probe", str(run.path), *args]) == 1
-    assert message in capsys.readouterr().err
+    before = sorted((run.path / "probes").glob("*")) if (run.path / "probes").exists() else []
+    assert main(["probe", str(run.path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Usage: rcdiag probe" in err and "Traceback" not in err
+    assert (sorted((run.path / "probes").glob("*")) if (run.path / "probes").exists() else []) == before
 
 
 def test_cli_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,11 +45,12 @@ def test_help_has_examples(capsys: pytest.CaptureFixture, monkeypatch: pytest.Mo
 ])
 def test_refusals_before_any_work(tmp_path: Path, sample_model: Path, capsys: pytest.CaptureFixture,
                                   extra: list[str], message: str) -> None:
-    """Bad settings stop the command with `Error: …` before the engine starts or --out is created."""
+    """Bad settings are usage errors: exit 2 with the usage line and `Error: …`, before the engine starts or --out
+    is created."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "x"}\n')
     code, _, err = run_cli(["-m", sample_model, "-p", prompts, "-o", tmp_path / "out", *extra], capsys)
-    assert code == 1 and err.startswith("Error: ") and message in err, err
+    assert code == 2 and err.startswith("Usage: rcdiag score") and "Error: " in err and message in err, err
     assert not (tmp_path / "out").exists()
     if "truncate" in message:
         assert "log S" in err and "--allow-truncated-sampling" in err

@@ -202,8 +202,8 @@ def test_cli_rescore_only_then_api(tmp_path, model_dir, pairs, capsys) -> None:
     assert trainer["token_budget"] == 48 and trainer["chunk_tokens"] == 16 and trainer["temperature"] == 0.8
     assert open_run(run.path).token_table().column("train_logprob").null_count == 0
     capsys.readouterr()
-    assert main(["score", "--rescore-only", str(run.path), "--train-dtype", "fp8", "--quiet"]) == 1
-    assert capsys.readouterr().err.startswith("Error: --train-dtype 'fp8' is not one of float32")
+    assert main(["score", "--rescore-only", str(run.path), "--train-dtype", "fp8", "--quiet"]) == 2  # usage
+    assert "Error: Invalid value: --train-dtype 'fp8' is not one of float32" in capsys.readouterr().err
 
 
 def test_progress_estimate_never_passes_the_total() -> None:

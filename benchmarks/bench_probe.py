@@ -17,6 +17,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def probe(tree: Path, run: str, sample: int, name: str) -> dict[str, float]:
     """Run `rcdiag probe` from `tree`; seconds, CPU seconds, engine starts, trainer loads."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rcdiag", "probe", run, "--sample", str(sample), "--name", name],
-                          env={**os.environ, **ENV, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "rcdiag", "probe", str(Path(run).resolve()), "--sample",
+                           str(sample), "--name", name], env={**os.environ, **ENV, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True, cwd=tempfile.gettempdir())  # `-m` puts cwd first
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:

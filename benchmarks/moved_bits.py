@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def report_json(run: Path, tree: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "RCDIAG_CACHE_DIR": "off"}
-    subprocess.run([sys.executable, "-m", "rcdiag", "report", str(run), "--quiet", "--out", str(out), *extra],
-                   check=True, capture_output=True, env=env)
+    # cwd away from any checkout: `python -m` puts the working directory before PYTHONPATH, so run from a tree
+    # both sides would import that tree's rcdiag (and compare it with itself)
+    subprocess.run([sys.executable, "-m", "rcdiag", "report", str(run.resolve()), "--quiet", "--out",
+                    str(out.resolve()), *extra], check=True, capture_output=True, env=env, cwd=tempfile.gettempdir())
     return json.loads((out / "metrics.json").read_text())
 
 

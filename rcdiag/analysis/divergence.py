@@ -41,42 +41,22 @@ def _log_normalised(logp: np.ndarray) -> np.ndarray:
     return x - (top + np.log(np.sum(np.exp(x - top), axis=-1, keepdims=True)))
 
 
-def _kl(p: np.ndarray, logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
-    """Σ p (log p − log q) per row, with 0·log 0 = 0 (−inf − −inf never enters)."""
-    diff = np.where(p > 0, logp - logq, 0.0)
-    return np.sum(p * diff, axis=-1)
-
-
 def truncates(vocab: int, top_p: float = 1.0, top_k: int | None = None) -> bool:
     """Whether top-p/top-k remove anything from a vocabulary of `vocab` tokens."""
     return top_p < 1.0 or top_k is not None and 0 < top_k < vocab
 
 
-def kept_ids(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(counts `[n]`, ids `[n, V]`): row r may sample ids[r, :counts[r]] under top-k then top-p (vLLM's order:
-    top-k keeps the k most probable; top-p then keeps, in descending order of the top-k renormalised
-    probabilities, every token whose predecessors' mass is below p — at least one; ties by token id). Every
-    token when nothing truncates."""
+def kept_mask(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) -> np.ndarray:
+    """bool `[n, V]`: the tokens the engine may sample from rows of log-probs under top-k then top-p (vLLM's
+    order: top-k keeps the k most probable; top-p then keeps, in descending order of the top-k renormalised
+    probabilities, every token whose predecessors' mass is below p — at least one; ties by token id). All True
+    without truncation. One compiled pass a row (divergence_kernels.kept_mask), no sort of the vocabulary."""
     x = np.ascontiguousarray(logp, dtype=np.float64)
     n, vocab = x.shape
     if not truncates(vocab, top_p, top_k):
-        return np.full(n, vocab, np.int64), np.tile(np.arange(vocab, dtype=np.int64), (n, 1))
+        return np.ones((n, vocab), dtype=bool)
     shifted = x - np.max(x, axis=-1, keepdims=True)
-    return dk.kept_ids(shifted, np.exp(shifted), float(top_p), int(top_k or 0))
-
-
-def kept_mask(logp: np.ndarray, top_p: float = 1.0, top_k: int | None = None) -> np.ndarray:
-    """bool `[n, V]`: the tokens the engine may sample (kept_ids as a mask). All True without truncation."""
-    x = np.asarray(logp, dtype=np.float64)
-    n, vocab = x.shape
-    keep = np.ones((n, vocab), dtype=bool)
-    if not truncates(vocab, top_p, top_k):
-        return keep
-    counts, ids = kept_ids(x, top_p, top_k)
-    keep[:] = False
-    for r in range(n):
-        keep[r, ids[r, :counts[r]]] = True
-    return keep
+    return dk.kept_mask(shifted, np.exp(shifted), float(top_p), int(top_k or 0))
 
 
 def _top_ids(logp: np.ndarray, k: int) -> np.ndarray:
@@ -113,16 +93,9 @@ def exact_divergences(logp_mu: np.ndarray, logp_pi: np.ndarray, *, top_p: float 
     top_mu, top_pi = _top_ids(lmu, max(TOP_KS)), _top_ids(lpi, max(TOP_KS))
     for k in TOP_KS:
         out[f"top{k}_overlap"] = topk_overlap(lmu, lpi, k, top_mu=top_mu, top_pi=top_pi)
-    if truncates(lmu.shape[1], top_p, top_k):
-        counts, ids = kept_ids(lmu, top_p, top_k)
-        rows = np.repeat(np.arange(len(counts)), counts)
-        flat = np.concatenate([ids[r, :c] for r, c in enumerate(counts)]) if len(counts) else np.zeros(0, int)
-        out["kept_mass_mu"] = np.bincount(rows, mu[rows, flat], minlength=len(counts))
-        out["kept_mass_pi"] = np.bincount(rows, pi[rows, flat], minlength=len(counts))
-        out["kept_size"] = counts.astype(np.float64)
-    else:
-        out["kept_mass_mu"], out["kept_mass_pi"] = mu.sum(axis=-1), pi.sum(axis=-1)
-        out["kept_size"] = np.full(len(lmu), float(lmu.shape[1]))
+    keep = kept_mask(lmu, top_p, top_k)
+    out["kept_mass_mu"], out["kept_mass_pi"] = (mu * keep).sum(axis=-1), (pi * keep).sum(axis=-1)
+    out["kept_size"] = keep.sum(axis=-1).astype(np.float64)
     for name in ("kl_mu_pi", "kl_pi_mu", "js"):
         out[name] = np.maximum(out[name], 0.0)  # float64 rounding can leave −1e-17
     return out

@@ -8,7 +8,7 @@ stable argsort of each row for the top-p kept set (~5 ms a row). Here:
 - `top_ids` keeps a row's k largest entries in a small sorted buffer, one compare per entry for nearly all of
   them; ties go to the smaller token id (the earlier one is never displaced by an equal later one), the order a
   stable descending sort gives.
-- `kept_ids` finds the top-k-then-top-p kept set without sorting the row: top-k from the buffer of its k
+- `kept_mask` finds the top-k-then-top-p kept set without sorting the row: top-k from the buffer of its k
   entries; top-p from the few entries a mass histogram says can be kept (see the function), sorted stably. The
   result is the full stable sort's in every case, ties included.
 - `divergence_sums` adds KL(μ‖π), KL(π‖μ), Σ|μ − π| and the JS terms per row in one pass (0·log 0 = 0).
@@ -23,7 +23,7 @@ import numpy as np
 
 _JIT = {"cache": True, "nogil": True}
 SORT_ABOVE = 1024
-"""Above this top-k `kept_ids` sorts the row instead of keeping a buffer of the k largest."""
+"""Above this top-k `kept_mask` sorts the row instead of keeping a buffer of the k largest."""
 BINS_PER_NAT = 8.0
 HIST_BINS = 8 * 64 + 1
 """The top-p histogram: bins of 1/8 nat below a row's top over 64 nats (mass e⁻⁶⁴ ≈ 1.6e-28 a token), the rest in
@@ -93,11 +93,11 @@ def _prefix(vals, top, total, top_p, m):
 
 
 @numba.njit(**_JIT)
-def kept_ids(shifted, probs, top_p, top_k):
-    """Per row, the count c and the ids (out[r, :c]) of the tokens the engine may sample under top-k (`top_k`
-    ≤ 0: none) then top-p: in descending order (ties by id) of the top-k renormalised probabilities, every token
-    whose predecessors' mass is below `top_p`, at least one. `shifted`: log-probs minus each row's max (≤ 0);
-    `probs`: exp(shifted), from numpy's vectorised exp. Call it only when something is truncated.
+def kept_mask(shifted, probs, top_p, top_k):
+    """bool `[n, V]`: per row, the tokens the engine may sample under top-k (`top_k` ≤ 0: none) then top-p: in
+    descending order (ties by id) of the top-k renormalised probabilities, every token whose predecessors' mass is
+    below `top_p`, at least one. `shifted`: log-probs minus each row's max (≤ 0); `probs`: exp(shifted), from
+    numpy's vectorised exp. Call it only when something is truncated.
 
     Top-k: its k entries (the buffer), renormalised over them. Top-p alone: a histogram of the rows' mass by
     distance from the top (BINS_PER_NAT bins a nat) finds the first bin whose cumulative mass exceeds top_p (with
@@ -105,8 +105,7 @@ def kept_ids(shifted, probs, top_p, top_k):
     top_p), so only those candidates are sorted — tens of tokens on a peaked row, not the vocabulary."""
     n, vocab = shifted.shape
     limit = vocab if top_k <= 0 or top_k >= vocab else top_k
-    counts = np.zeros(n, np.int64)
-    out = np.empty((n, vocab), np.int64)
+    keep = np.zeros((n, vocab), np.bool_)
     ids = np.empty(vocab, np.int64)
     vals = np.empty(vocab, np.float64)
     bins = np.empty(HIST_BINS, np.float64)
@@ -118,9 +117,8 @@ def kept_ids(shifted, probs, top_p, top_k):
             total = 0.0
             for i in range(limit):
                 total += np.exp(vals[i])
-            kept = _prefix(vals, 0.0, total, top_p, limit)
-            counts[r] = kept
-            out[r, :kept] = ids[:kept]
+            for i in range(_prefix(vals, 0.0, total, top_p, limit)):
+                keep[r, ids[i]] = True
             continue
         bins[:] = 0.0
         total = 0.0
@@ -143,10 +141,9 @@ def kept_ids(shifted, probs, top_p, top_k):
                 m += 1
         order = np.argsort(-vals[:m], kind="mergesort")
         ranked = vals[:m][order]
-        kept = _prefix(ranked, 0.0, total, top_p, m)
-        counts[r] = kept
-        out[r, :kept] = ids[:m][order[:kept]]
-    return counts, out
+        for i in range(_prefix(ranked, 0.0, total, top_p, m)):
+            keep[r, ids[order[i]]] = True
+    return keep
 
 
 @numba.njit(**_JIT)

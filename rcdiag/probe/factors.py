@@ -139,7 +139,7 @@ def check_factors(factors: tuple[str, ...] | list[str]) -> None:
     unknown = [f for f in factors if f not in FACTORS]
     if unknown:
         guesses = "".join(did_you_mean(f, FACTORS) for f in unknown)
-        raise ConfigError(f"unknown factor(s) {', '.join(unknown)}{guesses}; choose from {', '.join(FACTORS)}")
+        raise ConfigError(f"--factors: unknown factor(s) {', '.join(unknown)}{guesses}; choose from {', '.join(FACTORS)}")
 
 
 def select_settings(factors: tuple[str, ...] | list[str], run_engine_dtype: str, quick: bool = False

@@ -36,6 +36,7 @@ from rcdiag.probe.factors import (
     EngineSetting,
     Setting,
     TrainSetting,
+    check_factors,
     select_settings,
 )
 from rcdiag.probe.files import write_probe
@@ -80,6 +81,7 @@ class ProbeConfig:
         if not self.name or any(c in self.name for c in "/\\") or self.name.startswith("."):
             raise ConfigError(f"--name {self.name!r}: use a plain file name (no slashes, not starting with '.')")
         object.__setattr__(self, "factors", tuple(self.factors))
+        check_factors(self.factors)  # a mistyped factor fails at construction, before any run or model opens
         object.__setattr__(self, "device", check_device_name(self.device))
         if self.grid not in GRIDS:
             raise ConfigError(f"--grid {self.grid!r} is not one of {', '.join(GRIDS)}")

@@ -214,7 +214,7 @@ class GateFamily:
                 chunk.ratio(LOG_RATIO_CLAMP), self.gate.weight == "ratio", chunk.starts,
                 np.stack(xs) if xs else np.empty((0, chunk.n)),
                 flags[0] if flags else chunk.memo(("gate", "no_flag"), lambda: np.zeros(chunk.n, np.bool_)),
-                self.detail)
+                self.detail, self.whole)
         d = Decision(*out, whole=self.whole)
         self.counts += d.counts
         self.sums.add(d.sums[self.first:].reshape(len(self.sums), -1))

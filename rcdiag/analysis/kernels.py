@@ -155,7 +155,71 @@ below (as the rule flags them), from below with A < 0, from above with A > 0, ma
 
 
 @numba.njit(**_JIT)
-def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail):
+def _whole_sequence(first, last, kw, hw, uw, lw, mask, rho, adv, flag, xs, ratio_weight, signed, detail, bins, sr,
+                    sq, sx, n_b, w_b, lo_b, hi_b, flag_b, sign_b, bin_of):
+    """gate_family's rows of one sequence that a gate of whole sequences places at (h, k, u, ls) = (hw, kw, uw,
+    lw), k > 0: the generic loop's adds in its order (the same bits), each quantity in a register a row. Apart
+    from gate_family's loop, so its code stays as it was for every other row (inlined, it slowed the token
+    gates' loop by ~7 %). Returns (valid rows, with A > 0, with A < 0)."""
+    J, m = w_b.size - 1, xs.shape[0]
+    sk, sh, su, sls, hp, lnu, lns, dp, dn = bins[0], bins[1], bins[2], bins[3], bins[4], bins[5], bins[6], \
+        bins[7], bins[8]
+    cw = fw = spw = snw = szw = pw = gw = 0
+    rw = qw = xw = 0.0
+    ww, low, hiw = w_b[kw], lo_b[kw], hi_b[kw]
+    for i in range(first, last):
+        if not mask[i]:
+            continue
+        r, a_i = rho[i], adv[i]
+        w = (r if ratio_weight else 1.0) if kw < J else 0.0
+        cw += 1
+        ww += w
+        low, hiw = min(low, w), max(hiw, w)
+        fw += flag[i]
+        rw += r
+        qw += r * r
+        if signed:
+            if a_i > 0:
+                spw += 1
+            elif a_i < 0:
+                snw += 1
+            else:
+                szw += 1
+        if detail:
+            pw += a_i > 0
+            gw += a_i < 0
+            if m:
+                xw += xs[0, i]
+            for q in range(1, m):
+                sx[q, kw] += xs[q, i]
+        if ratio_weight:
+            bin_of[i] = kw
+    n_b[kw] += cw
+    w_b[kw], lo_b[kw], hi_b[kw] = ww, low, hiw
+    flag_b[kw] += fw
+    sk[kw] += cw
+    sr[kw] += rw
+    sq[kw] += qw
+    sh[hw] += cw
+    if signed:
+        sign_b[0, kw] += spw
+        sign_b[1, kw] += snw
+        sign_b[2, kw] += szw
+    if detail:
+        su[uw] += cw
+        sls[lw] += cw
+        hp[hw] += pw
+        dp[kw] += pw
+        lnu[uw] += gw
+        lns[lw] += gw
+        dn[kw] += gw
+        if m:
+            sx[0, kw] += xw
+    return cw, pw, gw
+
+
+@numba.njit(**_JIT)
+def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail, whole):
     """Every setting of one gate family on a chunk in one compiled pass, O(1) work a row for any number of settings
     (issue #32: it was decide's numpy masks, a reduction and the frameworks' numbers once per setting, ×130
     settings in the report's gate sweep). Setting j masks a valid row from above / below by its rule
@@ -170,7 +234,8 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     sums over the bins: per sequence for the sums an ExactSum takes (bins in order, so a sequence's sum depends
     on its own rows only, never on the chunking), per chunk for the counts. The moments of w use the exact
     decomposition M2_j = Σ_b≤j [M2_b + n_b (mean_b − μ_j)²] + (masked rows) μ_j² of two-pass bin moments (no
-    cancellation: every term is ≥ 0).
+    cancellation: every term is ≥ 0). `whole`: the gate keeps or masks whole sequences (a band on a per-sequence
+    statistic, broadcast to its rows, or any_token): a sequence is placed once, by its first valid row.
 
     Returns, per setting j: counts [J, 13] (GATE_COUNTS; the sign counts 0 unless `signed`), per-sequence sums
     [3, J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and
@@ -223,96 +288,119 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
         sx[:] = 0.0
         valid = n_pos = n_neg = c0 = p0 = g0 = 0
         r0 = q0 = x0 = 0.0  # x0: bin 0's sum of xs[0] (the first row value, nearly always the only one)
-        for i in range(first, last):
-            if not mask[i]:
-                continue
-            valid += 1
-            v, r, rose, a_i = value[i], rho[i], ell[i], adv[i]
-            pos = a_i > 0
-            h = kk = u = 0  # the row's place (rules of analysis.gate_defs; NaN masks); written out here, as an
-            # inlined function made this loop 3× slower. The bounds nest (his rise, the low side tightens toward
-            # setting 0), so a row setting 0 keeps is kept at every setting: two comparisons, not 2J, for nearly
-            # every row, and the loop over the settings only for a row some setting masks
-            if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
-                if not (v <= hi0_ and v >= lo0_):
-                    for j in range(J):
-                        hi = his[j]
-                        h += 0 if v <= hi else 1
-                        kk += 0 if v <= hi and v >= los[j] else 1
-            elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
-                if pos:
-                    if not v <= hi0_:
+        # a whole sequence's place (`whole`: the statistic is one value per sequence, or any_token's sequence
+        # place) is found once: a sequence some setting masks then costs one register add a quantity a row, as a
+        # kept one does, not a place and a dozen bin updates a row (issue #32: such gates mask most sequences of
+        # a run with any drift, which made them the sweep's slowest families). The adds are the generic loop's,
+        # in its order: the same bits.
+        hw = kw = uw = 0
+        if whole and rule == 3:
+            hw, kw, uw = h3, k3, u3
+        elif whole and rule == 0:
+            f0 = first
+            while f0 < last and not mask[f0]:
+                f0 += 1
+            if f0 < last:
+                v = value[f0]
+                for j in range(J):
+                    hw += 0 if v <= his[j] else 1
+                    kw += 0 if v <= his[j] and v >= los[j] else 1
+            uw = kw
+        if kw > 0:
+            valid, n_pos, n_neg = _whole_sequence(
+                first, last, kw, hw, uw, 0 if rule == 3 else hw, mask, rho, adv, flag, xs, ratio_weight, signed,
+                detail, bins, sr, sq, sx, n_b, w_b, lo_b, hi_b, flag_b, sign_b, bin_of)
+        else:
+            for i in range(first, last):
+                if not mask[i]:
+                    continue
+                valid += 1
+                v, r, rose, a_i = value[i], rho[i], ell[i], adv[i]
+                pos = a_i > 0
+                h = kk = u = 0  # the row's place (rules of analysis.gate_defs; NaN masks); written out here, as an
+                # inlined function made this loop 3× slower. The bounds nest (his rise, the low side tightens toward
+                # setting 0), so a row setting 0 keeps is kept at every setting: two comparisons, not 2J, for nearly
+                # every row, and the loop over the settings only for a row some setting masks
+                if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
+                    if not (v <= hi0_ and v >= lo0_):
                         for j in range(J):
-                            h += 0 if v <= his[j] else 1
-                elif not v >= lo0_:
-                    for j in range(J):
-                        kk += 0 if v >= los[j] else 1
-                kk = max(h, kk)
-            elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
-                if pos:
-                    if not (v <= hi0_ or rose <= 0):
+                            hi = his[j]
+                            h += 0 if v <= hi else 1
+                            kk += 0 if v <= hi and v >= los[j] else 1
+                elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
+                    if pos:
+                        if not v <= hi0_:
+                            for j in range(J):
+                                h += 0 if v <= his[j] else 1
+                    elif not v >= lo0_:
                         for j in range(J):
-                            h += 0 if v <= his[j] or rose <= 0 else 1
-                elif not (v <= lo0_ or rose >= 0):
-                    for j in range(J):
-                        kk += 0 if v <= los[j] or rose >= 0 else 1
-                kk = max(h, kk)
-            else:  # any_token: the sequence's place
-                h, kk, u = h3, k3, u3
-            if kk == 0:  # kept at every setting, nearly every row: bin 0's sums in registers (the same adds in
-                w = r if ratio_weight else 1.0  # the same order as in memory: a chain through memory cost 3×)
-                c0 += 1
-                r0 += r
-                q0 += r * r
-                wb0 += w
-                lo0, hi0 = min(lo0, w), max(hi0, w)
-                fb0 += flag[i]
+                            kk += 0 if v >= los[j] else 1
+                    kk = max(h, kk)
+                elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
+                    if pos:
+                        if not (v <= hi0_ or rose <= 0):
+                            for j in range(J):
+                                h += 0 if v <= his[j] or rose <= 0 else 1
+                    elif not (v <= lo0_ or rose >= 0):
+                        for j in range(J):
+                            kk += 0 if v <= los[j] or rose >= 0 else 1
+                    kk = max(h, kk)
+                else:  # any_token: the sequence's place
+                    h, kk, u = h3, k3, u3
+                if kk == 0:  # kept at every setting, nearly every row: bin 0's sums in registers (the same adds in
+                    w = r if ratio_weight else 1.0  # the same order as in memory: a chain through memory cost 3×)
+                    c0 += 1
+                    r0 += r
+                    q0 += r * r
+                    wb0 += w
+                    lo0, hi0 = min(lo0, w), max(hi0, w)
+                    fb0 += flag[i]
+                    if signed:
+                        sp0 += a_i > 0
+                        sn0 += a_i < 0
+                        sz0 += a_i == 0
+                    if detail:
+                        p0 += pos
+                        g0 += a_i < 0
+                        n_pos += pos
+                        n_neg += a_i < 0
+                        if m:
+                            x0 += xs[0, i]
+                        for q in range(1, m):
+                            sx[q, 0] += xs[q, i]
+                    if ratio_weight:
+                        bin_of[i] = 0
+                    continue
+                if rule != 3:
+                    u = kk
+                ls = 0 if rule == 3 else h
+                if ratio_weight:
+                    bin_of[i] = kk
+                w = (r if ratio_weight else 1.0) if kk < J else 0.0
+                n_b[kk] += 1
+                w_b[kk] += w
+                lo_b[kk], hi_b[kk] = min(lo_b[kk], w), max(hi_b[kk], w)
+                flag_b[kk] += flag[i]
+                sk[kk] += 1
+                sr[kk] += r
+                sq[kk] += r * r
+                sh[h] += 1
                 if signed:
-                    sp0 += a_i > 0
-                    sn0 += a_i < 0
-                    sz0 += a_i == 0
+                    sign_b[0 if a_i > 0 else (1 if a_i < 0 else 2), kk] += 1
                 if detail:
-                    p0 += pos
-                    g0 += a_i < 0
+                    su[u] += 1
+                    sls[ls] += 1
                     n_pos += pos
                     n_neg += a_i < 0
-                    if m:
-                        x0 += xs[0, i]
-                    for q in range(1, m):
-                        sx[q, 0] += xs[q, i]
-                if ratio_weight:
-                    bin_of[i] = 0
-                continue
-            if rule != 3:
-                u = kk
-            ls = 0 if rule == 3 else h
-            if ratio_weight:
-                bin_of[i] = kk
-            w = (r if ratio_weight else 1.0) if kk < J else 0.0
-            n_b[kk] += 1
-            w_b[kk] += w
-            lo_b[kk], hi_b[kk] = min(lo_b[kk], w), max(hi_b[kk], w)
-            flag_b[kk] += flag[i]
-            sk[kk] += 1
-            sr[kk] += r
-            sq[kk] += r * r
-            sh[h] += 1
-            if signed:
-                sign_b[0 if a_i > 0 else (1 if a_i < 0 else 2), kk] += 1
-            if detail:
-                su[u] += 1
-                sls[ls] += 1
-                n_pos += pos
-                n_neg += a_i < 0
-                if pos:
-                    hp[h] += 1
-                    dp[kk] += 1
-                elif a_i < 0:
-                    lnu[u] += 1
-                    lns[ls] += 1
-                    dn[kk] += 1
-                for q in range(m):
-                    sx[q, kk] += xs[q, i]
+                    if pos:
+                        hp[h] += 1
+                        dp[kk] += 1
+                    elif a_i < 0:
+                        lnu[u] += 1
+                        lns[ls] += 1
+                        dn[kk] += 1
+                    for q in range(m):
+                        sx[q, kk] += xs[q, i]
         n_b[0] += c0
         if m:
             sx[0, 0] += x0  # 0 + x0: the bits of the adds in memory

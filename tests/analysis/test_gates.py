@@ -323,3 +323,41 @@ def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
                "is_weight_mean", "is_weight_std", "ess"]
     pd.testing.assert_frame_equal(got[["gate", "threshold", *numbers]], want[["gate", "threshold", *numbers]],
                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("rule", [0, 3])
+@pytest.mark.parametrize("ratio_weight, detail, signed", [(True, True, True), (False, True, False),
+                                                          (False, False, True), (True, False, False)])
+def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, detail, signed):
+    """kernels.gate_family places a gate of whole sequences once per sequence (`whole`) and adds its rows in
+    registers: every output must be the generic per-row loop's, bit for bit (counts, per-sequence sums, moments,
+    extrema, flags, the detail counts and row-value sums), with sequences kept, masked at some settings, masked
+    at all, empty, NaN-valued, and advantages of every sign."""
+    from rcdiag.analysis import kernels
+
+    rng = np.random.default_rng(7 + rule)
+    lengths = rng.integers(0, 40, 300)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    n = int(lengths.sum())
+    mask = rng.random(n) > 0.15
+    ell = rng.normal(0.0, 0.3, n)
+    if rule == 3:  # any_token: the row values are the clamped ℓ; a sequence is placed by its extremes
+        value = np.clip(ell + rng.normal(0, 0.5, n) * (rng.random(n) < 0.05), -2.0, 2.0)
+        his, los = np.log([1.2, 1.5, 2.0, 3.0, 5.0]), np.log([0.8, 0.6, 0.5, 0.3, 0.1])
+    else:  # a per-sequence statistic broadcast to its rows, a few NaN
+        per_seq = rng.normal(0.0, 0.2, lengths.size)
+        per_seq[rng.random(lengths.size) < 0.03] = np.nan
+        value = np.repeat(per_seq, lengths)
+        his, los = np.array([0.05, 0.1, 0.2, 0.3]), np.array([-0.05, -0.1, -0.2, -0.3])
+    adv = rng.choice([-1.0, 0.0, 1.0, 0.5], n)
+    rho = np.exp(np.clip(ell, -20, 20))
+    xs = rng.normal(size=(2, n)) if detail else np.empty((0, n))
+    flag = rng.random(n) < 0.3
+    args = (rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail)
+    generic, placed = kernels.gate_family(*args, False), kernels.gate_family(*args, True)
+    kept = generic[0][:, 1]
+    assert kept[0] < kept[-1] < generic[0][0, 0], "the grid should mask some sequences at every setting"
+    for name, a, b in zip(("counts", "sums", "mean", "m2", "lo_w", "hi_w", "lower", "seq", "x_kept", "x_drop"),
+                          generic, placed, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
+        assert a.tobytes() == b.tobytes(), name  # bits: signed zeros and NaN payloads too

@@ -32,7 +32,7 @@ import numpy as np
 from rcdiag.analysis.accum import ExactSum, ExactSums, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
-from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, sequence_mean
+from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, mismatch_k3, sequence_mean, token_statistic
 from rcdiag.analysis.kernels import GATE_SEQ_COUNTS
 
 VERL_CLIP_RATIO_C = 3.0
@@ -157,7 +157,7 @@ class PrimeMasks(Extra):
         self.samples = 0
 
     def row_values(self, chunk: TokenChunk) -> list[np.ndarray]:
-        return [chunk.memo(("prime", "mismatch"), lambda: k3(ell64(chunk)))]  # once per chunk for the grid
+        return [mismatch_k3(chunk)]
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid, kept = _valid_counts(chunk), d.seq_count("kept")
@@ -324,8 +324,8 @@ class NemoSeqError(Extra):
         valid = chunk.counts > 0
         lr = ell64(chunk)
         with np.errstate(over="ignore", invalid="ignore"):  # δ-independent rows: once per chunk for the grid
-            mult = chunk.memo(("nemo", "mult"), lambda: np.exp(np.abs(lr)))
-            gen_kl = chunk.memo(("nemo", "gen_kl"), lambda: k3(lr))
+            mult = token_statistic(chunk, "mult_prob_error")  # its gate's statistic: exp|ℓ|
+            gen_kl = mismatch_k3(chunk)
             policy_kl = chunk.memo(("nemo", "policy_kl"), lambda: k3(-lr))
             js = chunk.memo(("nemo", "js"), lambda: js_divergence(chunk))
         error = chunk.memo(("nemo", "error"), lambda: sequence_mean(chunk, mult))[valid]

@@ -15,19 +15,33 @@ VERL_EPS = 1e-8
 
 
 def train64(chunk: TokenChunk) -> np.ndarray:
-    """Train log-probs as float64 (0 on masked rows): TokenChunk.a keeps the stored float32, and a float32 ℓ
-    loses ~1e-7 absolute, which k3 of a 1e-3 mismatch turns into a 1e-4 relative error."""
+    """Train log-probs as float64 (0 on masked rows): the stored float32 widened, as a float32 ℓ loses ~1e-7
+    absolute, which k3 of a 1e-3 mismatch turns into a 1e-4 relative error. On a validated chunk the rows kept are
+    the valid rows, so this is the chunk's own TokenChunk.a (one array for the metrics and the gates)."""
+    if chunk.validated:
+        return chunk.a
     return chunk.memo(("gate", "a64"), lambda: np.where(chunk.mask, chunk.train.astype(np.float64), 0.0))
 
 
 def rollout64(chunk: TokenChunk) -> np.ndarray:
-    """Rollout log-probs as float64 (0 on masked rows)."""
+    """Rollout log-probs as float64 (0 on masked rows; TokenChunk.b on a validated chunk, as train64)."""
+    if chunk.validated:
+        return chunk.b
     return chunk.memo(("gate", "b64"), lambda: np.where(chunk.mask, chunk.rollout.astype(np.float64), 0.0))
 
 
 def ell64(chunk: TokenChunk) -> np.ndarray:
-    """ℓ = a − b in float64 (0 on masked rows)."""
+    """ℓ = a − b in float64 (0 on masked rows): on a validated chunk the chunk's row terms' ℓ, the same bits
+    (kernels.clamped_log_ratio subtracts the same widened values), computed once for the metrics and the gates."""
+    if chunk.validated:
+        return chunk.terms.ell
     return chunk.memo(("gate", "ell64"), lambda: train64(chunk) - rollout64(chunk))
+
+
+def mismatch_k3(chunk: TokenChunk) -> np.ndarray:
+    """k3 = exp(ℓ) − ℓ − 1 per row (prime-rl's mismatch_kl, NeMo-RL's gen_kl_error), once per chunk for both."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return chunk.memo(("gate", "k3"), lambda: k3(ell64(chunk)))
 
 
 def _binary_kl(chunk: TokenChunk, x: str, y: str) -> np.ndarray:

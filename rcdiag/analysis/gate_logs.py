@@ -32,7 +32,15 @@ import numpy as np
 from rcdiag.analysis.accum import ExactSum, ExactSums, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
-from rcdiag.analysis.gate_stats import ell64, js_divergence, k3, mismatch_k3, sequence_mean, token_statistic
+from rcdiag.analysis.gate_stats import (
+    at_level,
+    ell64,
+    js_divergence,
+    k3,
+    mismatch_k3,
+    token_statistic,
+    valid_counts,
+)
 from rcdiag.analysis.kernels import GATE_SEQ_COUNTS
 
 VERL_CLIP_RATIO_C = 3.0
@@ -48,12 +56,6 @@ def _per_sequence(chunk: TokenChunk, values: np.ndarray, where: np.ndarray) -> n
 def _valid_sums(chunk: TokenChunk, key: str, values: np.ndarray) -> np.ndarray:
     """Per-sequence sums of `values` over the valid rows, once per chunk for every setting of every gate."""
     return chunk.memo(("gate_sums", key), lambda: _per_sequence(chunk, values, chunk.mask))
-
-
-def _valid_counts(chunk: TokenChunk) -> np.ndarray:
-    """Valid rows per sequence (int64 [S]), once per chunk."""
-    return chunk.memo(("gate", "valid"), lambda: np.add.reduceat(chunk.mask.view(np.int8), chunk.starts,
-                                                                dtype=np.int64))
 
 
 @dataclass
@@ -160,7 +162,7 @@ class PrimeMasks(Extra):
         return [mismatch_k3(chunk)]
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
-        valid, kept = _valid_counts(chunk), d.seq_count("kept")
+        valid, kept = valid_counts(chunk), d.seq_count("kept")
         drop = valid - kept
 
         def mean(total: np.ndarray, count: np.ndarray) -> np.ndarray:  # prime-rl's _safe_mean per sample
@@ -328,7 +330,7 @@ class NemoSeqError(Extra):
             gen_kl = mismatch_k3(chunk)
             policy_kl = chunk.memo(("nemo", "policy_kl"), lambda: k3(-lr))
             js = chunk.memo(("nemo", "js"), lambda: js_divergence(chunk))
-        error = chunk.memo(("nemo", "error"), lambda: sequence_mean(chunk, mult))[valid]
+        error = at_level(chunk, "mult_prob_error", "sequence", "mean")[valid]  # its gate's value, per sequence
         masked = error > self.thresholds[:, None]  # [J, S']
         self.all_ext.add(error)
         self.all_sum.add(error)

@@ -128,16 +128,28 @@ def segment_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
     return kernels.segment_means(values, chunk.mask, chunk.starts, 2, False)[0]
 
 
-def aggregate(chunk: TokenChunk, values: np.ndarray, level: str, reduce: str) -> np.ndarray:
-    """The statistic at the gate's level, per row: token → itself; sequence → its sequence's mean | sum |
-    geometric | product broadcast (geometric / product on a log-ratio: the mean / sum of ℓ, exp'd by the caller);
-    segment → its segment's mean. One compiled pass (kernels.segment_means)."""
+def valid_counts(chunk: TokenChunk) -> np.ndarray:
+    """Valid rows per sequence (int64 [S]), once per chunk."""
+    return chunk.memo(("gate", "valid"), lambda: np.add.reduceat(chunk.mask.view(np.int8), chunk.starts,
+                                                                dtype=np.int64))
+
+
+def at_level(chunk: TokenChunk, name: str, level: str, reduce: str) -> np.ndarray:
+    """Statistic `name` at a gate's level, once per chunk for every gate that shares it: token → per row; segment
+    → per row, its segment's mean (0 on masked rows); sequence → per SEQUENCE (float64 [S]), the sum (reduce sum /
+    product: of ℓ, exp'd by the caller) or the mean (mean / geometric) over its valid rows, 0 for a sequence
+    without one. A sequence's sum is computed once (one compensated pass, kernels.segment_means) for its mean and
+    its sum — the mean is that sum / max(count, 1), the kernel's own division — and never broadcast to the rows:
+    the gate kernel places a whole sequence by its one value (kernels.gate_family, `whole`)."""
     if level == "token":
-        return values
+        return token_statistic(chunk, name)
     if level == "segment":
-        return segment_mean(chunk, values)
-    summed = reduce in ("sum", "product")  # else the mean (geometric: of ℓ)
-    return kernels.segment_means(values, chunk.mask, chunk.starts, 1 if summed else 0, True)[0]
+        return chunk.memo(("gate_segment", name), lambda: segment_mean(chunk, token_statistic(chunk, name)))
+    total = chunk.memo(("gate_seq_sum", name), lambda: kernels.segment_means(
+        token_statistic(chunk, name), chunk.mask, chunk.starts, 1, False)[1])
+    if reduce in ("sum", "product"):
+        return total
+    return chunk.memo(("gate_seq_mean", name), lambda: total / np.maximum(valid_counts(chunk), 1))
 
 
 def k3(log_ratio: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
 from rcdiag.analysis.engine import stream
 from rcdiag.analysis.gate_defs import GATES, Gate, check_delta, gate_bounds, get_gate, is_gate
 from rcdiag.analysis.gate_logs import Decision, extras_for
-from rcdiag.analysis.gate_stats import aggregate, ell64, token_statistic
+from rcdiag.analysis.gate_stats import at_level, ell64
 from rcdiag.analysis.thresholds import as_number, optional_number
 from rcdiag.errors import ConfigError, InputError
 
@@ -164,6 +164,8 @@ class GateFamily:
         self.extras = extras_for([s.setting for s in states])
         self.detail = any(e.DETAIL for e in self.extras)
         self.whole = g.level == "sequence" or g.rule == "any_token"
+        if g.level == "sequence" and self.rule not in (0, 3):  # the kernel places a whole sequence for these two
+            raise ValueError(f"gate {g.name}: a sequence-level gate must be a band, an upper bound or any_token")
         for j, state in enumerate(states):
             state.family, state.index = self, j
 
@@ -193,14 +195,13 @@ class GateFamily:
         return out
 
     def value(self, chunk: TokenChunk) -> np.ndarray:
-        """The statistic each setting compares (analysis.gate_defs: rules), per row."""
+        """The statistic each setting compares (analysis.gate_defs: rules): per row, or per sequence for a gate at
+        the sequence level (gate_stats.at_level)."""
         g = self.gate
         clamp = (lambda v: np.clip(v, -g.clamp, g.clamp)) if g.clamp else (lambda v: v)
         if g.rule == "any_token":
             return chunk.memo(("gate_any", g.clamp), lambda: clamp(ell64(chunk)))
-        stat = token_statistic(chunk, g.statistic)
-        value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce),  # the same for every gate that shares it
-                           lambda: aggregate(chunk, stat, g.level, g.reduce))
+        value = at_level(chunk, g.statistic, g.level, g.reduce)
         if g.statistic == "log_ratio" and g.clamp:
             value = chunk.memo(("gate_value", g.statistic, g.level, g.reduce, g.clamp), lambda: clamp(value))
         return value

@@ -234,8 +234,8 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
     sums over the bins: per sequence for the sums an ExactSum takes (bins in order, so a sequence's sum depends
     on its own rows only, never on the chunking), per chunk for the counts. The moments of w use the exact
     decomposition M2_j = Σ_b≤j [M2_b + n_b (mean_b − μ_j)²] + (masked rows) μ_j² of two-pass bin moments (no
-    cancellation: every term is ≥ 0). `whole`: the gate keeps or masks whole sequences (a band on a per-sequence
-    statistic, broadcast to its rows, or any_token): a sequence is placed once, by its first valid row.
+    cancellation: every term is ≥ 0). `whole`: the gate keeps or masks whole sequences, placed once each: a band
+    on a per-sequence statistic (rule 0: `value` is then per SEQUENCE, float64 [S]), or any_token.
 
     Returns, per setting j: counts [J, 13] (GATE_COUNTS; the sign counts 0 unless `signed`), per-sequence sums
     [3, J, S] of the weight w (ρ on kept rows, or 1 when not `ratio_weight`; 0 on masked valid rows) and of ρ and
@@ -297,15 +297,11 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
         hw = kw = uw = 0
         if whole and rule == 3:
             hw, kw, uw = h3, k3, u3
-        elif whole and rule == 0:
-            f0 = first
-            while f0 < last and not mask[f0]:
-                f0 += 1
-            if f0 < last:
-                v = value[f0]
-                for j in range(J):
-                    hw += 0 if v <= his[j] else 1
-                    kw += 0 if v <= his[j] and v >= los[j] else 1
+        elif whole and rule == 0:  # `value` holds one value per sequence
+            v = value[k]
+            for j in range(J):
+                hw += 0 if v <= his[j] else 1
+                kw += 0 if v <= his[j] and v >= los[j] else 1
             uw = kw
         if kw > 0:
             valid, n_pos, n_neg = _whole_sequence(
@@ -321,12 +317,13 @@ def gate_family(rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight
                 # such rows, the registers spilled (1.3-1.6× the time of every family).
                 while i < last:
                     if mask[i]:
-                        v, a_i = value[i], adv[i]
-                        if rule == 0:  # band / upper: keep lo ≤ v ≤ hi
-                            keep = v <= hi0_ and v >= lo0_
+                        a_i = adv[i]
+                        if rule == 0:  # band / upper: keep lo ≤ v ≤ hi (a whole sequence is here when kept)
+                            keep = whole or (value[i] <= hi0_ and value[i] >= lo0_)
                         elif rule == 1:  # dppo: A > 0 keeps v ≤ hi, else v ≥ lo (lo = −δ_low here)
-                            keep = v <= hi0_ if a_i > 0 else v >= lo0_
+                            keep = value[i] <= hi0_ if a_i > 0 else value[i] >= lo0_
                         elif rule == 2:  # dppo_kl: the bound binds where p moved the way the advantage pushes
+                            v = value[i]
                             keep = (v <= hi0_ or ell[i] <= 0) if a_i > 0 else (v <= lo0_ or ell[i] >= 0)
                         else:  # any_token: the sequence's place
                             keep = k3 == 0

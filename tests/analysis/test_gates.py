@@ -329,10 +329,11 @@ def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
 @pytest.mark.parametrize("ratio_weight, detail, signed", [(True, True, True), (False, True, False),
                                                           (False, False, True), (True, False, False)])
 def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, detail, signed):
-    """kernels.gate_family places a gate of whole sequences once per sequence (`whole`) and adds its rows in
-    registers: every output must be the generic per-row loop's, bit for bit (counts, per-sequence sums, moments,
-    extrema, flags, the detail counts and row-value sums), with sequences kept, masked at some settings, masked
-    at all, empty, NaN-valued, and advantages of every sign."""
+    """kernels.gate_family places a gate of whole sequences once per sequence (`whole`; a band reads one value per
+    sequence) and adds its rows in registers: every output must be the generic per-row loop's on the statistic
+    broadcast to the rows, bit for bit (counts, per-sequence sums, moments, extrema, flags, the detail counts and
+    row-value sums), with sequences kept, masked at some settings, masked at all, empty, NaN-valued, and
+    advantages of every sign."""
     from rcdiag.analysis import kernels
 
     rng = np.random.default_rng(7 + rule)
@@ -344,6 +345,7 @@ def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, de
     if rule == 3:  # any_token: the row values are the clamped ℓ; a sequence is placed by its extremes
         value = np.clip(ell + rng.normal(0, 0.5, n) * (rng.random(n) < 0.05), -2.0, 2.0)
         his, los = np.log([1.2, 1.5, 2.0, 3.0, 5.0]), np.log([0.8, 0.6, 0.5, 0.3, 0.1])
+        per_seq = None
     else:  # a per-sequence statistic broadcast to its rows, a few NaN
         per_seq = rng.normal(0.0, 0.2, lengths.size)
         per_seq[rng.random(lengths.size) < 0.03] = np.nan
@@ -353,8 +355,9 @@ def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, de
     rho = np.exp(np.clip(ell, -20, 20))
     xs = rng.normal(size=(2, n)) if detail else np.empty((0, n))
     flag = rng.random(n) < 0.3
-    args = (rule, value, ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail)
-    generic, placed = kernels.gate_family(*args, False), kernels.gate_family(*args, True)
+    rest = (ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail)
+    generic = kernels.gate_family(rule, value, *rest, False)
+    placed = kernels.gate_family(rule, value if rule == 3 else per_seq, *rest, True)  # a band: one value a sequence
     kept = generic[0][:, 1]
     assert kept[0] < kept[-1] < generic[0][0, 0], "the grid should mask some sequences at every setting"
     for name, a, b in zip(("counts", "sums", "mean", "m2", "lo_w", "hi_w", "lower", "seq", "x_kept", "x_drop"),

@@ -36,8 +36,8 @@ from rcdiag.analysis.gate_stats import (
     at_level,
     ell64,
     js_divergence,
-    k3,
     mismatch_k3,
+    policy_k3,
     token_statistic,
     valid_counts,
 )
@@ -324,12 +324,9 @@ class NemoSeqError(Extra):
 
     def update(self, chunk: TokenChunk, d: Decision, adv: np.ndarray, rewards: np.ndarray) -> None:
         valid = chunk.counts > 0
-        lr = ell64(chunk)
-        with np.errstate(over="ignore", invalid="ignore"):  # δ-independent rows: once per chunk for the grid
-            mult = token_statistic(chunk, "mult_prob_error")  # its gate's statistic: exp|ℓ|
-            gen_kl = mismatch_k3(chunk)
-            policy_kl = chunk.memo(("nemo", "policy_kl"), lambda: k3(-lr))
-            js = chunk.memo(("nemo", "js"), lambda: js_divergence(chunk))
+        # δ-independent rows, once per chunk for the grid and the peer numbers (analysis.peer_logs.NemoLogs)
+        mult = token_statistic(chunk, "mult_prob_error")  # its gate's statistic: exp|ℓ|
+        gen_kl, policy_kl, js = mismatch_k3(chunk), policy_k3(chunk), js_divergence(chunk)
         error = at_level(chunk, "mult_prob_error", "sequence", "mean")[valid]  # its gate's value, per sequence
         masked = error > self.thresholds[:, None]  # [J, S']
         self.all_ext.add(error)

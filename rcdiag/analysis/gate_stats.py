@@ -158,8 +158,26 @@ def k3(log_ratio: np.ndarray) -> np.ndarray:
         return np.expm1(log_ratio) - log_ratio
 
 
+LOG_COSH_LINEAR = 700.0
+"""Above this x, log cosh x is x − log 2 to the last bit (e^(−2x) is far below an ulp; expm1(x)² would overflow)."""
+
+
 def js_divergence(chunk: TokenChunk) -> np.ndarray:
-    """NeMo-RL's per-token js_divergence_error term: ½ k3 of (a − m) + ½ k3 of (b − m), m = log(½p + ½q)."""
-    a, b = train64(chunk), rollout64(chunk)
-    mixture = np.logaddexp(a, b) - np.log(2.0)
-    return 0.5 * k3(a - mixture) + 0.5 * k3(b - mixture)
+    """NeMo-RL's per-token js_divergence_error term ½ k3(a − m) + ½ k3(b − m), m = log(½p + ½q), per row, once per
+    chunk for the gates and the peer numbers. In closed form: with x = |ℓ|/2 the sum is log cosh x (the terms are
+    2σ(±ℓ) − 1 + softplus(∓ℓ) − log 2), computed as log1p(e · e / (2(1 + e))), e = expm1(x): one expm1 and one
+    log1p where NeMo-RL's form takes a logaddexp and two expm1 (≈ 2× the time), and no cancellation — its form
+    loses ~ε/|ℓ| relative (1e-9 at |ℓ| = 1e-7), this one a few ulps."""
+    def make() -> np.ndarray:
+        x = np.abs(ell64(chunk)) * 0.5
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.expm1(np.minimum(x, LOG_COSH_LINEAR))
+            return np.where(x > LOG_COSH_LINEAR, x - np.log(2.0), np.log1p(e * (e / (2.0 * (1.0 + e)))))
+
+    return chunk.memo(("gate", "js"), make)
+
+
+def policy_k3(chunk: TokenChunk) -> np.ndarray:
+    """k3 of −ℓ per row (NeMo-RL's policy_kl_error), once per chunk for the gates and the peer numbers."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return chunk.memo(("gate", "k3-"), lambda: k3(-ell64(chunk)))

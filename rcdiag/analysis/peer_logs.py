@@ -29,12 +29,16 @@ import numpy as np
 from rcdiag.analysis.accum import ExactSum, Extremum, Moments, ratio
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.gate_stats import (
+    at_level,
     ell64,
     js_divergence,
     k3,
+    mismatch_k3,
+    policy_k3,
     rollout64,
     segment_mean,
     sequence_mean,
+    token_statistic,
     train64,
 )
 
@@ -105,13 +109,15 @@ class NemoLogs(_Peer):
         mask, lr = chunk.mask, ell64(chunk)
         with np.errstate(over="ignore"):
             weights = np.exp(lr[mask])
-        values = {"token_mult_prob_error": np.exp(np.abs(lr[mask])), "gen_kl_error": k3(lr[mask]),
-                  "policy_kl_error": k3(-lr[mask]), "js_divergence_error": js_divergence(chunk)[mask],
+        # the rows NeMo-RL's gate numbers use too (analysis.gate_logs.NemoSeqError): computed once per chunk
+        values = {"token_mult_prob_error": token_statistic(chunk, "mult_prob_error")[mask],
+                  "gen_kl_error": mismatch_k3(chunk)[mask], "policy_kl_error": policy_k3(chunk)[mask],
+                  "js_divergence_error": js_divergence(chunk)[mask],
                   "sampling_importance_ratio": np.where(np.isinf(weights), 0.0, weights)}
         for name, v in values.items():
             self.tokens[name].add(v)
         valid = chunk.counts > 0
-        self.seqs["seq_mult_prob_error"].add(sequence_mean(chunk, np.exp(np.abs(lr)))[valid])
+        self.seqs["seq_mult_prob_error"].add(at_level(chunk, "mult_prob_error", "sequence", "mean")[valid])
 
     def finish(self) -> dict[str, float]:
         out = {name: acc.mean() for name, acc in self.tokens.items()}

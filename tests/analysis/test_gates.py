@@ -364,3 +364,24 @@ def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, de
                           generic, placed, strict=True):
         assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True), name
         assert a.tobytes() == b.tobytes(), name  # bits: signed zeros and NaN payloads too
+
+
+@pytest.mark.parametrize("b, ell", [(-0.01, 1e-7), (-0.01, -3e-5), (-2.5, 0.03), (-2.5, -1.0), (-15.0, 10.0),
+                                    (-0.5, -120.0), (-1500.0, 1499.99)])
+def test_nemo_js_divergence_is_exact_at_every_scale(b, ell):
+    """NeMo-RL's js_divergence_error term ½ k3(a − m) + ½ k3(b − m), m = log(½e^a + ½e^b), against the same
+    formula in 50-digit arithmetic on the stored (float32) log-probs: rcdiag computes it in closed form (log cosh
+    of ℓ/2), so it holds to a few ulps where NeMo-RL's own form in float64 loses ~ε/|ℓ| (1e-9 at ℓ = 1e-7), and
+    stays finite past the point where e^(ℓ/2) squared would overflow."""
+    mpmath = pytest.importorskip("mpmath")
+    b = np.float32(b)
+    a = np.float32(b + ell)
+    assert a != b
+    tokens = pd.DataFrame({"seq_id": [1], "pos": [0], "rollout_logprob": [b], "train_logprob": [a], "mask": [True]})
+    got = rcdiag.compute_metrics(tokens, keys="nemo-rl")["train/js_divergence_error"]
+    with mpmath.workdps(50):
+        x, y = mpmath.mpf(float(a)), mpmath.mpf(float(b))
+        m = mpmath.log((mpmath.exp(x) + mpmath.exp(y)) / 2)
+        k3 = lambda t: mpmath.exp(t) - t - 1  # noqa: E731
+        want = float(k3(x - m) / 2 + k3(y - m) / 2)
+    assert got == pytest.approx(want, rel=4e-16 * 8, abs=0.0)

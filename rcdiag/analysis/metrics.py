@@ -14,13 +14,34 @@ from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.engine import stream
-from rcdiag.analysis.kernels import C_ABS, C_MAX_ABS, SEQ_COLUMNS
+from rcdiag.analysis.kernels import COLUMN, SEQ_COLUMNS
 from rcdiag.analysis.metric_table import Metric, Sequences, terms
 from rcdiag.analysis.verlstats import VerlProbStats
 
 METRIC_NAMES = metric_table.METRIC_NAMES
 """Every metric compute_metrics returns, in order: the rows of analysis.metric_table.METRICS."""
 COUNT_NAMES = ("tokens", "sequences", "empty_sequences")
+
+
+class ChunkSequences(Sequences):
+    """The Sequences of one chunk's sequences with T_i > 0 (`valid`; None: all of them), each column read from the
+    chunk when a term first reads it (TokenChunk.column): metrics that read only kernels.CORE_COLUMNS — every
+    canonical one — never make the chunk compute its whole per-sequence table. The same values as the table's."""
+
+    def __init__(self, chunk: TokenChunk, valid: np.ndarray | None) -> None:
+        self._chunk, self._valid = chunk, valid
+        super().__init__({name: self._column(name) for name in ("T", "sum_a", "sum_b", "sum_l")})
+
+    def _column(self, name: str) -> np.ndarray:
+        values = self._chunk.column(name)
+        return values if self._valid is None else values[self._valid]
+
+    def __getattr__(self, name: str) -> np.ndarray:  # only called for a column not read yet
+        if name not in COLUMN:
+            raise AttributeError(name)
+        values = self._column(name)
+        setattr(self, name, values)
+        return values
 
 
 class MetricsAccumulator(ChunkConsumer):
@@ -82,18 +103,16 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens += int(counts.sum())
         self.seen_sequences += int(chunk.seq_ids.size)
         add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
-        table = chunk.table()
         if conv.framework == "trl":
-            self.abs_sum.add(table[C_ABS])
-            self.abs_max.add(table[C_MAX_ABS])
+            self.abs_sum.add(chunk.column("sum_abs"))
+            self.abs_max.add(chunk.column("max_abs"))
         if self.probs is not None:
             self.probs.update(chunk)
         if self.peer is not None:
             self.peer.update_chunk(chunk)
         valid = counts > 0
         self.valid_sequences += int(valid.sum())
-        rows = table if valid.all() else table[:, valid]
-        sequences = Sequences(dict(zip(SEQ_COLUMNS, rows, strict=True)))
+        sequences = ChunkSequences(chunk, None if valid.all() else valid)
         for metric in self.metrics:  # one exact sum (or extremum) of each metric's per-sequence terms
             values = terms(metric, sequences, conv)
             if metric.kind in ("token", "sequence"):

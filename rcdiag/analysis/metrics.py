@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis import metric_table, peer_logs
-from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Totals, add_range, merge_ranges, ratio
+from rcdiag.analysis.accum import ChunkConsumer, ExactSum, ExactSums, Extremum, Totals, add_range, merge_ranges, ratio
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
@@ -59,7 +59,8 @@ class MetricsAccumulator(ChunkConsumer):
         self.seen_sequences = 0
         self.valid_sequences = 0
         self.names = tuple(m.name for m in metric_table.METRICS)  # the table as it is now (a recipe adds a row)
-        self.sums = {m.name: ExactSum() for m in self.metrics if m.kind in ("token", "sequence")}
+        self.summed = tuple(m.name for m in self.metrics if m.kind in ("token", "sequence"))
+        self.sums = ExactSums(len(self.summed))  # row k: metric summed[k]; one compiled add per chunk for all
         self.extrema = {m.name: Extremum() for m in self.metrics if m.kind in ("max", "min")}
         self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
         self.probs = VerlProbStats() if self.convention.framework == "verl" else None  # verl's training/ keys
@@ -111,14 +112,19 @@ class MetricsAccumulator(ChunkConsumer):
         if self.peer is not None:
             self.peer.update_chunk(chunk)
         valid = counts > 0
-        self.valid_sequences += int(valid.sum())
-        sequences = ChunkSequences(chunk, None if valid.all() else valid)
+        n_valid = int(np.count_nonzero(valid))
+        self.valid_sequences += n_valid
+        sequences = ChunkSequences(chunk, None if n_valid == valid.size else valid)
+        summed = np.empty((len(self.summed), n_valid))
+        k = 0
         for metric in self.metrics:  # one exact sum (or extremum) of each metric's per-sequence terms
             values = terms(metric, sequences, conv)
             if metric.kind in ("token", "sequence"):
-                self.sums[metric.name].add(values)
+                summed[k] = values
+                k += 1
             else:
                 self.extrema[metric.name].add(values)
+        self.sums.add(summed)
 
     def merge(self, other: MetricsAccumulator) -> MetricsAccumulator:
         """Add `other` (same convention, disjoint sequences, e.g. another file); returns self."""
@@ -130,8 +136,7 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens += other.tokens
         self.seen_sequences += other.seen_sequences
         self.valid_sequences += other.valid_sequences
-        for name, total in self.sums.items():
-            total.merge(other.sums[name])
+        self.sums.merge(other.sums)
         for name, extremum in self.extrema.items():
             extremum.merge(other.extrema[name])
         self.abs_sum.merge(other.abs_sum)
@@ -171,13 +176,17 @@ class MetricsAccumulator(ChunkConsumer):
         values = {m.name: self._value(m, all_rows, empty, denominator) for m in self.metrics}
         return {**values, **extra, **counts}
 
+    def _sum(self, metric: Metric) -> float:
+        """The exact sum of a token or sequence metric's terms, correctly rounded."""
+        return self.sums.value(self.summed.index(metric.name))
+
     def _value(self, metric: Metric, all_rows: bool, empty: int, denominator: int) -> float:
         """One metric from its exact sum or extremum (metric_table: the reductions; empty rows as `empty`)."""
         if metric.kind == "token":  # swift's max(N, 1) divisor: Σ/1 = 0 (χ²: −1) without a valid token
-            return self.sums[metric.name].value() / self.tokens if self.tokens else metric.no_token
+            return self._sum(metric) / self.tokens if self.tokens else metric.no_token
         if metric.kind == "sequence":
             padding = empty * metric.empty if all_rows else 0.0
-            return ratio(self.sums[metric.name].value() + padding, denominator)
+            return ratio(self._sum(metric) + padding, denominator)
         extremum = self.extrema[metric.name]
         value = extremum.hi if metric.kind == "max" else extremum.lo
         if all_rows and empty:

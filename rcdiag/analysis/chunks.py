@@ -122,9 +122,18 @@ class TokenChunk:
             return self.core_table()[_CORE_ROW[name]]
         return self.table()[kernels.COLUMN[name]]
 
-    def core_table(self) -> np.ndarray:
-        """float64 [len(kernels.CORE_COLUMNS), S]: those rows of `table()` (kernels.sequence_core); cached."""
-        if ("core",) not in self.cache:
+    @property
+    def core_pending(self) -> bool:
+        """No per-sequence column has been computed yet (neither core_table nor any table): a kernel that visits the
+        rows anyway may sum CORE_COLUMNS for the chunk (kernels.token_modes_core) and hand them to core_table."""
+        return not any(key[0] in ("core", "table") for key in self.cache)
+
+    def core_table(self, computed: np.ndarray | None = None) -> np.ndarray:
+        """float64 [len(kernels.CORE_COLUMNS), S]: those rows of `table()` (kernels.sequence_core); cached.
+        `computed`: the same rows from a fused kernel (kernels.token_modes_core), cached as they are."""
+        if computed is not None:
+            self.cache[("core",)] = computed
+        elif ("core",) not in self.cache:
             t = self.terms
             self.cache[("core",)] = kernels.sequence_core(t.a, t.b, self.kept, t.lh, t.em1, self.starts)
         return self.cache[("core",)]

@@ -9,7 +9,16 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis import metric_table, peer_logs
-from rcdiag.analysis.accum import ChunkConsumer, ExactSum, ExactSums, Extremum, Totals, add_range, merge_ranges, ratio
+from rcdiag.analysis.accum import (
+    ChunkConsumer,
+    ExactSum,
+    ExactSums,
+    Extremum,
+    Totals,
+    add_range,
+    merge_ranges,
+    ratio,
+)
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention

@@ -461,8 +461,9 @@ class ModeStats:
 
 def update_modes(stats: list[ModeStats], view: ChunkView) -> None:
     """Add one chunk to every mode: all token-level modes from ONE fused kernel pass over the rows — which also
-    sums the chunk's kernels.CORE_COLUMNS when nothing has yet (kernels.token_modes_core: the same bits as
-    kernels.token_modes and the chunk's own sequence_core; analyze's modes then come before its metrics)."""
+    sums the chunk's kernels.CORE_COLUMNS on a mostly quiet chunk when nothing has yet (kernels.token_modes_core:
+    the same bits as kernels.token_modes and the chunk's own sequence_core; analyze's modes then come before its
+    metrics)."""
     token = [s for s in stats if s.level == "token"]
     if token:
         chunk = view.chunk
@@ -472,7 +473,8 @@ def update_modes(stats: list[ModeStats], view: ChunkView) -> None:
             t = chunk.terms
             *fields, core = kernels.token_modes_core(t.a, t.b, chunk.kept, t.lh, t.em1, t.rho, chunk.starts, params,
                                                      swift_ess)
-            chunk.core_table(core)
+            if core.shape[0]:
+                chunk.core_table(core)
             result = (*fields, np.zeros((len(token), 0)))
         else:
             result = kernels.token_modes(view.lr_rows, view.rho_rows, view.stat_rows, chunk.starts, params,

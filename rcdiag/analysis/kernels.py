@@ -1116,22 +1116,24 @@ def sequence_core(a, b, kept, lh, em1, starts):
 
 @numba.njit(**_JIT)
 def token_modes_core(a, b, kept, lh, em1, rho, starts, params, swift_ess):
-    """token_modes(lh, rho, kept, starts, params, swift_ess, False) and sequence_core(a, b, kept, lh, em1, starts)
-    of one chunk at once: (per_w, per_e, out, core), the same bits as the two calls. On a chunk that takes
-    _modes_sparse the core sums ride in its visit of the rows (analyze's chunks: one pass over them where there
-    were two, their latency chains overlapped); on any other, the two kernels one after the other."""
+    """token_modes(lh, rho, kept, starts, params, swift_ess, False), and on a chunk that takes _modes_sparse also
+    sequence_core(a, b, kept, lh, em1, starts), its sums riding in that visit of the rows (analyze's chunks: one
+    pass where there were two, their latency chains overlapped): (per_w, per_e, out, core), the same bits as the
+    two calls; core is [0, 0] on any other chunk (the mode-by-mode loop visits the rows once per mode: nothing to
+    share, and the chunk computes the columns itself if a consumer asks)."""
     n_modes, n_seq = params.shape[0], starts.size
     per_w = np.zeros((n_modes, n_seq))
     per_e = np.zeros((n_modes, n_seq))
     out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
     w_rows = np.zeros((n_modes, 0))
+    core = np.zeros((0, 0))
     if n_modes == 0:
-        return per_w, per_e, out, sequence_core(a, b, kept, lh, em1, starts)
+        return per_w, per_e, out, core
     quiet, count, sparse = _quiet_rows(lh, rho, kept, params, swift_ess)
     if sparse:
         core = np.zeros((len(CORE_COLUMNS), n_seq), np.float64)
         _modes_sparse(lh, rho, kept, starts, params, swift_ess, False, quiet, count, per_w, per_e, out, w_rows, a, b,
                       em1, core)
-        return per_w, per_e, out, core
-    _modes_dense(lh, rho, kept, starts, params, swift_ess, False, count, per_w, per_e, out, w_rows)
-    return per_w, per_e, out, sequence_core(a, b, kept, lh, em1, starts)
+    else:
+        _modes_dense(lh, rho, kept, starts, params, swift_ess, False, count, per_w, per_e, out, w_rows)
+    return per_w, per_e, out, core

@@ -54,8 +54,8 @@ def test_sequence_core_is_the_tables_rows(dtype):
 def test_few_modes_equal_each_mode_alone_and_the_fused_core(swift, n_modes, scale):
     """2–4 modes on a mostly quiet chunk take the shared-sum path with the register-held second pass (5: the
     one-visit loop); each mode's outputs are the bits of its own single-mode call (the mode-by-mode loop), and
-    token_modes_core gives token_modes' outputs and sequence_core's columns, bit for bit (scale 1: a loud chunk,
-    the two kernels one after the other)."""
+    token_modes_core gives token_modes' outputs and, on the quiet chunk, sequence_core's columns, bit for bit
+    (scale 1: a loud chunk takes the mode-by-mode loop and gives no columns)."""
     a, b, kept, lh, em1, rho, starts = _chunk(2, scale)
     params = _params(n_modes, swift)
     together = kernels.token_modes(lh, rho, kept, starts, params, swift, False)
@@ -66,4 +66,7 @@ def test_few_modes_equal_each_mode_alone_and_the_fused_core(swift, n_modes, scal
     *fused, core = kernels.token_modes_core(a, b, kept, lh, em1, rho, starts, params, swift)
     for got, want in zip(fused, together[:3], strict=True):
         assert np.array_equal(_bits(got), _bits(want))
-    assert np.array_equal(_bits(core), _bits(kernels.sequence_core(a, b, kept, lh, em1, starts)))
+    if scale < 1.0:  # mostly quiet: the shared-sum path, which sums the core columns too
+        assert np.array_equal(_bits(core), _bits(kernels.sequence_core(a, b, kept, lh, em1, starts)))
+    else:  # the mode-by-mode loop: no columns (the chunk computes them on demand)
+        assert core.shape == (0, 0)

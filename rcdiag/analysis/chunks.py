@@ -32,6 +32,7 @@ DEFAULT_BATCH_ROWS = DEFAULT_READ_ROWS
 """Rows per record batch read: the store's one read size (rcdiag.store.files.DEFAULT_READ_ROWS, why it is that)."""
 _INTEGER_COLUMNS = ("seq_id", "pos")
 _FLOAT_COLUMNS = ("rollout_logprob", "train_logprob")
+_CORE_ROW = {name: j for j, name in enumerate(kernels.CORE_COLUMNS)}
 _HINTS = {
     "rollout_logprob": "the rollout engine must report processed log-probs for every sampled token",
     "train_logprob": "re-run the rescoring stage; a missing train log-prob is not a zero mismatch",
@@ -113,8 +114,29 @@ class TokenChunk:
         return self.cache[key]
 
     def column(self, name: str) -> np.ndarray:
-        """One per-sequence column (float64 [S]) by kernels.SEQ_COLUMNS name, e.g. "sum_l" → S_i = Σ m_t ℓ_t."""
+        """One per-sequence column (float64 [S]) by kernels.SEQ_COLUMNS name, e.g. "sum_l" → S_i = Σ m_t ℓ_t. A
+        kernels.CORE_COLUMNS column comes from the lean kernels.sequence_core (the same bits) while no consumer of
+        the chunk has needed the whole table: analyze's metrics and IS modes read only those (issue #32: the
+        whole table was a quarter of analyze's compute)."""
+        if name in _CORE_ROW and not any(key[0] == "table" for key in self.cache):
+            return self.core_table()[_CORE_ROW[name]]
         return self.table()[kernels.COLUMN[name]]
+
+    @property
+    def core_pending(self) -> bool:
+        """No per-sequence column has been computed yet (neither core_table nor any table): a kernel that visits the
+        rows anyway may sum CORE_COLUMNS for the chunk (kernels.token_modes_core) and hand them to core_table."""
+        return not any(key[0] in ("core", "table") for key in self.cache)
+
+    def core_table(self, computed: np.ndarray | None = None) -> np.ndarray:
+        """float64 [len(kernels.CORE_COLUMNS), S]: those rows of `table()` (kernels.sequence_core); cached.
+        `computed`: the same rows from a fused kernel (kernels.token_modes_core), cached as they are."""
+        if computed is not None:
+            self.cache[("core",)] = computed
+        elif ("core",) not in self.cache:
+            t = self.terms
+            self.cache[("core",)] = kernels.sequence_core(t.a, t.b, self.kept, t.lh, t.em1, self.starts)
+        return self.cache[("core",)]
 
     @property
     def a(self) -> np.ndarray:

@@ -403,10 +403,10 @@ def analyze(data: Any, convention: str = DEFAULT_CONVENTION, *, modes: Iterable[
 
     grid = [get_mode(m).with_bounds(as_number(c, "threshold C")) for m in modes for c in thresholds]
     metrics = MetricsAccumulator(convention)
-    consumers: list[Any] = [metrics]
     correction = ISAccumulator(grid, convention, extras=False) if grid else None
-    if correction is not None:
-        consumers.append(correction)
+    # the IS modes first: their token modes' kernel then also sums the per-sequence columns the metrics read
+    # (isstats.update_modes) — one visit of each chunk's rows where there were two
+    consumers: list[Any] = [metrics] if correction is None else [correction, metrics]
     rows = stream(data, consumers, sequences=sequences, batch_rows=batch_rows, silent=silent, desc="analyze")
     results = correction.finish(Totals(rows)) if correction is not None else []
     records = [{"mode": m.name, "threshold": m.upper, **r} for m, r in zip(grid, results, strict=True)]

@@ -128,6 +128,12 @@ class ChunkView:
         return SEQ_LOG_RATIO[conv.is_seq_ratio](chunk.sum_ell, sh, chunk.counts)
 
     @property
+    def scores_kept(self) -> bool:
+        """The scored rows are the chunk's kept rows and ℓ̂, ρ its own terms (no rejection, a validated chunk, the
+        ±LOG_RATIO_CLAMP clamp): what kernels.token_modes_core reads."""
+        return not self.rejected and self.chunk.validated and self.conv.token_clamp == LOG_RATIO_CLAMP
+
+    @property
     def stat_rows(self) -> np.ndarray:
         """bool [n]: the scored rows (the chunk's all-True mask when every row is scored)."""
         return self.chunk.mask if self.stat is None else self.stat
@@ -454,12 +460,25 @@ class ModeStats:
 
 
 def update_modes(stats: list[ModeStats], view: ChunkView) -> None:
-    """Add one chunk to every mode: all token-level modes from ONE fused kernel pass over the rows."""
+    """Add one chunk to every mode: all token-level modes from ONE fused kernel pass over the rows — which also
+    sums the chunk's kernels.CORE_COLUMNS on a mostly quiet chunk when nothing has yet (kernels.token_modes_core:
+    the same bits as kernels.token_modes and the chunk's own sequence_core; analyze's modes then come before its
+    metrics)."""
     token = [s for s in stats if s.level == "token"]
     if token:
-        result = kernels.token_modes(view.lr_rows, view.rho_rows, view.stat_rows, view.chunk.starts,
-                                     np.array([s.kernel_params() for s in token], dtype=np.float64),
-                                     token[0].ess is not None, token[0].weights is not None)
+        chunk = view.chunk
+        params = np.array([s.kernel_params() for s in token], dtype=np.float64)
+        swift_ess, rows = token[0].ess is not None, token[0].weights is not None
+        if not rows and view.scores_kept and chunk.core_pending:
+            t = chunk.terms
+            *fields, core = kernels.token_modes_core(t.a, t.b, chunk.kept, t.lh, t.em1, t.rho, chunk.starts, params,
+                                                     swift_ess)
+            if core.shape[0]:
+                chunk.core_table(core)
+            result = (*fields, np.zeros((len(token), 0)))
+        else:
+            result = kernels.token_modes(view.lr_rows, view.rho_rows, view.stat_rows, chunk.starts, params,
+                                         swift_ess, rows)
         for j, mode in enumerate(token):
             mode.update(view, tuple(r[j] for r in result))
     for mode in stats:

@@ -736,6 +736,19 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
     if n_modes == 0:
         return per_w, per_e, out, w_rows
+    quiet, count, sparse = _quiet_rows(lr, rho, stat, params, swift_ess)
+    if sparse:
+        _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows, lr,
+                      lr, lr, np.zeros((0, 0)))
+    else:
+        _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, per_e, out, w_rows)
+    return per_w, per_e, out, w_rows
+
+
+@numba.njit(inline="always")
+def _quiet_rows(lr, rho, stat, params, swift_ess):
+    """(quiet bounds, scored rows, whether the chunk takes _modes_sparse) of token_modes' params [M, 6]."""
+    n_modes, n = params.shape[0], lr.size
     upper = params[:, 0]
     # quiet rows: no mode clips, masks or counts them high/low (and swift's w̃ = w = ρ)
     quiet = (max(params[:, 3].max(), params[:, 4].max()), params[:, 2].min(),
@@ -749,11 +762,8 @@ def token_modes(lr, rho, stat, starts, params, swift_ess, rows):
     else:
         for i in range(n):
             count += stat[i]
-    if n_modes > 1 and loud * 2 < count:  # measured break-even: ~60 % of the rows outside some mode's bounds
-        _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows)
-    else:
-        _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, per_e, out, w_rows)
-    return per_w, per_e, out, w_rows
+    # measured break-even: ~60 % of the rows outside some mode's bounds
+    return quiet, count, n_modes > 1 and loud * 2 < count
 
 
 REJECTION_STATISTICS = ("k1", "k2", "k3")
@@ -930,12 +940,16 @@ def _modes_dense(lr, rho, stat, starts, params, swift_ess, rows, count, per_w, p
 
 
 @numba.njit(**_JIT)
-def _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows):
+def _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, per_w, per_e, out, w_rows, a, b,
+                  em1, core):
     """token_modes on a mostly quiet chunk. Within a sequence the modes share ONE compensated sum of ρ until a
     row gives a mode another weight; that mode then continues on its own copy of the sum. Each mode's sum is
     thus the same sequence of operations as in _modes_dense (bit-identical; tests/analysis/test_kernels.py).
-    Modes that never left the shared sum in the chunk have equal weights and means: one M2 pass for them all."""
+    Modes that never left the shared sum in the chunk have equal weights and means: one M2 pass for them all.
+    `core` float64 [len(CORE_COLUMNS), S] (token_modes_core; [0, 0]: none): also sequence_core's sums of the
+    scored rows (`stat` = the kept rows) from log-probs a, b and em1 = expm1(ℓ̂), in the same visit of the rows."""
     n_modes, n_seq, n = params.shape[0], starts.size, lr.size
+    with_core = core.shape[1] > 0
     upper, lower, log_upper, log_lower, log_lo = params[:, 0], params[:, 1], params[:, 2], params[:, 3], params[:, 4]
     mask_action = params[:, 5] > 0
     quiet_min, quiet_max = np.inf, -np.inf
@@ -954,10 +968,20 @@ def _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, 
         n_own = 0
         kept[:] = 0
         n_quiet = 0
+        sa = sb = k3 = s_ell = c_ell = s_chi = c_chi = 0.0
+        t_core = 0
         for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
             if not stat[i]:
                 continue
             x, r = lr[i], rho[i]
+            if with_core:  # sequence_core's operations, in its order
+                xa, yb, rm1 = np.float64(a[i]), np.float64(b[i]), em1[i]
+                t_core += 1
+                sa += xa
+                sb += yb
+                k3 += rm1 - x
+                s_ell, c_ell = _two_sum(s_ell, c_ell, xa - yb)
+                s_chi, c_chi = _two_sum(s_chi, c_chi, rm1 * (rm1 + 2.0))
             if _is_quiet(x, r, quiet):
                 n_quiet += 1
                 quiet_min, quiet_max = min(quiet_min, r), max(quiet_max, r)
@@ -994,6 +1018,9 @@ def _modes_sparse(lr, rho, stat, starts, params, swift_ess, rows, quiet, count, 
                     if swift_ess:
                         s_e[j], c_e[j] = _two_sum(s_e[j], c_e[j], e)
             shared_s, shared_c = _two_sum(shared_s, shared_c, r)
+        if with_core:
+            core[0, k], core[1, k], core[2, k], core[3, k] = t_core, sa, sb, _total(s_ell, c_ell)
+            core[4, k], core[5, k] = k3, _total(s_chi, c_chi)
         shared = _total(shared_s, shared_c)
         for j in range(n_modes):
             per_w[j, k] = _total(s_w[j], c_w[j]) if own[j] else shared
@@ -1020,6 +1047,9 @@ def _second_pass_modes(lr, rho, stat, params, swift_ess, quiet, ever, out):
     the others weigh _weight's value. Each mode's M2 thus adds the same terms in the same row order as
     _second_pass would: the same bits, without one pass over the chunk per mode (14 passes for the sweep)."""
     n_modes = params.shape[0]
+    if n_modes <= 4:
+        _second_pass_lanes(lr, rho, stat, params, swift_ess, quiet, ever, out)
+        return
     m2 = np.zeros(n_modes)
     m2e = np.zeros(n_modes)
     mean_w = out[:, 1].copy()
@@ -1046,6 +1076,61 @@ def _second_pass_modes(lr, rho, stat, params, swift_ess, quiet, ever, out):
                 m2e[j] += e * e
     out[:, 2] = m2
     out[:, 6] = m2e
+
+
+@numba.njit(**_JIT)  # compiled on its own: inlined into _second_pass_modes, its registers were not kept
+def _second_pass_lanes(lr, rho, stat, params, swift_ess, quiet, ever, out):
+    """_second_pass_modes of at most four modes (the same terms in the same row order: the same bits), their running
+    M2s scalars (registers). As array elements each row's addition waits on the previous row's store: with few
+    modes nothing hides that wait, which made the pass half of analyze's token-mode time (issue #32); with many,
+    their independent additions do, and one visit of the rows for all of them beats a visit per four."""
+    n_modes = params.shape[0]
+    for j0 in range(0, n_modes, 4):
+        mu0, nu0 = _lane_means(out, j0)
+        mu1, nu1 = _lane_means(out, j0 + 1)
+        mu2, nu2 = _lane_means(out, j0 + 2)
+        mu3, nu3 = _lane_means(out, j0 + 3)
+        m0 = m1 = m2 = m3 = e0 = e1 = e2 = e3 = 0.0
+        for i in range(lr.size):
+            if not stat[i]:
+                continue
+            x, r = lr[i], rho[i]
+            w0 = w1 = w2 = w3 = f0 = f1 = f2 = f3 = r
+            if not _is_quiet(x, r, quiet):
+                w0, f0 = _lane_weights(j0, x, r, params, ever)
+                w1, f1 = _lane_weights(j0 + 1, x, r, params, ever)
+                w2, f2 = _lane_weights(j0 + 2, x, r, params, ever)
+                w3, f3 = _lane_weights(j0 + 3, x, r, params, ever)
+            m0 += (w0 - mu0) * (w0 - mu0)
+            m1 += (w1 - mu1) * (w1 - mu1)
+            m2 += (w2 - mu2) * (w2 - mu2)
+            m3 += (w3 - mu3) * (w3 - mu3)
+            if swift_ess:
+                d0, d1, d2, d3 = f0 - nu0, f1 - nu1, f2 - nu2, f3 - nu3
+                e0 += d0 * d0
+                e1 += d1 * d1
+                e2 += d2 * d2
+                e3 += d3 * d3
+        for lane, m, e in ((0, m0, e0), (1, m1, e1), (2, m2, e2), (3, m3, e3)):
+            if j0 + lane < n_modes:
+                out[j0 + lane, 2], out[j0 + lane, 6] = m, e
+
+
+@numba.njit(inline="always")
+def _lane_means(out, j):
+    """(mean of w, mean of w̃) of mode j (0, 0 past the last mode: a lane _second_pass_modes discards)."""
+    return (out[j, 1], out[j, 5]) if j < out.shape[0] else (0.0, 0.0)
+
+
+@numba.njit(inline="always")
+def _lane_weights(j, x, r, params, ever):
+    """(w, w̃) of mode j on a scored row that is not quiet (ℓ̂ = x, ρ = r) in _second_pass_modes: ρ for a mode that
+    never left the shared sum and past the last mode; else _weight's w and w̃ = clamp(w, 1/C, C)."""
+    if j >= params.shape[0] or not ever[j]:
+        return r, r
+    upper = params[j, 0]
+    w = _weight(x, r, upper, params[j, 1], params[j, 2], params[j, 3], params[j, 5] > 0)[0]
+    return w, min(max(w, 1.0 / upper), upper)
 
 
 @numba.njit(inline="always")
@@ -1100,3 +1185,59 @@ def poisson_totals(uniforms, matrix, cdf, finite):
                     acc[j] += w * matrix[i, j]
         out[r] = acc
     return out
+
+
+CORE_COLUMNS = ("T", "sum_a", "sum_b", "sum_l", "sum_k3", "sum_chi2")
+"""The SEQ_COLUMNS most consumers read (the canonical metrics, the sequence-level IS modes): sequence_core's rows."""
+
+
+@numba.njit(**_JIT)
+def sequence_core(a, b, kept, lh, em1, starts):
+    """CORE_COLUMNS per sequence of a chunk, float64 [len(CORE_COLUMNS), S]: the same rows of sequence_table by the
+    same operations in the same order (so the same bits), without its other eleven columns — a third of its work
+    (chunks.TokenChunk.column reads them from here until some consumer asks for a column outside them)."""
+    n_seq, n = starts.size, a.size
+    out = np.zeros((len(CORE_COLUMNS), n_seq), np.float64)
+    for k in range(n_seq):
+        sa = sb = k3 = 0.0
+        s_ell = c_ell = s_chi = c_chi = 0.0
+        t = 0
+        for i in range(starts[k], starts[k + 1] if k + 1 < n_seq else n):
+            if not kept[i]:
+                continue
+            x, y = np.float64(a[i]), np.float64(b[i])
+            rm1 = em1[i]
+            t += 1
+            sa += x
+            sb += y
+            k3 += rm1 - lh[i]
+            s_ell, c_ell = _two_sum(s_ell, c_ell, x - y)
+            s_chi, c_chi = _two_sum(s_chi, c_chi, rm1 * (rm1 + 2.0))
+        out[0, k], out[1, k], out[2, k], out[3, k] = t, sa, sb, _total(s_ell, c_ell)
+        out[4, k], out[5, k] = k3, _total(s_chi, c_chi)
+    return out
+
+
+@numba.njit(**_JIT)
+def token_modes_core(a, b, kept, lh, em1, rho, starts, params, swift_ess):
+    """token_modes(lh, rho, kept, starts, params, swift_ess, False), and on a chunk that takes _modes_sparse also
+    sequence_core(a, b, kept, lh, em1, starts), its sums riding in that visit of the rows (analyze's chunks: one
+    pass where there were two, their latency chains overlapped): (per_w, per_e, out, core), the same bits as the
+    two calls; core is [0, 0] on any other chunk (the mode-by-mode loop visits the rows once per mode: nothing to
+    share, and the chunk computes the columns itself if a consumer asks)."""
+    n_modes, n_seq = params.shape[0], starts.size
+    per_w = np.zeros((n_modes, n_seq))
+    per_e = np.zeros((n_modes, n_seq))
+    out = np.zeros((n_modes, len(TOKEN_MODE_FIELDS)))
+    w_rows = np.zeros((n_modes, 0))
+    core = np.zeros((0, 0))
+    if n_modes == 0:
+        return per_w, per_e, out, core
+    quiet, count, sparse = _quiet_rows(lh, rho, kept, params, swift_ess)
+    if sparse:
+        core = np.zeros((len(CORE_COLUMNS), n_seq), np.float64)
+        _modes_sparse(lh, rho, kept, starts, params, swift_ess, False, quiet, count, per_w, per_e, out, w_rows, a, b,
+                      em1, core)
+    else:
+        _modes_dense(lh, rho, kept, starts, params, swift_ess, False, count, per_w, per_e, out, w_rows)
+    return per_w, per_e, out, core

@@ -9,18 +9,48 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis import metric_table, peer_logs
-from rcdiag.analysis.accum import ChunkConsumer, ExactSum, Extremum, Totals, add_range, merge_ranges, ratio
+from rcdiag.analysis.accum import (
+    ChunkConsumer,
+    ExactSum,
+    ExactSums,
+    Extremum,
+    Totals,
+    add_range,
+    merge_ranges,
+    ratio,
+)
 from rcdiag.analysis.bootstrap import SequenceSums
 from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS, Chunker, TokenChunk, sequence_universe
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION, LOG_RATIO_CLAMP, Convention, get_convention
 from rcdiag.analysis.engine import stream
-from rcdiag.analysis.kernels import C_ABS, C_MAX_ABS, SEQ_COLUMNS
+from rcdiag.analysis.kernels import COLUMN, SEQ_COLUMNS
 from rcdiag.analysis.metric_table import Metric, Sequences, terms
 from rcdiag.analysis.verlstats import VerlProbStats
 
 METRIC_NAMES = metric_table.METRIC_NAMES
 """Every metric compute_metrics returns, in order: the rows of analysis.metric_table.METRICS."""
 COUNT_NAMES = ("tokens", "sequences", "empty_sequences")
+
+
+class ChunkSequences(Sequences):
+    """The Sequences of one chunk's sequences with T_i > 0 (`valid`; None: all of them), each column read from the
+    chunk when a term first reads it (TokenChunk.column): metrics that read only kernels.CORE_COLUMNS — every
+    canonical one — never make the chunk compute its whole per-sequence table. The same values as the table's."""
+
+    def __init__(self, chunk: TokenChunk, valid: np.ndarray | None) -> None:
+        self._chunk, self._valid = chunk, valid
+        super().__init__({name: self._column(name) for name in ("T", "sum_a", "sum_b", "sum_l")})
+
+    def _column(self, name: str) -> np.ndarray:
+        values = self._chunk.column(name)
+        return values if self._valid is None else values[self._valid]
+
+    def __getattr__(self, name: str) -> np.ndarray:  # only called for a column not read yet
+        if name not in COLUMN:
+            raise AttributeError(name)
+        values = self._column(name)
+        setattr(self, name, values)
+        return values
 
 
 class MetricsAccumulator(ChunkConsumer):
@@ -38,7 +68,8 @@ class MetricsAccumulator(ChunkConsumer):
         self.seen_sequences = 0
         self.valid_sequences = 0
         self.names = tuple(m.name for m in metric_table.METRICS)  # the table as it is now (a recipe adds a row)
-        self.sums = {m.name: ExactSum() for m in self.metrics if m.kind in ("token", "sequence")}
+        self.summed = tuple(m.name for m in self.metrics if m.kind in ("token", "sequence"))
+        self.sums = ExactSums(len(self.summed))  # row k: metric summed[k]; one compiled add per chunk for all
         self.extrema = {m.name: Extremum() for m in self.metrics if m.kind in ("max", "min")}
         self.abs_sum, self.abs_max = ExactSum(), Extremum()  # trl's sampling_logp_difference
         self.probs = VerlProbStats() if self.convention.framework == "verl" else None  # verl's training/ keys
@@ -82,24 +113,27 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens += int(counts.sum())
         self.seen_sequences += int(chunk.seq_ids.size)
         add_range(self.seq_ranges, int(chunk.seq_ids[0]), int(chunk.seq_ids[-1]))
-        table = chunk.table()
         if conv.framework == "trl":
-            self.abs_sum.add(table[C_ABS])
-            self.abs_max.add(table[C_MAX_ABS])
+            self.abs_sum.add(chunk.column("sum_abs"))
+            self.abs_max.add(chunk.column("max_abs"))
         if self.probs is not None:
             self.probs.update(chunk)
         if self.peer is not None:
             self.peer.update_chunk(chunk)
         valid = counts > 0
-        self.valid_sequences += int(valid.sum())
-        rows = table if valid.all() else table[:, valid]
-        sequences = Sequences(dict(zip(SEQ_COLUMNS, rows, strict=True)))
+        n_valid = int(np.count_nonzero(valid))
+        self.valid_sequences += n_valid
+        sequences = ChunkSequences(chunk, None if n_valid == valid.size else valid)
+        summed = np.empty((len(self.summed), n_valid))
+        k = 0
         for metric in self.metrics:  # one exact sum (or extremum) of each metric's per-sequence terms
             values = terms(metric, sequences, conv)
             if metric.kind in ("token", "sequence"):
-                self.sums[metric.name].add(values)
+                summed[k] = values
+                k += 1
             else:
                 self.extrema[metric.name].add(values)
+        self.sums.add(summed)
 
     def merge(self, other: MetricsAccumulator) -> MetricsAccumulator:
         """Add `other` (same convention, disjoint sequences, e.g. another file); returns self."""
@@ -111,8 +145,7 @@ class MetricsAccumulator(ChunkConsumer):
         self.tokens += other.tokens
         self.seen_sequences += other.seen_sequences
         self.valid_sequences += other.valid_sequences
-        for name, total in self.sums.items():
-            total.merge(other.sums[name])
+        self.sums.merge(other.sums)
         for name, extremum in self.extrema.items():
             extremum.merge(other.extrema[name])
         self.abs_sum.merge(other.abs_sum)
@@ -152,13 +185,17 @@ class MetricsAccumulator(ChunkConsumer):
         values = {m.name: self._value(m, all_rows, empty, denominator) for m in self.metrics}
         return {**values, **extra, **counts}
 
+    def _sum(self, metric: Metric) -> float:
+        """The exact sum of a token or sequence metric's terms, correctly rounded."""
+        return self.sums.value(self.summed.index(metric.name))
+
     def _value(self, metric: Metric, all_rows: bool, empty: int, denominator: int) -> float:
         """One metric from its exact sum or extremum (metric_table: the reductions; empty rows as `empty`)."""
         if metric.kind == "token":  # swift's max(N, 1) divisor: Σ/1 = 0 (χ²: −1) without a valid token
-            return self.sums[metric.name].value() / self.tokens if self.tokens else metric.no_token
+            return self._sum(metric) / self.tokens if self.tokens else metric.no_token
         if metric.kind == "sequence":
             padding = empty * metric.empty if all_rows else 0.0
-            return ratio(self.sums[metric.name].value() + padding, denominator)
+            return ratio(self._sum(metric) + padding, denominator)
         extremum = self.extrema[metric.name]
         value = extremum.hi if metric.kind == "max" else extremum.lo
         if all_rows and empty:

@@ -88,18 +88,18 @@ def _recommendation(ref: data.RunRef) -> None:
 
 
 def _distribution(ref: data.RunRef) -> None:
-    """The ℓ histogram at a glance (the Distributions page's own chart, one cache entry with it): the width of
-    the peak is the mismatch, the tails are what an IS correction clips. Drawn here, it also loads the browser's
-    chart library while the Overview is read, so the first chart page opens without that wait (~0.4 s)."""
-    shown = distview.view(*ref.key, None)
-    if not shown["tokens"]:
+    """The ℓ histogram at a glance (the Distributions page's own chart, distview.run_histogram: not that page's
+    other charts, which app.warm builds after the Overview): the width of the peak is the mismatch, the tails are
+    what an IS correction clips. Drawn here, it also loads the browser's chart library while the Overview is read,
+    so the first chart page opens without that wait (~0.4 s)."""
+    spec = distview.run_histogram(*ref.key)
+    if spec is None:
         return
     c = judged.OPTIONS.threshold
     st.markdown(f"**Where the mismatch lies**: ℓ = log π_train − log π_rollout of every valid token (log counts). "
                 f"A narrow peak at 0 is a healthy run; the tokens right of ℓ = {math.log(c):.2f} (the trainer gives "
                 f"them over {c:g}× the engine's probability) are what token_truncate at C = {c:g} clips. More on "
                 "the Distributions page.")
-    spec = shown["charts"]["histogram"]
     y = {**spec["encoding"]["y"], "title": None, "axis": {"tickCount": 3}}  # the text above says "log counts"
     charts.draw(st, {**spec, "height": 140, "encoding": {**spec["encoding"], "y": y}}, key="overview_hist")
 

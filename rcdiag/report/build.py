@@ -134,7 +134,9 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     """The part of the report the verdict needs — the passes (cached: rcdiag.report.cache), the input checks, the
     tails, strata, metrics, IS modes, the noise floor, the per-step trend of a multi-step run (one more pass) and
     the verdict — without the bootstrap, worst items or recommendation (finish_report). The notebook card calls it
-    too, so its verdict is the report's."""
+    too, so its verdict is the report's. The lag findings read the sequences table and hash every prompt on a
+    thread of their own while the passes run (or their cache entry loads): they need nothing from them."""
+    lag = in_background(lag_findings, run, options.threshold)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)
     thresholds = options.grid
@@ -150,7 +152,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     report.noise = scan.checks.noise.finish()
     report.trend = report_trend(run, options)
     report.timeline = None if report.trend is None else timeline(report.trend)
-    report.lag = lag_findings(run, options.threshold)
+    report.lag = lag.result()
     report.routing = routing_findings(run)
     report.context = verdict_context(report)
     report.verdict = verdict(headline_values(report), report.checks, report.context)

@@ -117,15 +117,9 @@ def token_statistic(chunk: TokenChunk, name: str) -> np.ndarray:
         return chunk.memo(("gate_stat", name), lambda: _STATISTICS[name](chunk))
 
 
-def sequence_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
-    """Per-sequence mean over valid rows (0 for a sequence without one, as ROLL's / SkyRL's clamped divisors)."""
-    return kernels.segment_means(values, chunk.mask, chunk.starts, 0, False)[1]
-
-
-def segment_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
-    """Each valid row's segment mean of `values` (0 on masked rows, as ROLL fills them): ROLL's segments, each run
-    of consecutive valid rows within a sequence (`compute_segment_masked_mean`: runs of response_mask = 1)."""
-    return kernels.segment_means(values, chunk.mask, chunk.starts, 2, False)[0]
+def sequence_sum(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
+    """Per-sequence compensated sum of `values` over valid rows (float64 [S]; kernels.segment_means)."""
+    return kernels.segment_means(values, chunk.mask, chunk.starts, False)[1]
 
 
 def valid_counts(chunk: TokenChunk) -> np.ndarray:
@@ -134,22 +128,38 @@ def valid_counts(chunk: TokenChunk) -> np.ndarray:
                                                                 dtype=np.int64))
 
 
+def mean_of_sums(chunk: TokenChunk, sums: np.ndarray) -> np.ndarray:
+    """Per-sequence means from per-sequence sums over valid rows: sum / max(count, 1) (0 for a sequence without a
+    valid row, as ROLL's / SkyRL's clamped divisors)."""
+    return sums / np.maximum(valid_counts(chunk), 1)
+
+
+def sequence_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
+    """Per-sequence mean of `values` over valid rows (mean_of_sums of sequence_sum)."""
+    return mean_of_sums(chunk, sequence_sum(chunk, values))
+
+
+def segment_mean(chunk: TokenChunk, values: np.ndarray) -> np.ndarray:
+    """Each valid row's segment mean of `values` (0 on masked rows, as ROLL fills them): ROLL's segments, each run
+    of consecutive valid rows within a sequence (`compute_segment_masked_mean`: runs of response_mask = 1)."""
+    return kernels.segment_means(values, chunk.mask, chunk.starts, True)[0]
+
+
 def at_level(chunk: TokenChunk, name: str, level: str, reduce: str) -> np.ndarray:
     """Statistic `name` at a gate's level, once per chunk for every gate that shares it: token → per row; segment
     → per row, its segment's mean (0 on masked rows); sequence → per SEQUENCE (float64 [S]), the sum (reduce sum /
     product: of ℓ, exp'd by the caller) or the mean (mean / geometric) over its valid rows, 0 for a sequence
-    without one. A sequence's sum is computed once (one compensated pass, kernels.segment_means) for its mean and
-    its sum — the mean is that sum / max(count, 1), the kernel's own division — and never broadcast to the rows:
+    without one. A sequence's sum is computed once (sequence_sum) for its mean and
+    its sum — the mean is that sum / max(count, 1) — and never broadcast to the rows:
     the gate kernel places a whole sequence by its one value (kernels.gate_family, `whole`)."""
     if level == "token":
         return token_statistic(chunk, name)
     if level == "segment":
         return chunk.memo(("gate_segment", name), lambda: segment_mean(chunk, token_statistic(chunk, name)))
-    total = chunk.memo(("gate_seq_sum", name), lambda: kernels.segment_means(
-        token_statistic(chunk, name), chunk.mask, chunk.starts, 1, False)[1])
+    total = chunk.memo(("gate_seq_sum", name), lambda: sequence_sum(chunk, token_statistic(chunk, name)))
     if reduce in ("sum", "product"):
         return total
-    return chunk.memo(("gate_seq_mean", name), lambda: total / np.maximum(valid_counts(chunk), 1))
+    return chunk.memo(("gate_seq_mean", name), lambda: mean_of_sums(chunk, total))
 
 
 def k3(log_ratio: np.ndarray) -> np.ndarray:

@@ -547,20 +547,20 @@ def _total(s, c):
 
 
 @numba.njit(**_JIT)
-def segment_means(values, mask, starts, level, broadcast):
+def segment_means(values, mask, starts, segments):
     """The gates' per-sequence / per-segment aggregates of a row value in one pass over the valid rows (they were
-    numpy's masked copy, reduceat, a division and a repeat per call: analysis.gate_stats.aggregate, issue #32).
-    `level` 0: each sequence's mean of `values` over its valid rows (0 when it has none: the divisor is clamped at
-    1, as ROLL's / SkyRL's), 1: its sum, 2: each segment's mean (ROLL's segments: runs of consecutive valid rows
+    numpy's masked copy, reduceat, a division and a repeat per call, issue #32): each sequence's sum of `values`
+    over its valid rows, or (`segments`) each segment's mean (ROLL's segments: runs of consecutive valid rows
     within a sequence). Sums are compensated (Neumaier), so nearly correctly rounded; masked rows are never read.
-    Returns (per row [n] when `broadcast`, else [0]: levels 0 / 1 the row's sequence's number, level 2 a valid row's
-    segment mean and 0 on masked rows; per sequence [S]: levels 0 / 1 the number, level 2 zeros)."""
+    A sequence's mean is its sum / max(count, 1) (analysis.gate_stats.sequence_mean), so a gate that reads both
+    sums once. Returns (per row [n] with `segments`, else [0]: a valid row's segment mean, 0 on masked rows; per
+    sequence [S]: the sum, zeros with `segments`)."""
     n, n_seq = mask.size, starts.size
-    rows = np.zeros(n if broadcast or level == 2 else 0)
+    rows = np.zeros(n if segments else 0)
     per_seq = np.zeros(n_seq)
     for k in range(n_seq):
         first, last = starts[k], starts[k + 1] if k + 1 < n_seq else n
-        if level == 2:
+        if segments:
             i = first
             while i < last:
                 if not mask[i]:
@@ -576,17 +576,10 @@ def segment_means(values, mask, starts, level, broadcast):
                 i = j
             continue
         s = c = 0.0
-        count = 0
         for i in range(first, last):
             if mask[i]:
                 s, c = _two_sum(s, c, np.float64(values[i]))
-                count += 1
-        total = _total(s, c)
-        value = total if level == 1 else total / max(count, 1)
-        per_seq[k] = value
-        if broadcast:
-            for i in range(first, last):
-                rows[i] = value
+        per_seq[k] = _total(s, c)
     return rows, per_seq
 
 

@@ -4,7 +4,8 @@ Every reader downstream (the checks, the report's passes, the dashboard) trusts 
 damaged run stops here with the file, row and field to fix — not later as a numpy or Arrow traceback (a `mask`
 stored as strings, a `reward` of strings, a duplicated sequence row, an extra sequences shard, token rows whose
 seq_id has no sequence row, a null key). What it reads: every file's footer (column types, null counts), the
-`seq_id` columns of both tables. Optional columns may be absent (the readers fill them with nulls).
+`seq_id` columns of both tables (a token file's only when its footer's min / max leave room for an unknown id).
+Optional columns may be absent (the readers fill them with nulls).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from rcdiag.store.schema import FULL_SEQUENCE_SCHEMA, FULL_TOKEN_SCHEMA, KEY_COL
 
 FIX = "the run is damaged: re-create it (re-run the import or `rcdiag score`)"
 REQUIRED = {"tokens": KEY_COLUMNS, "sequences": ("seq_id",)}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 SCHEMAS = {"tokens": FULL_TOKEN_SCHEMA, "sequences": FULL_SEQUENCE_SCHEMA}  # the optional columns typed too
 
 
@@ -31,7 +33,10 @@ def validate_run(path: Path, token_files: list[Path], sequence_files: list[Path]
     _same_shards(path, token_files, sequence_files)
     known = _sequence_ids(path, sequence_files)
     for file in token_files:
-        ids = _key_column(path, file, "tokens")
+        parquet = _checked(path, file, "tokens")
+        if ids_all_known(parquet, known):
+            continue
+        ids = _ids(parquet)
         heads = np.concatenate((ids[:1], ids[1:][ids[1:] != ids[:-1]]))  # one id per run of equal ids
         orphans = np.unique(heads[~is_member(known, heads)])
         if orphans.size:
@@ -71,20 +76,22 @@ def _parquet(path: Path, file: Path) -> pq.ParquetFile:
 
 
 def _check_types(path: Path, file: Path, parquet: pq.ParquetFile, table: str) -> None:
-    names = parquet.schema_arrow.names
+    schema = parquet.schema_arrow  # a property that converts the Parquet schema on every access
+    names = schema.names
     for name in REQUIRED[table]:
         if name not in names:
             raise InputError(f"missing required column '{name}' (have: {', '.join(names)})", file=_rel(path, file),
                              field=name, hint=FIX)
     for field in SCHEMAS[table]:
         if field.name in names:
-            problem = type_problem(parquet.schema_arrow.field(field.name).type, field)
+            problem = type_problem(schema.field(field.name).type, field)
             if problem:
                 raise InputError(problem, file=_rel(path, file), field=field.name, hint=FIX)
 
 
-def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
-    """The file's seq_id column (types checked, no nulls in the key columns) as int64 numpy."""
+def _checked(path: Path, file: Path, table: str) -> pq.ParquetFile:
+    """The file opened, its column types checked and no null in its key columns (from the footer's null counts;
+    the column is read only where a row group has none or some)."""
     parquet = _parquet(path, file)
     _check_types(path, file, parquet, table)
     for name in REQUIRED[table]:
@@ -97,7 +104,38 @@ def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
         if column is not None and column.null_count:
             row = int(np.flatnonzero(np.asarray(pc.is_null(column)))[0])
             raise InputError("is null; every row needs one", file=_rel(path, file), row=row + 1, field=name, hint=FIX)
+    return parquet
+
+
+def _ids(parquet: pq.ParquetFile) -> np.ndarray:
+    """The file's seq_id column as int64 numpy (nulls already refused by _checked)."""
     return np.asarray(parquet.read(columns=["seq_id"]).column(0), dtype=np.int64)
+
+
+def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
+    """The file's seq_id column (types checked, no nulls in the key columns) as int64 numpy."""
+    return _ids(_checked(path, file, table))
+
+
+def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
+    """True when the footer proves every seq_id of the file is in `known` (sorted, unique): the row groups'
+    min / max span [lo, hi] and `known` holds all hi − lo + 1 integers of it. A token file of contiguous ids — what
+    every importer and `rcdiag score` write — then needs no read of its ~1 M ids (~2 ms a file, ~8 % of `analyze` on
+    a 10 M-token run). Statistics missing anywhere, or a gap in the range: False (the caller reads the column)."""
+    if parquet.metadata.num_rows == 0:
+        return True
+    index = parquet.schema_arrow.get_field_index("seq_id")
+    lo = hi = None
+    for g in range(parquet.num_row_groups):
+        stats = parquet.metadata.row_group(g).column(index).statistics
+        if stats is None or not stats.has_min_max or not isinstance(stats.min, int) or not isinstance(stats.max, int):
+            return False
+        lo = stats.min if lo is None else min(lo, stats.min)
+        hi = stats.max if hi is None else max(hi, stats.max)
+    if lo is None or lo < _INT64[0] or hi > _INT64[1]:  # a uint64 id beyond int64: read and compare as stored
+        return False
+    inside = int(np.searchsorted(known, hi, side="right") - np.searchsorted(known, lo, side="left"))
+    return inside == hi - lo + 1
 
 
 def _sequence_ids(path: Path, files: list[Path]) -> np.ndarray:

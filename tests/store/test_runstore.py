@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -219,3 +220,25 @@ def test_reopen_reads_a_stage_s_rewrite_without_a_second_door_check(tmp_path, mo
     assert len(checks) == 1 and opened.info.engine is None
     assert again.info.engine.temperature == 0.7 and again.info.measured.rollout == "prefill_replay"
     assert again.token_files == opened.token_files and again.changed() is None
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 65_536, 100_003])
+def test_mask_bitmap_unpacks_like_arrow_at_every_offset(n):
+    """store.schema.bool_values (numpy's unpackbits of the bitmap) against Arrow's own conversion: slices at odd
+    bit offsets, chunked columns, nulls filled as valid, a mask stored as integers."""
+    from rcdiag.store.schema import bool_values, mask_as_bool
+
+    rng = np.random.default_rng(n)
+    values = rng.random(n + 21) < 0.7
+    whole = pa.array(values)
+    for offset in (0, 1, 3, 8, 13):
+        part = whole.slice(offset, n)
+        assert np.array_equal(bool_values(part), values[offset:offset + n])
+        assert bool_values(part).dtype == np.bool_
+    chunked = pa.chunked_array([whole.slice(0, 5), whole.slice(5 + 3, n)])
+    assert np.array_equal(bool_values(chunked), np.asarray(chunked, dtype=bool))
+    nulls = [None if i % 5 == 0 else bool(v) for i, v in enumerate(values[:n])]
+    batch = pa.record_batch({"mask": pa.array(nulls, pa.bool_())})
+    assert np.array_equal(mask_as_bool(batch), [True if v is None else v for v in nulls])
+    ints = pa.record_batch({"mask": pa.array(values[:n].astype(np.int8) * 3, pa.int8())})
+    assert np.array_equal(mask_as_bool(ints), values[:n])

@@ -25,7 +25,8 @@ OPTIONS = ReportOptions()
 
 
 @st.cache_resource(show_spinner="Judging the run: one pass over its tokens (a cache read once `rcdiag report` "
-                                "has run on it)…", max_entries=16)
+                                "has run on it; the first pass after installing also compiles rcdiag's kernels, "
+                                "~20 s once)…", max_entries=16)
 def report(path: str, stamp: str) -> RunReport:
     """rcdiag.report.build.judge of the run with the report's defaults (checks, tails, metrics, IS modes, sweep,
     verdict); `stamp` (data.file_stamp) keys the memory copy, the pass cache keys its own by the files' bytes."""

@@ -67,6 +67,12 @@ def iterate(iterable: Iterable[T], *, desc: str = "", silent: bool = False, **kw
     yield from progress(iterable, desc=desc, silent=silent, **kwargs)
 
 
+def say(line: str, silent: bool = False) -> None:
+    """One line on stderr, above any running bar (nothing when silent)."""
+    if not silent:
+        text_tqdm.write(line, file=sys.stderr)
+
+
 class Phases:
     """The named, timed phases of one command. `with phases("starting vLLM engine"):` announces the phase on
     stderr (unless silent) and adds its seconds to `seconds`, in the order the phases first ran."""
@@ -86,8 +92,7 @@ class Phases:
 
     def say(self, line: str) -> None:
         """One line on stderr, above any running bar (nothing when silent)."""
-        if not self.silent:
-            text_tqdm.write(line, file=sys.stderr)
+        say(line, self.silent)
 
     def timings(self) -> str:
         """`starting vLLM engine 41.2 s · generating 12.9 s · …` (empty when nothing ran)."""

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
+from rcdiag.analysis import kernels
 from rcdiag.analysis.allocator import reuse_batch_memory
 from rcdiag.analysis.chunks import (
     DEFAULT_BATCH_ROWS,
@@ -41,7 +42,7 @@ from rcdiag.analysis.chunks import (
 from rcdiag.analysis.rows import BatchRows
 from rcdiag.analysis.threads import in_background, ordered_map, prefetch
 from rcdiag.errors import InputError, RunDirError
-from rcdiag.progress import progress
+from rcdiag.progress import progress, say
 from rcdiag.store.run import Run
 from rcdiag.store.schema import check_keys
 
@@ -297,6 +298,17 @@ class Merger:
 
 
 # --------------------------------------------------------------------------------------------------- the pass
+_NOTICE = {"said": False}
+
+
+def compile_notice(silent: bool) -> None:
+    """Say kernels.FIRST_COMPILE on stderr, once per process, when numba's cache lacks the kernels (a fresh
+    install: the first report compiled for ~20 s behind a bar at 0 %, or no bar at all on a one-file run)."""
+    if not silent and not _NOTICE["said"] and not kernels.compiled_on_disk():
+        _NOTICE["said"] = True
+        say(kernels.FIRST_COMPILE)
+
+
 def run_pass(data: Any, make: Make, *, sequences: Any = None, map_files: MapFiles | None = None,
              batch_rows: int = DEFAULT_BATCH_ROWS, keep: Keep | None = None, silent: bool = True,
              desc: str = "tokens", strict: bool = False) -> Merged:
@@ -306,6 +318,7 @@ def run_pass(data: Any, make: Make, *, sequences: Any = None, map_files: MapFile
     rows (the dashboard's filtered distributions). Returns the merged consumers, B and the first InputError in file
     order; `strict` raises it instead, as soon as it is known (a library call: nothing else would use the rest)."""
     reuse_batch_memory()
+    compile_notice(silent)
     if isinstance(data, Run) and data.token_files:
         return _run_files(data, make, sequences, map_files, batch_rows, keep, silent, desc, strict)
     universe = sequence_universe(data, sequences)

@@ -12,7 +12,7 @@ from rcdiag.analysis.accum import ChunkConsumer, Totals
 from rcdiag.analysis.advantages import Advantages, run_advantages
 from rcdiag.analysis.chunks import TokenChunk
 from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode, lower_for
-from rcdiag.analysis.engine import MapFiles, run_pass
+from rcdiag.analysis.engine import MapFiles, compile_notice, run_pass
 from rcdiag.analysis.gates import GateAccumulator, report_gates
 from rcdiag.analysis.metrics import MetricsAccumulator
 from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
@@ -108,6 +108,7 @@ class ReportParts:
 def run_passes(run: Run, options: Any, map_files: MapFiles | None = None) -> tuple[Scan, Library | InputError]:
     """The report's pass over `run`: (the merged scan, the library accumulators with `.rows` = B — or the
     InputError the metrics refused the data with; the scan still sees every row)."""
+    compile_notice(options.silent)  # before anything compiles: a one-file run's pass shows no bar
     info = sequence_info(run)  # the whole run's, once: each file's task reads only its own shard
     try:
         advantages, gates = run_advantages(run), True

@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
 from rcdiag.analysis import kernels
+from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
 from rcdiag.analysis.allocator import reuse_batch_memory
 from rcdiag.analysis.chunks import (
     DEFAULT_BATCH_ROWS,

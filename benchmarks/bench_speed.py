@@ -12,7 +12,9 @@ a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
   passes-1    the report's passes (scan + metrics/IS sweep/rejection accumulators) on ONE thread (no cache)
   passes      the same on a thread per core (rcdiag's default)
   analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
-  duckdb      one SQL query over the same Parquet files: the same metrics + the 4 IS modes (all cores)
+  duckdb      one SQL query over the same Parquet files: every number analyze returns (its 16 metrics, the 4 IS
+              modes' 10 metrics each), checked against analyze's before the timing (all cores)
+  duckdb-20   the query of #32's first figures: 20 of those 56 numbers
   passes-nogates  the report's passes without the gate families' sweep (what the rest of the pass costs)
   report      `rcdiag report` (make_report: passes, bootstrap 1,000 replicates, plots, files), cache off
   overview    the dashboard's first Overview (streamlit AppTest) with an empty pass cache
@@ -44,7 +46,7 @@ SAMPLE_RUN = Path(__file__).resolve().parents[1] / "runs" / "sample"
 REPORT_COLUMNS = ["seq_id", "pos", "token_id", "rollout_logprob", "train_logprob", "train_entropy", "mask"]
 ANALYZE_COLUMNS = ["seq_id", "pos", "rollout_logprob", "train_logprob", "mask"]
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-DUCKDB_SQL = """
+DUCKDB_LEAN_SQL = """
 WITH t AS (SELECT seq_id, train_logprob::DOUBLE AS a, rollout_logprob::DOUBLE AS b,
                   train_logprob::DOUBLE - rollout_logprob::DOUBLE AS l
            FROM read_parquet('{glob}') WHERE mask),
@@ -69,6 +71,60 @@ SELECT -sum(sl) / sum(n) AS kl, sum(k3) / sum(n) AS k3_kl, sum(chi2) / sum(n) AS
        avg(CASE WHEN seq_rho > {c} THEN 1.0 ELSE 0.0 END) AS seq_clipped
 FROM q
 """
+"""The query of #32's first figures: 20 of analyze's 56 numbers (no IS std / min / max / fractions, ESS of two
+modes only) — kept as `duckdb-20` so those figures can be re-measured; `duckdb` computes all 56."""
+DUCKDB_SQL = """
+WITH t AS (SELECT seq_id, train_logprob::DOUBLE AS a, rollout_logprob::DOUBLE AS b,
+                  train_logprob::DOUBLE - rollout_logprob::DOUBLE AS l
+           FROM read_parquet('{glob}') WHERE mask),
+r AS (SELECT *, exp(greatest(least(l, 20), -20)) AS rho FROM t),
+w AS (SELECT *, least(rho, {c}) AS w_tt, CASE WHEN rho <= {c} THEN rho ELSE 0 END AS w_tm FROM r),
+s AS (SELECT seq_id, count(*) AS n, sum(a) AS sa, sum(b) AS sb, sum(l) AS sl,
+             sum(w_tt) AS w_tt, sum(w_tt * w_tt) AS w2_tt, min(w_tt) AS lo_tt, max(w_tt) AS hi_tt,
+             sum(w_tm) AS w_tm, sum(w_tm * w_tm) AS w2_tm, min(w_tm) AS lo_tm, max(w_tm) AS hi_tm,
+             sum(CASE WHEN rho > {c} THEN 1 ELSE 0 END) AS clip_t, sum(CASE WHEN rho < 1 / {c} THEN 1 ELSE 0 END) AS low_t,
+             sum((exp(greatest(least(l, 20), -20)) - 1) - greatest(least(l, 20), -20)) AS k3,
+             sum(rho * rho - 1) AS chi2
+      FROM w GROUP BY seq_id),
+q AS (SELECT *, exp(greatest(least(sl / n, 20), -20)) AS seq_rho FROM s),
+v AS (SELECT *, least(seq_rho, {c}) AS w_st, CASE WHEN seq_rho <= {c} THEN seq_rho ELSE 0 END AS w_sm FROM q),
+g AS (SELECT sum(n) AS nt, count(*) AS ns,
+             sum(w_tt) AS tt1, sum(w2_tt) AS tt2, min(lo_tt) AS tt_lo, max(hi_tt) AS tt_hi,
+             sum(w_tm) AS tm1, sum(w2_tm) AS tm2, min(lo_tm) AS tm_lo, max(hi_tm) AS tm_hi, sum(clip_t) AS clip_t, sum(low_t) AS low_t, sum(CASE WHEN seq_rho < 1 / {c} THEN 1 ELSE 0 END) AS low_s,
+             sum(CASE WHEN clip_t < n THEN 1 ELSE 0 END) AS tm_seqs,
+             sum(w_st * n) AS st1, sum(w_st * w_st * n) AS st2, min(w_st) AS st_lo, max(w_st) AS st_hi,
+             sum(w_sm * n) AS sm1, sum(w_sm * w_sm * n) AS sm2, min(w_sm) AS sm_lo, max(w_sm) AS sm_hi,
+             sum(CASE WHEN seq_rho > {c} THEN 1 ELSE 0 END) AS clip_s,
+             sum(CASE WHEN seq_rho > {c} THEN 0 ELSE n END) AS sm_tokens,
+             -sum(sl) / sum(n) AS kl, sum(k3) / sum(n) AS k3_kl, sum(chi2) / sum(n) AS chi2_token,
+             avg(-sa / n) AS training_log_ppl, avg(exp(-sa / n)) AS training_ppl, avg(-sb / n) AS rollout_log_ppl,
+             avg(exp(-sb / n)) AS rollout_ppl, avg(-sl / n) AS log_ppl_diff, avg(abs(sl / n)) AS log_ppl_abs_diff,
+             max(-sl / n) AS log_ppl_diff_max, min(-sl / n) AS log_ppl_diff_min, avg(exp(-sl / n)) AS ppl_ratio,
+             avg(exp(2 * greatest(least(sl / n, 20), -20)) - 1) AS chi2_seq
+      FROM v)
+SELECT (SELECT count(*) FROM read_parquet('{seq_glob}')) AS sequences,
+       (SELECT count(*) FROM read_parquet('{seq_glob}')) - ns AS empty_sequences, kl, k3_kl, chi2_token, training_log_ppl, training_ppl, rollout_log_ppl, rollout_ppl, log_ppl_diff,
+       log_ppl_abs_diff, log_ppl_diff_max, log_ppl_diff_min, ppl_ratio, chi2_seq, nt,
+       tt1 / nt, sqrt(greatest(tt2 / nt - (tt1 / nt) ^ 2, 0)), tt_lo, tt_hi, (tt1 / nt) ^ 2 / (tt2 / nt),
+       clip_t / nt, clip_t / nt, low_t / nt, 1::DOUBLE, 1::DOUBLE,
+       tm1 / nt, sqrt(greatest(tm2 / nt - (tm1 / nt) ^ 2, 0)), tm_lo, tm_hi, (tm1 / nt) ^ 2 / (tm2 / nt),
+       clip_t / nt, clip_t / nt, low_t / nt, (nt - clip_t) / nt, tm_seqs / ns,
+       st1 / nt, sqrt(greatest(st2 / nt - (st1 / nt) ^ 2, 0)), st_lo, st_hi, (st1 / nt) ^ 2 / (st2 / nt),
+       clip_s / ns, clip_s / ns, low_s / ns, 1::DOUBLE, 1::DOUBLE,
+       sm1 / nt, sqrt(greatest(sm2 / nt - (sm1 / nt) ^ 2, 0)), sm_lo, sm_hi, (sm1 / nt) ^ 2 / (sm2 / nt),
+       clip_s / ns, clip_s / ns, low_s / ns, sm_tokens / nt, (ns - clip_s) / ns
+FROM g
+"""
+"""One query for EVERY number analyze returns (its 16 metrics, the 4 modes' 10 IS metrics each at C = 2, canonical
+convention; `check_duckdb` compares them with analyze's before anything is timed). The std is DuckDB's cheapest form,
+√(E[w²] − E[w]²): within ~1e-10 relative of analyze's two-pass std on these runs."""
+DUCKDB_NAMES = (
+    "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "training_log_ppl", "training_ppl", "rollout_log_ppl", "rollout_ppl",
+    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_seq", "tokens",
+    *(f"{mode}.{k}" for mode in MODES for k in (
+        "is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess", "clipped_frac", "fraction_high",
+        "fraction_low", "kept_token_frac", "kept_seq_frac")))
+"""DUCKDB_SQL's columns in order, as analyze's metric names (mode.metric for the IS table)."""
 
 
 def build_steps_run(path: Path, steps: int, per_step: int = 8, length: int = 250, seed: int = 0) -> None:
@@ -198,13 +254,47 @@ def method_analyze(run_path: str) -> int:
     return int(metrics["tokens"])
 
 
-def method_duckdb(run_path: str) -> int:
+def _duckdb_row(run_path: str, sql: str) -> tuple:
     import duckdb
 
-    con = duckdb.connect()
-    row = con.execute(DUCKDB_SQL.format(glob=f"{run_path}/tokens/*.parquet", c=2.0)).fetchone()
+    return duckdb.connect().execute(sql.format(glob=f"{run_path}/tokens/*.parquet", c=2.0,
+                                               seq_glob=f"{run_path}/sequences/*.parquet")).fetchone()
+
+
+def method_duckdb(run_path: str) -> int:
+    row = _duckdb_row(run_path, DUCKDB_SQL)
+    return int(row[DUCKDB_NAMES.index("tokens")])
+
+
+def method_duckdb_lean(run_path: str) -> int:
+    row = _duckdb_row(run_path, DUCKDB_LEAN_SQL)
     assert row[0] == row[0]
-    return int(con.execute(f"SELECT count(*) FROM read_parquet('{run_path}/tokens/*.parquet')").fetchone()[0])
+    import duckdb
+
+    return int(duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{run_path}/tokens/*.parquet')")
+               .fetchone()[0])
+
+
+def check_duckdb(run_path: Path) -> float:
+    """The worst relative difference between DuckDB's query and analyze over every number (SystemExit above 1e-8:
+    a query that computes other numbers would not be a baseline for these)."""
+    import math
+
+    import rcdiag
+    from rcdiag.analysis.correction import analyze
+
+    metrics, table = analyze(rcdiag.open_run(run_path), modes=MODES, thresholds=(2.0,))
+    ours = {**metrics, **{f"{r['mode']}.{k}": v for r in table.to_dict(orient="records") for k, v in r.items()}}
+    worst, where = 0.0, ""
+    for name, theirs in zip(DUCKDB_NAMES, _duckdb_row(str(run_path), DUCKDB_SQL), strict=True):
+        mine, theirs = float(ours[name]), float(theirs)
+        gap = 0.0 if mine == theirs or (mine == 0 and abs(theirs) < 1e-15) else abs(mine - theirs) / abs(mine)
+        if gap > worst or math.isnan(gap):
+            worst, where = gap, name
+    if not worst <= 1e-8:
+        raise SystemExit(f"DuckDB's query is not analyze's numbers: {where} differs by {worst:.3g} relative")
+    print(f"DuckDB's query gives analyze's {len(DUCKDB_NAMES)} numbers within {worst:.1e} relative ({where})")
+    return worst
 
 
 def method_report(run_path: str) -> int:
@@ -219,11 +309,11 @@ def method_report(run_path: str) -> int:
 
 METHODS = {"read": method_read, "read-a": method_read_analyze, "read-cores": method_read_cores,
            "passes-1": method_passes_1, "passes": method_passes, "passes-nogates": method_passes_nogates,
-           "analyze": method_analyze, "duckdb": method_duckdb, "report": method_report, "overview": method_overview}
+           "analyze": method_analyze, "duckdb": method_duckdb, "duckdb-20": method_duckdb_lean, "report": method_report, "overview": method_overview}
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("read", "read-a", "read-cores", "duckdb")
+SHARED = ("read", "read-a", "read-cores", "duckdb", "duckdb-20")
 """Methods that run no rcdiag pass (pyarrow, DuckDB): one floor for both trees, measured once per round."""
 
 
@@ -391,6 +481,8 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in args.methods.split(",") if m]
     results: dict[str, Any] = {"tokens": n, "cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0],
                                "methods": {}, "grow": {}, "commands": {}}
+    if "duckdb" in methods:
+        results["duckdb_check"] = check_duckdb(paths["main"])
     for name in methods:  # the trees alternate method by method: a neighbour's burst hits both, not one
         for label, tree in (("shared", ROOT),) if name in SHARED else trees.items():
             results["methods"].setdefault(name, {})[label] = measure(

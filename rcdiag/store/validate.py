@@ -127,7 +127,10 @@ def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
     index = parquet.schema_arrow.get_field_index("seq_id")
     lo = hi = None
     for g in range(parquet.num_row_groups):
-        stats = parquet.metadata.row_group(g).column(index).statistics
+        column = parquet.metadata.row_group(g).column(index)
+        if column.path_in_schema != "seq_id":  # a nested column before it: Arrow's index is not Parquet's leaf
+            return False
+        stats = column.statistics
         if stats is None or not stats.has_min_max or not isinstance(stats.min, int) or not isinstance(stats.max, int):
             return False
         lo = stats.min if lo is None else min(lo, stats.min)

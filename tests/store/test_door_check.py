@@ -67,3 +67,16 @@ def test_an_orphan_in_the_middle_of_the_range_is_still_found(tmp_path, statistic
 def test_a_covered_run_opens(tmp_path):
     path, _, _ = _run(tmp_path, [0, 0, 1, 2, 2, 3], [0, 1, 2, 3])
     assert open_run(path).num_tokens == 6
+
+
+def test_a_nested_column_before_seq_id_reads_the_column(tmp_path):
+    """Arrow's field index is not the Parquet leaf index once a struct of two fields comes first: no shortcut
+    then (the leaf at Arrow's index is the struct's second field, whose statistics say nothing of seq_id)."""
+    path = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"s": pa.array([{"a": 0, "b": 7}, {"a": 1, "b": 9}]),
+                             "seq_id": pa.array([0, 5], pa.int64())}), path)
+    assert ids_all_known(pq.ParquetFile(path), np.arange(10, dtype=np.int64)) is False
+    listed = tmp_path / "listed.parquet"  # a list column has one leaf: the indices agree and the footer is read
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int64())),
+                             "seq_id": pa.array([0, 1], pa.int64())}), listed)
+    assert ids_all_known(pq.ParquetFile(listed), np.array([0, 1], np.int64)) is True

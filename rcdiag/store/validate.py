@@ -97,7 +97,7 @@ def _checked(path: Path, file: Path, table: str) -> pq.ParquetFile:
     for name in REQUIRED[table]:
         column = None
         for g in range(parquet.num_row_groups):
-            stats = parquet.metadata.row_group(g).column(parquet.schema_arrow.get_field_index(name)).statistics
+            stats = _leaf_statistics(parquet, g, name)
             if stats is None or not stats.has_null_count or stats.null_count:
                 column = parquet.read(columns=[name]).column(0)
                 break
@@ -117,6 +117,14 @@ def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
     return _ids(_checked(path, file, table))
 
 
+def _leaf_statistics(parquet: pq.ParquetFile, group: int, name: str) -> pq.Statistics | None:
+    """Row group `group`'s footer statistics of the top-level column `name`, None when absent — or when the Parquet
+    leaf at Arrow's field index is another column's (a struct column before it has several leaves), so that a
+    caller never reads a neighbour's null count or min / max as this column's."""
+    column = parquet.metadata.row_group(group).column(parquet.schema_arrow.get_field_index(name))
+    return column.statistics if column.path_in_schema == name else None
+
+
 def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
     """True when the footer proves every seq_id of the file is in `known` (sorted, unique): the row groups'
     min / max span [lo, hi] and `known` holds all hi − lo + 1 integers of it. A token file of contiguous ids — what
@@ -124,13 +132,9 @@ def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
     a 10 M-token run). Statistics missing anywhere, or a gap in the range: False (the caller reads the column)."""
     if parquet.metadata.num_rows == 0:
         return True
-    index = parquet.schema_arrow.get_field_index("seq_id")
     lo = hi = None
     for g in range(parquet.num_row_groups):
-        column = parquet.metadata.row_group(g).column(index)
-        if column.path_in_schema != "seq_id":  # a nested column before it: Arrow's index is not Parquet's leaf
-            return False
-        stats = column.statistics
+        stats = _leaf_statistics(parquet, g, "seq_id")
         if stats is None or not stats.has_min_max or not isinstance(stats.min, int) or not isinstance(stats.max, int):
             return False
         lo = stats.min if lo is None else min(lo, stats.min)

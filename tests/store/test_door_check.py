@@ -80,3 +80,15 @@ def test_a_nested_column_before_seq_id_reads_the_column(tmp_path):
     pq.write_table(pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int64())),
                              "seq_id": pa.array([0, 1], pa.int64())}), listed)
     assert ids_all_known(pq.ParquetFile(listed), np.array([0, 1], np.int64)) is True
+
+
+def test_a_null_seq_id_behind_a_struct_column_is_found(tmp_path):
+    """The null check reads the footer of the leaf named seq_id, not of the struct's field at Arrow's index."""
+    path, _, _ = _run(tmp_path, [0, 0, 1], [0, 1])
+    tokens = path / "tokens" / "part-00000.parquet"
+    table = pq.read_table(tokens)
+    table = table.set_column(table.schema.get_field_index("seq_id"), "seq_id", pa.array([0, None, 1], pa.int64()))
+    struct = pa.array([{"a": 0, "b": 1}] * 3)
+    pq.write_table(pa.Table.from_arrays([struct, *table.columns], names=["s", *table.column_names]), tokens)
+    with pytest.raises(InputError, match="is null"):
+        open_run(path)

@@ -269,10 +269,7 @@ def method_duckdb(run_path: str) -> int:
 def method_duckdb_lean(run_path: str) -> int:
     row = _duckdb_row(run_path, DUCKDB_LEAN_SQL)
     assert row[0] == row[0]
-    import duckdb
-
-    return int(duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{run_path}/tokens/*.parquet')")
-               .fetchone()[0])
+    return int(_duckdb_row(run_path, "SELECT count(*) FROM read_parquet('{glob}')")[0])
 
 
 def check_duckdb(run_path: Path) -> float:

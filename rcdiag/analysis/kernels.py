@@ -8,6 +8,7 @@ accumulators of rcdiag.analysis.accum. Compiled on first use and cached on disk 
 from __future__ import annotations
 
 import math
+import os
 
 import numba
 import numpy as np
@@ -1246,8 +1247,6 @@ def compiled_on_disk() -> bool:
     report pass runs (gate_family's index file, not older than this file): False on a fresh install, whose first
     pass compiles ~50 functions (~20 s). A cache numba does not expose as expected counts as present: no notice
     rather than a wrong one."""
-    import os
-
     try:
         index = gate_family._cache._cache_file._index_path
     except AttributeError:

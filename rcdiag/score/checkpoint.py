@@ -30,6 +30,7 @@ from rcdiag.score.scoring import load_model, score_sequences
 from rcdiag.store.files import write_json_atomic, write_parquet_atomic
 from rcdiag.store.manifest import CHECKPOINTS_SECTION, abs_path, update_manifest
 from rcdiag.store.run import open_run
+from rcdiag.store.schema import mask_as_bool
 
 DEFAULT_SAMPLE = 64
 """Sequences rescored per step (the first ones by seq_id): enough tokens that a change of weights stands out."""
@@ -143,7 +144,7 @@ def attribute_checkpoints(run_path: str | Path, checkpoints: dict[str, tuple[Pat
         with phases(f"rescoring with {name}", f"{len(pairs)} sequences, {tokens.num_rows:,} tokens"):
             scores[name] = _score(path, pairs, config, temperature, silent)
     rollout = np.asarray(tokens.column("rollout_logprob").to_numpy(zero_copy_only=False), dtype=np.float64)
-    mask = np.asarray(tokens.column("mask").fill_null(True), dtype=bool)
+    mask = mask_as_bool(tokens)
     result = attribution(rollout, mask, steps, scores)
     result.update({"sample_per_step": sample, "train_dtype": config.train_dtype, "temperature": temperature,
                    "paths": {n: abs_path(p) for n, (p, _) in checkpoints.items()},

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError, RunDirError
 from rcdiag.store.manifest import Manifest
+from rcdiag.store.schema import mask_as_bool
 
 ROUTING_SECTION = "routing"
 SIDES = ("engine", "trainer")
@@ -278,7 +279,7 @@ def read_routes(path: Path, token_files: Sequence[Path], info: RoutingInfo,
         keys["seq_id"].append(np.asarray(table.column("seq_id"), dtype=np.int64))
         keys["pos"].append(np.asarray(table.column("pos"), dtype=np.int64))
         keys["abs_ell"].append(np.abs(rollout - train))
-        keys["valid"].append(np.asarray(pc.fill_null(table.column("mask"), True), dtype=bool))
+        keys["valid"].append(mask_as_bool(table))
         for s in sides:
             routes[s].append(as_3d(table.column(ROUTE_COLUMN[s]).combine_chunks(), n, info.layers, info.top_k,
                                     np.int16))

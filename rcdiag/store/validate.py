@@ -22,7 +22,6 @@ from rcdiag.store.schema import FULL_SEQUENCE_SCHEMA, FULL_TOKEN_SCHEMA, KEY_COL
 
 FIX = "the run is damaged: re-create it (re-run the import or `rcdiag score`)"
 REQUIRED = {"tokens": KEY_COLUMNS, "sequences": ("seq_id",)}
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 SCHEMAS = {"tokens": FULL_TOKEN_SCHEMA, "sequences": FULL_SEQUENCE_SCHEMA}  # the optional columns typed too
 
 
@@ -112,11 +111,6 @@ def _ids(parquet: pq.ParquetFile) -> np.ndarray:
     return np.asarray(parquet.read(columns=["seq_id"]).column(0), dtype=np.int64)
 
 
-def _key_column(path: Path, file: Path, table: str) -> np.ndarray:
-    """The file's seq_id column (types checked, no nulls in the key columns) as int64 numpy."""
-    return _ids(_checked(path, file, table))
-
-
 def _leaf_statistics(parquet: pq.ParquetFile, group: int, name: str) -> pq.Statistics | None:
     """Row group `group`'s footer statistics of the top-level column `name`, None when absent — or when the Parquet
     leaf at Arrow's field index is another column's (a struct column before it has several leaves), so that a
@@ -132,14 +126,11 @@ def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
     a 10 M-token run). Statistics missing anywhere, or a gap in the range: False (the caller reads the column)."""
     if parquet.metadata.num_rows == 0:
         return True
-    lo = hi = None
-    for g in range(parquet.num_row_groups):
-        stats = _leaf_statistics(parquet, g, "seq_id")
-        if stats is None or not stats.has_min_max or not isinstance(stats.min, int) or not isinstance(stats.max, int):
-            return False
-        lo = stats.min if lo is None else min(lo, stats.min)
-        hi = stats.max if hi is None else max(hi, stats.max)
-    if lo is None or lo < _INT64[0] or hi > _INT64[1]:  # a uint64 id beyond int64: read and compare as stored
+    groups = [_leaf_statistics(parquet, g, "seq_id") for g in range(parquet.num_row_groups)]
+    if not all(s is not None and s.has_min_max and isinstance(s.min, int) and isinstance(s.max, int) for s in groups):
+        return False
+    lo, hi = min(s.min for s in groups), max(s.max for s in groups)
+    if lo < np.iinfo(np.int64).min or hi > np.iinfo(np.int64).max:  # a uint64 id beyond int64: read the column
         return False
     inside = int(np.searchsorted(known, hi, side="right") - np.searchsorted(known, lo, side="left"))
     return inside == hi - lo + 1
@@ -147,7 +138,7 @@ def ids_all_known(parquet: pq.ParquetFile, known: np.ndarray) -> bool:
 
 def _sequence_ids(path: Path, files: list[Path]) -> np.ndarray:
     """All seq_ids of sequences/, refusing a seq_id that appears twice (in one file or across two)."""
-    parts = [_key_column(path, file, "sequences") for file in files]
+    parts = [_ids(_checked(path, file, "sequences")) for file in files]
     ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     unique, first, counts = np.unique(ids, return_index=True, return_counts=True)
     if np.any(counts > 1):

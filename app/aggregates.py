@@ -14,13 +14,13 @@ import pandas as pd
 import streamlit as st
 
 from app import data, judged, runcheck
-from rcdiag.analysis.strata import titles
-from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+from rcdiag.analysis.distributions.strata import titles
+from rcdiag.analysis.distributions.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
 from rcdiag.report.scan import scan_run
 from rcdiag.store.batches import keep_seq_ids
 
 SHOWN_STRATA = ("position", "rollout_prob", "entropy")
-"""The rcdiag.analysis.strata stratifications the Distributions page draws (the others are in the report)."""
+"""The rcdiag.analysis.distributions.strata stratifications the Distributions page draws (the others are in the report)."""
 Filters = tuple[tuple[str, ...] | None, tuple[float, float] | None, tuple[float, float] | None]
 """(finish reasons, reward range, response-length range) of data.seq_ids_where; None in a slot: no filter."""
 DENSITY_CELLS = 60
@@ -31,7 +31,7 @@ DENSITY_CELLS = 60
 def distributions(path: str, stamp: str, filters: Filters | None) -> dict[str, Any]:
     """The scan of the sequences passing `filters` (data.seq_ids_where's (finish reasons, reward range, length
     range); None: all, i.e. the report's own pass): {"tails": TailAccumulator, "tail_stats": dict
-    (rcdiag.analysis.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.analysis.strata rows}}. Zero tokens
+    (rcdiag.analysis.distributions.tails TAIL_NAMES), "strata": {name: DataFrame of rcdiag.analysis.distributions.strata rows}}. Zero tokens
     → empty frames. Pass `filters` explicitly: the cache key is made from the arguments as given (small, whatever
     the run's size)."""
     if filters is None:

@@ -1,11 +1,11 @@
-"""The health bands now live in the library (rcdiag.analysis.health): the report, the CLI, metrics.json, the
+"""The health bands now live in the library (rcdiag.analysis.verdict.health): the report, the CLI, metrics.json, the
 notebook card and this dashboard read the same table. This module keeps the dashboard's names.
 
 They are sanity ranges, not targets: a MoE run sits in "warning" by nature.
 """
 from __future__ import annotations
 
-from rcdiag.analysis.health import (
+from rcdiag.analysis.verdict.health import (
     ALARM,
     BANDS,
     COLOURS,

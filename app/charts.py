@@ -92,7 +92,7 @@ def density(frame: pd.DataFrame) -> dict:
 
 def strata(frame: pd.DataFrame, title: str, colour: str | None = None, runs: tuple[str, ...] | None = None) -> dict:
     """Mean ℓ and mean |ℓ| per bucket, buckets in row order: frame (bucket, tokens, mean_log_ratio, mean_abs[, run])
-    as rcdiag.analysis.strata rows. With `colour` (several runs) colour is the run (`runs`) and the dash the
+    as rcdiag.analysis.distributions.strata rows. With `colour` (several runs) colour is the run (`runs`) and the dash the
     statistic (solid: mean ℓ, dashed: mean |ℓ|; STRATA_DASHES, said in words next to the chart — a second legend
     is clipped in a narrow column); alone, colour is the statistic. The bucket order is a column (`order`), not a
     list in the spec: the spec stays the same when a filter leaves fewer buckets."""

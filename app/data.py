@@ -99,7 +99,7 @@ def sweep_grid(path: str, stamp: str, modes: tuple[str, ...], lower: float | Non
                convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
     """`rcdiag.sweep` of `modes` over `threshold_grid()` plus the uncorrected row (threshold UNCORRECTED), in one
     pass: one row per mode × threshold, columns mode, threshold, IS metrics."""
-    from rcdiag.analysis.correction import sweep as sweep_
+    from rcdiag.analysis.correction.modes import sweep as sweep_
 
     return sweep_(runcheck.checked_run(path, stamp), modes=modes, thresholds=(*threshold_grid(), UNCORRECTED), lower=lower,
                   convention=convention)
@@ -108,7 +108,7 @@ def sweep_grid(path: str, stamp: str, modes: tuple[str, ...], lower: float | Non
 @st.cache_data(show_spinner="Measuring every step…", max_entries=16)
 def trend_frame(path: str, stamp: str, convention: str, threshold: float) -> pd.DataFrame:
     """rcdiag.trend of the run (token_truncate at `threshold`, 200 bootstrap replicates per step)."""
-    from rcdiag.analysis.trend import trend
+    from rcdiag.analysis.training.trend import trend
 
     return trend(runcheck.checked_run(path, stamp), convention, "token_truncate", threshold, replicates=200)
 
@@ -124,11 +124,11 @@ SORT_KEYS = {"max |ℓ|": "max_abs_log_ratio", "mean |ℓ|": "mean_abs_log_ratio
 descending, is the page's default order (app.warm reads the first sequence of it ahead of the page)."""
 @st.cache_data(show_spinner="Indexing sequences…", max_entries=32)
 def sequence_index(path: str, stamp: str) -> pd.DataFrame:
-    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.sequence_stats`'s columns —
+    """One row per sequence (RangeIndex, sorted by seq_id): `rcdiag.analysis.metrics.compute.sequence_stats`'s columns —
     from the report's cached per-sequence sums (app.judged), else from the library's own pass — joined with the
     sequence metadata (INDEX_COLUMNS, no texts). Sequences without valid tokens have n_valid 0 and NaN stats."""
     from app import judged
-    from rcdiag.analysis.metrics import sequence_stats
+    from rcdiag.analysis.metrics.compute import sequence_stats
 
     run = runcheck.checked_run(path, stamp)
     meta = run.sequences(list(INDEX_COLUMNS))

@@ -15,13 +15,13 @@ from typing import Any
 import streamlit as st
 
 from app import aggregates, charts, judged
-from rcdiag.analysis.tails import TailAccumulator
+from rcdiag.analysis.distributions.tails import TailAccumulator
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def view(path: str, stamp: str, filters: aggregates.Filters | None) -> dict[str, Any]:
-    """{"tokens": valid tokens scanned, "stats": rcdiag.analysis.tails statistics, "charts": {histogram, density,
-    one per aggregates.SHOWN_STRATA: Vega-Lite spec}, "strata": {name: rcdiag.analysis.strata rows}} of the
+    """{"tokens": valid tokens scanned, "stats": rcdiag.analysis.distributions.tails statistics, "charts": {histogram, density,
+    one per aggregates.SHOWN_STRATA: Vega-Lite spec}, "strata": {name: rcdiag.analysis.distributions.strata rows}} of the
     sequences passing `filters` (aggregates.distributions' argument); no charts when no token is valid."""
     result = aggregates.distributions(path, stamp, filters)
     tails = result["tails"]

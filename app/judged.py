@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from app import runcheck
-from rcdiag.analysis.metrics import sequence_frame
+from rcdiag.analysis.metrics.compute import sequence_frame
 from rcdiag.report.build import RunReport, headline_values, judge
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.recommend import recommend
@@ -61,7 +61,7 @@ def recommended_setting(path: str, stamp: str) -> tuple[str, float] | None:
 
 
 def sequence_stats(path: str, stamp: str) -> pd.DataFrame | None:
-    """rcdiag.analysis.metrics.sequence_stats's frame (metrics.sequence_frame) from the report's per-sequence
+    """rcdiag.analysis.metrics.compute.sequence_stats's frame (metrics.sequence_frame) from the report's per-sequence
     table (no pass of its own: the Sequences page of a 10 M-token run reads the cached pass), or None when the
     report refused or withheld the metrics — the caller then asks the library, which says why."""
     rep = report(path, stamp)

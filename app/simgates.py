@@ -1,4 +1,4 @@
-"""The simulator's gate families (rcdiag.analysis.gates): one cached pass sweeps every gate over its δ grid; the
+"""The simulator's gate families (rcdiag.analysis.correction.gates): one cached pass sweeps every gate over its δ grid; the
 page picks a gate and δ and shows what it keeps — per advantage sign where the gate reads it — and the
 survivors' ESS, with a chart of the kept share and ESS against δ."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import streamlit as st
 from app import data, runcheck
 from app.simvalues import shown
 from app.text import md
-from rcdiag.analysis.gate_defs import GATES
+from rcdiag.analysis.correction.gate_defs import GATES
 
 GATE_SHOWN = ("kept_token_frac", "kept_pos_frac", "kept_neg_frac", "kept_seq_frac", "ess", "is_weight_mean",
               "fraction_high", "fraction_low", "masked_seq_frac")
@@ -26,7 +26,7 @@ GATE_MEANING = {"kept_token_frac": "share of valid tokens the gate keeps",
 @st.cache_data(show_spinner="Sweeping the gate families…", max_entries=16)
 def gate_grid(path: str, stamp: str) -> pd.DataFrame:
     """rcdiag.gate_sweep of the run: every gate × its δ grid, one pass."""
-    from rcdiag.analysis.gates import gate_sweep
+    from rcdiag.analysis.correction.gates import gate_sweep
 
     return gate_sweep(runcheck.checked_run(path, stamp))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app import ui
 from rcdiag.analysis.conventions import CONVENTIONS
-from rcdiag.analysis.correction import MODES
+from rcdiag.analysis.correction.modes import MODES
 
 SHOWN = ("is_weight_mean", "ess", "clipped_frac", "kept_token_frac", "kept_seq_frac", "fraction_high",
          "fraction_low", "is_weight_std", "is_weight_min", "is_weight_max")

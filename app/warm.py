@@ -16,7 +16,7 @@ import threading
 from app import data, distview, judged, runcheck, simchart
 from app.simvalues import CURVES
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
-from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
+from rcdiag.analysis.correction.modes import DEFAULT_THRESHOLD, MODES
 
 log = logging.getLogger("rcdiag.dashboard")
 logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").setLevel(logging.ERROR)

@@ -1,4 +1,4 @@
-"""Benchmark of the probe's exact divergences (rcdiag.analysis.divergence.exact_divergences) against the LM head
+"""Benchmark of the probe's exact divergences (rcdiag.analysis.distributions.divergence.exact_divergences) against the LM head
 that produces the rows they compare, in one run.
 
 Per position the probe's trainer side already pays the LM head (a `[hidden] × [hidden, V]` matmul) and a float64
@@ -10,7 +10,7 @@ kept set and its masses. This script times, on the same realistic rows:
   exact          exact_divergences(top_p=1): the run without truncation
   exact_top_p    exact_divergences(top_p=0.9): the kept set under nucleus sampling
   exact_top_k    exact_divergences(top_k=50, top_p=0.9)
-  …_before       the same functions from `--baseline OLD_TREE`'s rcdiag/analysis/divergence.py, interleaved
+  …_before       the same functions from `--baseline OLD_TREE`'s rcdiag/analysis/distributions/divergence.py, interleaved
 
 The rows are realistic, not noise: trainer logits from a random head over hidden states, made peaked like an
 instruction-tuned model's (median top-1 probability ~0.7, a long flat tail), and the engine's rows are those
@@ -39,7 +39,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from rcdiag.analysis import divergence
+from rcdiag.analysis.distributions import divergence
 
 HIDDEN = 576
 """SmolLM2-135M's hidden size."""
@@ -59,7 +59,7 @@ def rows(vocab: int, positions: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
 
 def load_baseline(tree: Path) -> ModuleType:
     """The baseline tree's divergence module, loaded from its file (it imports only numpy)."""
-    spec = importlib.util.spec_from_file_location("divergence_before", tree / "rcdiag/analysis/divergence.py")
+    spec = importlib.util.spec_from_file_location("divergence_before", tree / "rcdiag/analysis/distributions/divergence.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""Benchmark: what the per-step lag columns cost the trend's pass (rcdiag.analysis.lag_trend), as a ratio in one run.
+"""Benchmark: what the per-step lag columns cost the trend's pass (rcdiag.analysis.training.lag_trend), as a ratio in one run.
 
     python benchmarks/bench_lag_trend.py                      # 4 M tokens, 20 steps
     python benchmarks/bench_lag_trend.py --tokens 2e6 --per-token
@@ -39,7 +39,7 @@ def build(path: Path, tokens: int, steps: int, per_token: bool, seed: int = 0) -
 
 
 def best(run: Path, lag: bool, repeat: int) -> float:
-    from rcdiag.analysis import trend as trend_module
+    from rcdiag.analysis.training import trend as trend_module
 
     original = trend_module.token_lag
     if not lag:

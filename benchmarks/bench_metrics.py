@@ -6,7 +6,7 @@
 
 Builds the run shard by shard with RunWriter (never the whole table in memory), then measures, each in a fresh
 subprocess so that peak RSS is per method (imports and rcdiag's kernel loading are set-up, reported apart):
-(a) rcdiag.analysis.correction.analyze (every docs/metrics.md metric and the four IS modes at one threshold, one streaming pass);
+(a) rcdiag.analysis.metrics.compute.analyze (every docs/metrics.md metric and the four IS modes at one threshold, one streaming pass);
 (b) pandas: load all token files, then groupby; (c) pyarrow: read the needed columns file by file and drop them
 (the floor). (a) also runs on a run of 1/5 the size: a flat peak RSS shows
 that memory does not grow with the data. Prints tokens/s, the ratios b/a (speed-up) and a/c, and peak RSS.
@@ -60,7 +60,7 @@ def build_run(path: Path, n_tokens: int, shard_tokens: int, seed: int = 0) -> No
 # ------------------------------------------------------------------------------------------------ methods
 def method_rcdiag(run_path: str, threshold: float) -> int:
     import rcdiag
-    from rcdiag.analysis.correction import analyze
+    from rcdiag.analysis.metrics.compute import analyze
 
     run = rcdiag.open_run(run_path)
     metrics, table = analyze(run, modes=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
@@ -130,8 +130,8 @@ def _child(name: str, run_path: str, threshold: float) -> None:
     import pandas  # noqa: F401  (imports are set-up, not measured: every method needs pandas/pyarrow)
     import pyarrow.parquet  # noqa: F401
 
-    import rcdiag.analysis.correction  # noqa: F401
-    import rcdiag.analysis.metrics  # noqa: F401
+    import rcdiag.analysis.correction.modes  # noqa: F401
+    import rcdiag.analysis.metrics.compute  # noqa: F401
 
     jit = time.process_time()
     if name == "rcdiag":
@@ -149,7 +149,7 @@ def _load_kernels() -> None:
     cost like the imports, reported apart (`jit_cpu`) rather than spread over the tokens/s."""
     import pandas as pd
 
-    from rcdiag.analysis.correction import analyze
+    from rcdiag.analysis.metrics.compute import analyze
 
     frame = pd.DataFrame({"seq_id": np.array([0, 0, 1], dtype=np.int64), "pos": np.array([0, 1, 0], dtype=np.int32),
                           "rollout_logprob": np.full(3, -1.0, np.float32),

@@ -11,7 +11,7 @@ a warm-up on a 2,000-token run first, so compile time is not counted). Methods:
   read-cores  the same as read with the files on a thread per core, as the passes read them (the floor of a parallel pass)
   passes-1    the report's passes (scan + metrics/IS sweep/rejection accumulators) on ONE thread (no cache)
   passes      the same on a thread per core (rcdiag's default)
-  analyze     rcdiag.analysis.correction.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
+  analyze     rcdiag.analysis.metrics.compute.analyze: every metric + the 4 IS modes at C = 2 (a thread per core)
   duckdb      one SQL query over the same Parquet files: every number analyze returns (its 16 metrics, the 4 IS
               modes' 10 metrics each), checked against analyze's before the timing (all cores)
   duckdb-20   the query of #32's first figures: 20 of those 56 numbers
@@ -164,7 +164,7 @@ def _read(run_path: str, columns: list[str]) -> int:
     "bare read" used to include and so flattered every ratio), no rcdiag code at all (the same floor for both trees)."""
     import pyarrow.parquet as pq
 
-    from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS
+    from rcdiag.analysis.passes.chunks import DEFAULT_BATCH_ROWS
 
     return sum(batch.num_rows for file in sorted(Path(run_path, "tokens").glob("part-*.parquet"))
                for batch in pq.ParquetFile(file).iter_batches(batch_size=DEFAULT_BATCH_ROWS, columns=columns))
@@ -182,8 +182,8 @@ def method_read_analyze(run_path: str) -> int:
 def method_read_cores(run_path: str) -> int:
     import pyarrow.parquet as pq
 
-    from rcdiag.analysis.chunks import DEFAULT_BATCH_ROWS
-    from rcdiag.analysis.threads import ordered_map
+    from rcdiag.analysis.passes.chunks import DEFAULT_BATCH_ROWS
+    from rcdiag.analysis.passes.threads import ordered_map
 
     def one(file: Path) -> int:
         return sum(b.num_rows for b in pq.ParquetFile(file).iter_batches(batch_size=DEFAULT_BATCH_ROWS,
@@ -194,14 +194,14 @@ def method_read_cores(run_path: str) -> int:
 
 def _passes(run_path: str, threads: int | None) -> int:
     import rcdiag
-    from rcdiag.analysis.threads import ordered_map
+    from rcdiag.analysis.passes.threads import ordered_map
     from rcdiag.report.options import ReportOptions
     from rcdiag.report.passes import run_passes
 
     run = rcdiag.open_run(run_path)
     scan, library = run_passes(run, ReportOptions(), lambda fn, items: ordered_map(fn, items, threads=threads))
     if hasattr(library, "finish"):  # the fused engine's library finishes here; the old one in build_report
-        from rcdiag.analysis.accum import Totals
+        from rcdiag.analysis.passes.accum import Totals
 
         assert library.finish(Totals(library.rows))["metrics"]["tokens"] > 0
     return int(scan.checks.tokens)
@@ -247,7 +247,7 @@ def method_overview(run_path: str) -> int:
 
 def method_analyze(run_path: str) -> int:
     import rcdiag
-    from rcdiag.analysis.correction import analyze
+    from rcdiag.analysis.metrics.compute import analyze
 
     metrics, table = analyze(rcdiag.open_run(run_path), modes=MODES, thresholds=(2.0,))
     assert len(table) == 4
@@ -278,7 +278,7 @@ def check_duckdb(run_path: Path) -> float:
     import math
 
     import rcdiag
-    from rcdiag.analysis.correction import analyze
+    from rcdiag.analysis.metrics.compute import analyze
 
     metrics, table = analyze(rcdiag.open_run(run_path), modes=MODES, thresholds=(2.0,))
     ours = {**metrics, **{f"{r['mode']}.{k}": v for r in table.to_dict(orient="records") for k, v in r.items()}}

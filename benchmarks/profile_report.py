@@ -19,8 +19,8 @@ from bench_metrics import build_run  # noqa: E402  (the shared shard-by-shard bu
 
 def main() -> None:
     import rcdiag
-    from rcdiag.analysis.accum import Totals
-    from rcdiag.analysis.threads import ordered_map
+    from rcdiag.analysis.passes.accum import Totals
+    from rcdiag.analysis.passes.threads import ordered_map
     from rcdiag.report.options import ReportOptions
     from rcdiag.report.passes import run_passes
 

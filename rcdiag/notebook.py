@@ -68,7 +68,7 @@ class Result(dict):
 def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
     """compute_metrics(run, convention) as a Result (docs/metrics.md names plus tokens/sequences/empty_sequences)."""
     from rcdiag.analysis.conventions import DEFAULT_CONVENTION
-    from rcdiag.analysis.metrics import compute_metrics
+    from rcdiag.analysis.metrics.compute import compute_metrics
 
     convention = convention or DEFAULT_CONVENTION
     return Result(compute_metrics(run, convention, **kwargs), f"{run.name}: metrics ({convention})")
@@ -76,8 +76,8 @@ def metrics(run: Any, convention: str | None = None, **kwargs: Any) -> Result:
 
 def simulate(run: Any, mode: str, threshold: float | None = None, **kwargs: Any) -> Result:
     """correction.simulate(run, mode, threshold, …) as a Result (IS metrics; `weights` DataFrame if asked)."""
-    from rcdiag.analysis.correction import DEFAULT_THRESHOLD
-    from rcdiag.analysis.correction import simulate as _simulate
+    from rcdiag.analysis.correction.modes import DEFAULT_THRESHOLD
+    from rcdiag.analysis.correction.modes import simulate as _simulate
 
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     return Result(_simulate(run, mode, threshold, **kwargs), f"{run.name}: {mode} at C = {fmt(float(threshold))}")
@@ -85,7 +85,7 @@ def simulate(run: Any, mode: str, threshold: float | None = None, **kwargs: Any)
 
 def sweep(run: Any, **kwargs: Any) -> Any:
     """correction.sweep(run, …): a DataFrame, one row per mode × threshold."""
-    from rcdiag.analysis.correction import sweep as _sweep
+    from rcdiag.analysis.correction.modes import sweep as _sweep
 
     return _sweep(run, **kwargs)
 
@@ -97,7 +97,7 @@ def worst_sequences(run: Any, k: int = 10, by: str = "mean", tokenizer: Any = No
     metrics.sequence_stats columns plus prompt_id, finish_reason, reward, prompt_text and response_text — the
     response decoded from its token ids with `tokenizer` (or the run's local tokenizer) when the run lacks text.
     """
-    from rcdiag.analysis.metrics import sequence_stats
+    from rcdiag.analysis.metrics.compute import sequence_stats
 
     if by not in WORST_BY:
         raise ConfigError(f"by={by!r}: choose from {', '.join(WORST_BY)}")
@@ -213,7 +213,7 @@ def run_html(run: Any, max_tokens: int = HTML_METRICS_MAX_TOKENS) -> str:
 
 
 def _verdict_html(run: Any, max_tokens: int) -> str:
-    """The run's verdict as a coloured banner (rcdiag.analysis.verdict), for runs of at most `max_tokens` rows."""
+    """The run's verdict as a coloured banner (rcdiag.analysis.verdict.judge), for runs of at most `max_tokens` rows."""
     if run.num_tokens > max_tokens:
         return ""
     from rcdiag.report.build import run_verdict
@@ -309,7 +309,7 @@ class PlotAccessor:
     def strata(self, name: str = "position", *others: Any) -> Any:
         """Mean |ℓ| and mean ℓ per bucket of a stratum (position, response_length, rollout_prob, entropy,
         token_kind, finish_reason, reward)."""
-        from rcdiag.analysis.strata import titles
+        from rcdiag.analysis.distributions.strata import titles
         from rcdiag.report.plots import by_stratum
 
         if name not in titles():
@@ -377,7 +377,7 @@ def _cached_scan(run: Any) -> Any:
 
 
 class RoutingResult(Result):
-    """A MoE run's routing (rcdiag.analysis.routing.RoutingSummary, the report's numbers): the headline numbers as
+    """A MoE run's routing (rcdiag.analysis.moe.routing.RoutingSummary, the report's numbers): the headline numbers as
     a dict; `.by_layer` (agreement and router confidence per layer), `.by_disagreement` (|ℓ| by the number of
     layers whose experts differ) and `.by_margin` (|ℓ| by the smallest router margin) as DataFrames; `.summary`
     the summary itself."""
@@ -428,7 +428,7 @@ class Run(store_run.Run):
     sequences, one sequence, plots and an HTML card)."""
 
     def verdict(self) -> Any:
-        """The verdict `rcdiag report RUN` gives (rcdiag.analysis.verdict.Verdict: status, cause with evidence and
+        """The verdict `rcdiag report RUN` gives (rcdiag.analysis.verdict.judge.Verdict: status, cause with evidence and
         action, reasons; shown as the coloured banner in Jupyter), from the report's cached pass."""
         from rcdiag.report.build import run_verdict
 

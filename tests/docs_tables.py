@@ -55,10 +55,27 @@ def layer_table() -> str:
     return "\n".join(lines)
 
 
+def wing_table() -> str:
+    """tests/test_imports.py's WINGS as a table: each wing of rcdiag/analysis/, its purpose (the wing's docstring), its
+    modules and the wings it may import."""
+    import ast
+
+    from tests.test_imports import WINGS
+
+    lines = ["| wing | what it does | modules | may import |", "|---|---|---|---|"]
+    for i, name in enumerate(WINGS):
+        folder = ROOT / "rcdiag" / "analysis" / name
+        purpose = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        modules = ", ".join(f"`{f.stem}`" for f in sorted(folder.glob("*.py")) if f.stem != "__init__")
+        lower = ", ".join(["ground", *WINGS[:i]])
+        lines.append(f"| `{name}/` | {cell(' '.join(purpose.split()))} | {modules} | {lower} |")
+    return "\n".join(lines)
+
+
 def gate_table() -> str:
-    """Every gate family of rcdiag.analysis.gate_defs.GATES: framework, statistic, level, rule, bounds, default δ
+    """Every gate family of rcdiag.analysis.correction.gate_defs.GATES: framework, statistic, level, rule, bounds, default δ
     and the sweep's δ grid."""
-    from rcdiag.analysis.gate_defs import GATE_LIST
+    from rcdiag.analysis.correction.gate_defs import GATE_LIST
 
     lines = ["| gate | framework | statistic | level (reduce) | rule | bounds from δ | default δ | survivors "
              "weigh | sweep grid |", "|---|---|---|---|---|---|---|---|---|"]
@@ -73,9 +90,9 @@ def gate_table() -> str:
 
 
 def band_table() -> str:
-    """rcdiag.analysis.health.BANDS: the metric, what it is, the healthy range, the alarm edge (a warning lies
+    """rcdiag.analysis.verdict.health.BANDS: the metric, what it is, the healthy range, the alarm edge (a warning lies
     between) and the band's source."""
-    from rcdiag.analysis.health import ALARM, BANDS, HEALTHY
+    from rcdiag.analysis.verdict.health import ALARM, BANDS, HEALTHY
 
     lines = ["| metric | what | healthy | alarm (a warning lies between) | source |", "|---|---|---|---|---|"]
     for band in BANDS:
@@ -86,6 +103,7 @@ def band_table() -> str:
 
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "layers": ("design.md", layer_table),
+    "wings": ("design.md", wing_table),
     "gates": ("metrics.md", gate_table),
     "bands": ("metrics.md", band_table),
 }

@@ -103,7 +103,7 @@ def framework_dumps(root: Path) -> None:
 def tracker_logs(root: Path) -> None:
     """What a trainer logged, from runs/steps' own numbers: TensorBoard (verl keys), an offline W&B run (verl keys),
     a history CSV (TRL keys, sequence_mask at C = 3)."""
-    from rcdiag.analysis.trend import trend
+    from rcdiag.analysis.training.trend import trend
     from rcdiag.store.run import open_run
     from rcdiag.trackers.export import export_run, tracker_rows, write_tensorboard
 

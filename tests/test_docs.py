@@ -243,7 +243,7 @@ def test_documented_command_runs(text: str, workspace: Path, tmp_path: Path, mon
 
 def _check_fail_on(argv: tuple[str, ...], rc: int, cwd: Path) -> None:
     """`--fail-on LEVEL` exits 1 exactly when the report's verdict is at least LEVEL (n/a meets every level)."""
-    from rcdiag.analysis.health import at_least
+    from rcdiag.analysis.verdict.health import at_least
 
     level = argv[argv.index("--fail-on") + 1]
     status = json.loads((cwd / argv[2] / "report" / "metrics.json").read_text())["verdict"]["status"]
@@ -372,13 +372,13 @@ def test_layer_table_is_the_import_rule() -> None:
 
 
 NAME_LISTS = (
-    ("rcdiag.analysis.metrics", "METRIC_NAMES"), ("rcdiag.analysis.metrics", "COUNT_NAMES"),
-    ("rcdiag.analysis.isstats", "IS_METRIC_NAMES"), ("rcdiag.analysis.tails", "TAIL_NAMES"),
-    ("rcdiag.analysis.verlstats", "IS_SEQ_NAMES"), ("rcdiag.analysis.verlstats", "PROBS_NAMES"),
-    ("rcdiag.analysis.gates", "GATE_METRIC_NAMES"), ("rcdiag.analysis.rejection", "OPTIONS"),
-    ("rcdiag.analysis.conventions", "CONVENTIONS"), ("rcdiag.analysis.floor", "NOISE_NAMES"),
-    ("rcdiag.analysis.bootstrap", "HEADLINE"), ("rcdiag.analysis.divergence", "PER_POSITION"),
-    ("rcdiag.checks.verdicts", "VERDICTS"), ("rcdiag.analysis.lag_trend", "LAG_NAMES"),
+    ("rcdiag.analysis.metrics.compute", "METRIC_NAMES"), ("rcdiag.analysis.metrics.compute", "COUNT_NAMES"),
+    ("rcdiag.analysis.correction.isstats", "IS_METRIC_NAMES"), ("rcdiag.analysis.distributions.tails", "TAIL_NAMES"),
+    ("rcdiag.analysis.correction.verlstats", "IS_SEQ_NAMES"), ("rcdiag.analysis.correction.verlstats", "PROBS_NAMES"),
+    ("rcdiag.analysis.correction.gates", "GATE_METRIC_NAMES"), ("rcdiag.analysis.correction.rejection", "OPTIONS"),
+    ("rcdiag.analysis.conventions", "CONVENTIONS"), ("rcdiag.analysis.metrics.floor", "NOISE_NAMES"),
+    ("rcdiag.analysis.metrics.bootstrap", "HEADLINE"), ("rcdiag.analysis.distributions.divergence", "PER_POSITION"),
+    ("rcdiag.checks.verdicts", "VERDICTS"), ("rcdiag.analysis.training.lag_trend", "LAG_NAMES"),
 )
 """The library's lists of the names it returns: each must be described in docs/metrics.md."""
 

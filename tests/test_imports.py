@@ -47,6 +47,30 @@ store; score never analysis or report; probe score and analysis, never report; r
 notebook/app/cli/distributed; nothing imports cli, commands or app (the cli loads commands by name)."""
 
 
+WINGS = ("passes", "correction", "metrics", "distributions", "moe", "training", "verdict")
+"""analysis/'s wings, bottom first (docs/design.md, 'Package layout'): a wing may import the analysis ground files
+(defaults, conventions, thresholds, keys, the package face) and the wings before it, never one after it — the pass
+engine knows no metric, a metric no verdict, the verdict sits on everything it judges."""
+
+
+def wing(module: str) -> str | None:
+    """The analysis wing of `module` ("ground" for analysis/'s own files), None outside analysis/."""
+    parts = module.split(".")
+    if parts[:2] != ["rcdiag", "analysis"]:
+        return None
+    return parts[2] if len(parts) > 3 and parts[2] in WINGS else (
+        parts[2] if len(parts) == 3 and parts[2] in WINGS else "ground")
+
+
+def wing_allows(source: str, target: str) -> bool:
+    """Whether wing `source` may import wing `target` (ground files: only the ground)."""
+    if target == "ground":
+        return True
+    if source == "ground":
+        return False
+    return WINGS.index(target) <= WINGS.index(source)
+
+
 def modules(root: Path = ROOT) -> dict[str, Path]:
     """Every module of rcdiag/ and app/ → its file."""
     found = {}
@@ -109,6 +133,10 @@ def graph(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
             where = f"{file.relative_to(root)}:{line}"
             if layer(target) not in ALLOWED[layer(module)]:
                 breaches.append(f"{where}: {module} ({layer(module)}) imports {target} ({layer(target)})")
+            source_wing, target_wing = wing(module), wing(target)
+            if source_wing and target_wing and not wing_allows(source_wing, target_wing):
+                breaches.append(f"{where}: {module} (analysis wing {source_wing}) imports {target} "
+                                f"(wing {target_wing}, after it)")
             if name.startswith("_") and not name.startswith("__"):
                 breaches.append(f"{where}: {module} imports the private name {target}.{name}")
     return edges, breaches
@@ -182,6 +210,36 @@ def test_rules_catch_a_readded_lazy_import(tmp_path: Path) -> None:
     edges, breaches = graph(tmp_path)
     assert any("rcdiag.store.run" in c and "rcdiag.notebook" in c for c in cycles(edges))
     assert any("rcdiag.store.run (store) imports rcdiag.notebook (notebook)" in b for b in breaches)
+
+
+def test_rules_catch_a_wing_back_arrow(tmp_path: Path) -> None:
+    """The pass engine importing the verdict (a back-arrow between wings, even inside a function) is a breach."""
+    for base in ("rcdiag", "app"):
+        for file in (ROOT / base).rglob("*.py"):
+            target = tmp_path / file.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(file.read_text())
+    engine = tmp_path / "rcdiag/analysis/passes/engine.py"
+    engine.write_text(engine.read_text() + "\n\ndef _judge():\n    from rcdiag.analysis.verdict import health\n\n"
+                      "    return health\n")
+    _, breaches = graph(tmp_path)
+    assert any("rcdiag.analysis.passes.engine (analysis wing passes) imports rcdiag.analysis.verdict.health" in b
+               for b in breaches), breaches
+
+
+def test_analysis_is_in_wings() -> None:
+    """analysis/ holds its wings and only a few ground files (issue #46: 41 modules in one room)."""
+    ground = sorted(p.name for p in (ROOT / "rcdiag/analysis").glob("*.py"))
+    assert ground == ["__init__.py", "conventions.py", "defaults.py", "keys.py", "thresholds.py"], ground
+    assert sorted(p.name for p in (ROOT / "rcdiag/analysis").iterdir() if p.is_dir() and p.name != "__pycache__") \
+        == sorted(WINGS)
+
+
+def test_no_kernels_module_over_450_lines() -> None:
+    """kernels.py was 1,257 lines; each wing keeps its own compiled kernels beside it."""
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "rcdiag/analysis").rglob("*kernels.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}, long
 
 
 def test_cycle_finder_on_a_known_graph() -> None:

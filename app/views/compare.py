@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import aggregates, bands, charts, data, judged, state, ui
 from app.text import md
-from rcdiag.analysis.health import BY_METRIC
+from rcdiag.analysis.verdict.health import BY_METRIC
 from rcdiag.store.names import unique_run_names
 
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
@@ -120,7 +120,7 @@ def cell_text(value: object, count: bool) -> str:
 
 
 def tints(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """CSS per cell of `table`: each run's value in a light tint of its band colour (rcdiag.analysis.health); a
+    """CSS per cell of `table`: each run's value in a light tint of its band colour (rcdiag.analysis.verdict.health); a
     Styler applies it, so the values stay numbers and the columns still sort."""
     out = pd.DataFrame("", index=table.index, columns=table.columns)
     for row, metric in table["metric"].items():

@@ -12,8 +12,8 @@ import streamlit as st
 
 from app import judged, ui
 from app.text import md
-from rcdiag.analysis.lag import REFERENCES
-from rcdiag.analysis.unchanged import MIN_PAIRS
+from rcdiag.analysis.training.lag import REFERENCES
+from rcdiag.analysis.training.unchanged import MIN_PAIRS
 
 COLUMNS = ["lag", "tokens", "token_share", "mean_log_ratio", "mean_abs_log_ratio", "k3_kl", "chi2_token", "ess",
            "is_weight_mean", "clipped_frac"]

@@ -1,4 +1,4 @@
-"""Overview page: the run's verdict and context line (the same as `rcdiag report`'s: rcdiag.analysis.health,
+"""Overview page: the run's verdict and context line (the same as `rcdiag report`'s: rcdiag.analysis.verdict.health,
 rcdiag.report.context), headline metric cards coloured by band, the checks with their evidence, the manifest."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import bands, charts, data, distview, judged, ui, warm
 from app.text import md
-from rcdiag.analysis import health
+from rcdiag.analysis.verdict import health
 from rcdiag.report.context import context_line
 
 # A coloured severity word, no icon: ":material/…:" icons load an icon font, and emoji show as empty boxes where

@@ -19,7 +19,7 @@ COLUMN_FORMATS = {name: st.column_config.NumberColumn(name, format="%.4g")
                   for name in ("mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff",
                                "mean_log_ratio", "sum_log_ratio", "training_log_ppl", "rollout_log_ppl")}
 STATS_SHOWN = ("n_valid", "mean_abs_log_ratio", "max_abs_log_ratio", "seq_ratio", "log_ppl_diff")
-# The strip's full colour sits at the run's 99th percentile of |ℓ| (rcdiag.analysis.tails), the same for every
+# The strip's full colour sits at the run's 99th percentile of |ℓ| (rcdiag.analysis.distributions.tails), the same for every
 # sequence: one outlier token does not wash out the rest, and colours compare across sequences.
 SCALE_QUANTILE = "abs_log_ratio_p99"
 

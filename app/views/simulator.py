@@ -14,7 +14,7 @@ from app import data, judged, simchart, simgates, state, ui
 from app.simvalues import CURVES, FRACTIONS, MEANING, SHOWN, lower_refusal, shown
 from app.text import md
 from rcdiag.analysis.conventions import CONVENTIONS
-from rcdiag.analysis.correction import DEFAULT_THRESHOLD, MODES
+from rcdiag.analysis.correction.modes import DEFAULT_THRESHOLD, MODES
 
 
 def render(ref: data.RunRef) -> None:

@@ -1,6 +1,6 @@
 """Trends page: the mismatch per training step with intervals, the timeline (a step change or a drift:
-rcdiag.analysis.drift) and the steps where the verdict changes (points coloured by the library's bands,
-rcdiag.analysis.health; heavy-tailed metrics on log axes); click a step (or pick it) to see that step's verdict and
+rcdiag.analysis.training.drift) and the steps where the verdict changes (points coloured by the library's bands,
+rcdiag.analysis.verdict.health; heavy-tailed metrics on log axes); click a step (or pick it) to see that step's verdict and
 cards, its ℓ distribution against the first step and its worst sequences."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from app import bands, charts, data, judged, state, ui
-from rcdiag.analysis import health
-from rcdiag.analysis.drift import timeline
-from rcdiag.analysis.verdict import Verdict, status_changes, step_verdicts
+from rcdiag.analysis.training.drift import timeline
+from rcdiag.analysis.verdict import health
+from rcdiag.analysis.verdict.judge import Verdict, status_changes, step_verdicts
 from rcdiag.report.options import CONVENTIONS, ReportOptions
 from rcdiag.report.plots import LOG_PANELS
 from rcdiag.report.render import md_escape
@@ -172,7 +172,7 @@ def _step_detail(ref: data.RunRef, frame: pd.DataFrame, verdict: Verdict, step: 
 
 
 def lag_text(row: pd.Series, reference: str | None) -> str:
-    """The step's policy lag in one line (rcdiag.analysis.lag_trend's columns): tokens, and the trajectories'
+    """The step's policy lag in one line (rcdiag.analysis.training.lag_trend's columns): tokens, and the trajectories'
     staleness where the trainer's version is recorded."""
     text = (f"Policy lag: mean {ui.fmt(float(row['token_lag_mean']))} versions over {int(row['lag_tokens']):,} "
             f"tokens (max {ui.fmt(float(row['token_lag_max']))}), {ui.fmt(100 * float(row['stale_token_share']))} % "

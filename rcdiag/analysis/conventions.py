@@ -84,8 +84,8 @@ trl reports no KL/PPL/chi² diagnostics of its own, so compute_metrics under trl
 TRL's `sampling_logp_difference` mean/max; its convention changes the IS simulation (no ±20 clamp, product sequence
 ratio, per-sequence ratio statistics, optional upper bound, 0.0/1.0 with no valid token).
 openrlhf, skyrl, nemo-rl, prime-rl, roll: the canonical formulas plus the numbers each logs on every step
-(analysis.peer_logs, through MetricsAccumulator) under its keys (analysis.keys); their corrections are the gate
-families (analysis.gate_defs: simulate(run, "<gate>", δ, keys=<framework>)), and the IS modes are computed with the
+(analysis.metrics.peer_logs, through MetricsAccumulator) under its keys (analysis.keys); their corrections are the gate
+families (analysis.correction.gate_defs: simulate(run, "<gate>", δ, keys=<framework>)), and the IS modes are computed with the
 canonical formulas under these names (SkyRL's TIS is product-ratio: use convention verl's numbers for it).
 verl's unclamped k3 is computed in float64 (inf only past ~709 nats; verl's float32 overflows past ~88).
 

@@ -20,7 +20,7 @@ IS_MODE_TABLE: dict[str, tuple[str, str, str | None]] = {
     "sequence_mask": ("sequence", "mask", None),
 }
 """THE IS mode presets: name → (level, action, default lower bound: None, or "reciprocal" for L = 1/C).
-rcdiag.analysis.correction builds its presets from this table (get_mode, MODES), and the report, its CLI and the
+rcdiag.analysis.correction.modes builds its presets from this table (get_mode, MODES), and the report, its CLI and the
 dashboard name them from here before the kernels are loaded: adding a mode is one row (docs/recipes.md)."""
 IS_MODES = tuple(IS_MODE_TABLE)
 """The preset names, in table order (the report's sweep)."""

@@ -52,7 +52,7 @@ VERL_KEYS: dict[str, str] = {
     "partial_span_max": "fully_async/partial/max_partial_span",
 }
 """verl: rcdiag name → key. Per-option rejection numbers `rs_<option>_<suffix>` → `rollout_corr/rollout_rs_...`.
-Staleness (rcdiag.analysis.lag_trend's sequence columns): the V1 trainer's `training/off_policy/trajectory_*`
+Staleness (rcdiag.analysis.training.lag_trend's sequence columns): the V1 trainer's `training/off_policy/trajectory_*`
 (verl/trainer/ppo/v1/trainer_base.py @ 1dda039, `_compute_metrics` step 5) and the fully-async trainer's
 `fully_async/partial/*` (verl/experimental/fully_async_policy/detach_utils.py @ 1dda039,
 `assemble_batch_from_rollout_samples`)."""

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.analysis.accum import BatchConsumer, Totals
-from rcdiag.analysis.engine import Fresh, run_pass
-from rcdiag.analysis.floor import NoiseEvidence
-from rcdiag.analysis.rows import BatchRows
+from rcdiag.analysis.metrics.floor import NoiseEvidence
+from rcdiag.analysis.passes.accum import BatchConsumer, Totals
+from rcdiag.analysis.passes.engine import Fresh, run_pass
+from rcdiag.analysis.passes.rows import BatchRows
 from rcdiag.checks.evidence_kernel import KINDS, batch_evidence
 from rcdiag.store.files import DEFAULT_READ_ROWS
 
@@ -137,7 +137,7 @@ class CheckAccumulator(BatchConsumer):
         self.seq_counts: list[np.ndarray] = []
         self.seq_maxpos: list[np.ndarray] = []
         self.noise = NoiseEvidence()
-        """The noise floor's evidence and the temperature signature (rcdiag.analysis.floor)."""
+        """The noise floor's evidence and the temperature signature (rcdiag.analysis.metrics.floor)."""
 
     def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0, rows: BatchRows | None = None) -> None:
         """Add one record batch (CHECK_COLUMNS); `rows`: its columns already decoded by another pass."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
-from rcdiag.analysis.floor import TEMPERATURE_TOLERANCE, temperature_ratio
+from rcdiag.analysis.metrics.floor import TEMPERATURE_TOLERANCE, temperature_ratio
 from rcdiag.checks.evidence import (
     MIN_TOKENS,
     SEVERITIES,
@@ -152,7 +152,7 @@ def check_shift(ctx: Context) -> Finding:
 
 
 def check_temperature(ctx: Context) -> Finding:
-    """The temperature signature on confident tokens (rcdiag.analysis.floor): q = log(log(−b)/log(−a)) sits at
+    """The temperature signature on confident tokens (rcdiag.analysis.metrics.floor): q = log(log(−b)/log(−a)) sits at
     ≈ −log(T_engine/T_trainer) on every confident token when the temperatures differ, and at 0 ± noise otherwise —
     numerical noise, however heavy, moves its median by < 0.01 (the least-squares slope of b on a, kept in the
     evidence, is attenuated by noise on either side and read heavy MoE-like noise as a sharper engine)."""

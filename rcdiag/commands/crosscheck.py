@@ -8,7 +8,7 @@ import typer
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES
-from rcdiag.analysis.trend import DEFAULT_MODE
+from rcdiag.analysis.training.trend import DEFAULT_MODE
 from rcdiag.errors import ConfigError
 from rcdiag.trackers.crosscheck import COLUMNS, DEFAULT_ATOL, DEFAULT_RTOL, crosscheck
 from rcdiag.trackers.export import check_table_dest

@@ -8,7 +8,7 @@ import typer
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES
-from rcdiag.analysis.trend import DEFAULT_MODE
+from rcdiag.analysis.training.trend import DEFAULT_MODE
 from rcdiag.trackers.export import TARGETS, export_run
 
 

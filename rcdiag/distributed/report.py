@@ -6,7 +6,7 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from rcdiag.analysis.engine import FilePart
+from rcdiag.analysis.passes.engine import FilePart
 
 
 def ray_map(ray: Any) -> Callable[[Callable[[int], FilePart], Iterable[int]], Iterator[FilePart]]:

@@ -1,5 +1,5 @@
 """The probe's exact divergences: whole next-token distributions of the engine and the trainer on a sample of the
-probed positions (the math is `rcdiag.analysis.divergence`).
+probed positions (the math is `rcdiag.analysis.distributions.divergence`).
 
 Why the probe and not `rcdiag score`: the engine side needs V log-probs per position back from vLLM (49k for
 SmolLM2, 152k for Qwen), which would multiply a scoring run's cost; the probe already holds a sample of tokens
@@ -21,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.divergence import PER_POSITION, exact_divergences, sampled_estimators, summarize
+from rcdiag.analysis.distributions.divergence import (
+    PER_POSITION,
+    exact_divergences,
+    sampled_estimators,
+    summarize,
+)
 
 Pair = tuple[np.ndarray, np.ndarray]
 

@@ -113,8 +113,8 @@ def load_routing(run: Run, frame: pd.DataFrame, pairs: Sequence[Pair], shape: Mo
 
 
 def agreement_record(routes: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """Top-k agreement of `[N, L, k]` routes with the reference trainer's (rcdiag.analysis.routing.agreement)."""
-    from rcdiag.analysis.routing import agreement
+    """Top-k agreement of `[N, L, k]` routes with the reference trainer's (rcdiag.analysis.moe.routing.agreement)."""
+    from rcdiag.analysis.moe.routing import agreement
 
     summary, _ = agreement(routes, reference)
     return {"exact_rate": summary.exact_rate, "mean_overlap": summary.mean_overlap,

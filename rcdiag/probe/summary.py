@@ -54,7 +54,7 @@ def distance(frame: pd.DataFrame, x: str, y: str) -> dict[str, float]:
     """Distance of column `x` from column `y` over rows with mask True (see the module doc for orientation).
 
     Returns DISTANCE_NAMES plus `tokens`; all NaN (tokens 0) when no token is valid."""
-    from rcdiag.analysis.metrics import compute_metrics
+    from rcdiag.analysis.metrics.compute import compute_metrics
 
     data = pd.DataFrame({"seq_id": frame["seq_id"], "pos": frame["pos"], "train_logprob": frame[y],
                          "rollout_logprob": frame[x], "mask": frame["mask"]})

@@ -1,5 +1,5 @@
 """Build a run's report: checks first, then metrics with bootstrap intervals, tails, strata, IS modes, a sweep
-a verdict (rcdiag.analysis.health) and a recommendation acting on it
+a verdict (rcdiag.analysis.verdict.health) and a recommendation acting on it
 (rcdiag.report.recommend). Writing the files is `rcdiag.report.render`; the CI gate is `rcdiag.report.gate`.
 
     rep = rcdiag.report.build.build_report(rcdiag.open_run("runs/sample"))
@@ -17,15 +17,15 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rcdiag.analysis.accum import Totals
-from rcdiag.analysis.bootstrap import bootstrap
-from rcdiag.analysis.causes import Context, from_lag
-from rcdiag.analysis.correction import IS_METRIC_NAMES
-from rcdiag.analysis.drift import Timeline, timeline
-from rcdiag.analysis.floor import NoiseSummary, coarser_dtype
-from rcdiag.analysis.health import UNKNOWN, VERDICT_MODE
-from rcdiag.analysis.threads import in_background
-from rcdiag.analysis.verdict import Verdict, verdict
+from rcdiag.analysis.correction.modes import IS_METRIC_NAMES
+from rcdiag.analysis.metrics.bootstrap import bootstrap
+from rcdiag.analysis.metrics.floor import NoiseSummary, coarser_dtype
+from rcdiag.analysis.passes.accum import Totals
+from rcdiag.analysis.passes.threads import in_background
+from rcdiag.analysis.training.drift import Timeline, timeline
+from rcdiag.analysis.verdict.causes import Context, from_lag
+from rcdiag.analysis.verdict.health import UNKNOWN, VERDICT_MODE
+from rcdiag.analysis.verdict.judge import Verdict, verdict
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
@@ -68,13 +68,13 @@ class RunReport:
     is_modes: dict[str, dict[str, float]] = field(default_factory=dict)
     rejection: dict[str, dict[str, float]] = field(default_factory=dict)
     sweep: Any = None  # pandas DataFrame (correction.sweep) or None
-    gate_sweep: Any = None  # pandas DataFrame (analysis.gates: gate × δ) or None
+    gate_sweep: Any = None  # pandas DataFrame (analysis.correction.gates: gate × δ) or None
     recommendation: Recommendation = field(default_factory=lambda: Recommendation("unavailable", "not made yet"))
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
-    noise: NoiseSummary | None = None  # the noise floor's evidence (rcdiag.analysis.floor)
+    noise: NoiseSummary | None = None  # the noise floor's evidence (rcdiag.analysis.metrics.floor)
     context: Context = field(default_factory=Context)  # what the verdict knew besides the numbers
-    trend: Any = None  # per-step DataFrame (rcdiag.analysis.trend) of a multi-step run, else None
-    timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.drift), multi-step only
+    trend: Any = None  # per-step DataFrame (rcdiag.analysis.training.trend) of a multi-step run, else None
+    timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.training.drift), multi-step only
     lag: LagFindings = field(default_factory=LagFindings)  # policy lag split, weights unchanged (report.lag_section)
     routing: RoutingFindings = field(default_factory=RoutingFindings)  # MoE routing agreement (routing_section)
     baseline: RunReport | None = None  # the --baseline run's report (rcdiag.report.baseline)

@@ -80,7 +80,7 @@ def _code_fingerprint() -> str:
     """Hash of the sizes and mtimes of the modules that compute the passes (computed once per process)."""
     root = Path(__file__).resolve().parents[1]
     items = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-                   for sub in _SOURCES for p in (root / sub).glob("*.py"))
+                   for sub in _SOURCES for p in (root / sub).rglob("*.py"))
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 

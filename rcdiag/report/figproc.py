@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from rcdiag.analysis.threads import workers
+from rcdiag.analysis.passes.threads import workers
 
 FigureSpec = tuple[str, tuple[Any, ...]]
 """(name of a figure function of rcdiag.report.plots, its positional arguments)."""

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.analysis.correction import IS_METRIC_NAMES as IS_NAMES
-from rcdiag.analysis.metrics import COUNT_NAMES, METRIC_NAMES
-from rcdiag.analysis.rejection import REJECTION_OPTIONS
-from rcdiag.analysis.tails import TAIL_NAMES
+from rcdiag.analysis.correction.modes import IS_METRIC_NAMES as IS_NAMES
+from rcdiag.analysis.correction.rejection import REJECTION_OPTIONS
+from rcdiag.analysis.distributions.tails import TAIL_NAMES
+from rcdiag.analysis.metrics.compute import COUNT_NAMES, METRIC_NAMES
 from rcdiag.errors import ConfigError, did_you_mean
 from rcdiag.report.options import MODES
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from rcdiag.analysis.gate_defs import GATES
+from rcdiag.analysis.correction.gate_defs import GATES
 from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.settings import gate_settings
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag.analysis.lag import REFERENCES, LagSplit, lag_split
-from rcdiag.analysis.lag_cause import LagCause, cause_of
-from rcdiag.analysis.unchanged import MIN_PAIRS, Unchanged, weights_unchanged
+from rcdiag.analysis.training.lag import REFERENCES, LagSplit, lag_split
+from rcdiag.analysis.training.lag_cause import LagCause, cause_of
+from rcdiag.analysis.training.unchanged import MIN_PAIRS, Unchanged, weights_unchanged
 from rcdiag.errors import RcdiagError
 from rcdiag.report.render import Block, fmt
 from rcdiag.store.run import open_run

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rcdiag.analysis.health import at_least
+from rcdiag.analysis.verdict.health import at_least
 from rcdiag.errors import ConfigError
 from rcdiag.report import figproc, gate
 from rcdiag.report.build import RunReport, build_report, finish_report, judge

@@ -32,7 +32,7 @@ CONVENTIONS = tuple(CONVENTION_TABLE)
 
 
 FAIL_ON = ("warning", "alarm")
-"""The --fail-on levels (rcdiag.analysis.health: healthy < warning < alarm; n/a meets every level)."""
+"""The --fail-on levels (rcdiag.analysis.verdict.health: healthy < warning < alarm; n/a meets every level)."""
 
 
 @dataclass(frozen=True)

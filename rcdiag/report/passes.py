@@ -1,6 +1,6 @@
 """The report's pass: its consumers — the scan (checks, tails, strata, per-sequence sums) and the library
 accumulators (metrics, the IS sweep, verl's rejection options) — run by the one pass engine
-(rcdiag.analysis.engine), a token file at a time on a thread per core or, with `--ray`, as Ray tasks
+(rcdiag.analysis.passes.engine), a token file at a time on a thread per core or, with `--ray`, as Ray tasks
 (rcdiag.distributed.report), merged in file order: the same bits either way.
 """
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.analysis.accum import ChunkConsumer, Totals
-from rcdiag.analysis.advantages import Advantages, run_advantages
-from rcdiag.analysis.chunks import TokenChunk
-from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode, lower_for
-from rcdiag.analysis.engine import MapFiles, compile_notice, run_pass
-from rcdiag.analysis.gates import GateAccumulator, report_gates
-from rcdiag.analysis.metrics import MetricsAccumulator
-from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.analysis.correction.advantages import Advantages, run_advantages
+from rcdiag.analysis.correction.gates import GateAccumulator, report_gates
+from rcdiag.analysis.correction.modes import ISAccumulator, ISGroup, get_mode, lower_for
+from rcdiag.analysis.correction.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.analysis.metrics.compute import MetricsAccumulator
+from rcdiag.analysis.passes.accum import ChunkConsumer, Totals
+from rcdiag.analysis.passes.chunks import TokenChunk
+from rcdiag.analysis.passes.engine import MapFiles, compile_notice, run_pass
 from rcdiag.errors import InputError
 from rcdiag.report.options import MODES, ReportOptions
 from rcdiag.report.scan import Scan, scan_parts, sequence_info
@@ -34,7 +34,7 @@ class Library(ChunkConsumer):
     rejections: dict[str, ISAccumulator]
     rows: int = 0
     gates: GateAccumulator | None = None
-    """The gate families' sweep (rcdiag.analysis.gates), or None (a file whose advantages cannot be read)."""
+    """The gate families' sweep (rcdiag.analysis.correction.gates), or None (a file whose advantages cannot be read)."""
 
     def __post_init__(self) -> None:
         self._group = ISGroup(list(self.rejections.values()))
@@ -90,7 +90,7 @@ class ReportParts:
     options: ReportOptions
     finish_labels: tuple[str, ...] | None = None
     advantages: tuple[Advantages, Advantages] | None = None
-    """The whole run's (advantages, rewards) for the gates (analysis.advantages.run_advantages: GRPO groups span
+    """The whole run's (advantages, rewards) for the gates (analysis.correction.advantages.run_advantages: GRPO groups span
     files), or None: each shard's token rows carry theirs."""
     gates: bool = True
     """False when the run's advantage columns were refused: no gate sweep (the rest of the report stands)."""

@@ -16,8 +16,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from rcdiag.analysis.health import BY_METRIC, COLOURS
-from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+from rcdiag.analysis.distributions.tails import DENSITY_BINS, DENSITY_RANGE, TailAccumulator
+from rcdiag.analysis.verdict.health import BY_METRIC, COLOURS
 
 SIZE = (6.4, 3.6)
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
@@ -304,7 +304,7 @@ def _log_if_positive(ax: Any, values: Sequence[float]) -> None:
 
 def routing_panels(layers: Sequence[Mapping[str, Any]], disagreement: Sequence[Mapping[str, Any]],
                    margins: Sequence[Mapping[str, Any]]) -> Figure:
-    """An MoE run's routing (rcdiag.analysis.routing.RoutingSummary rows): the share of tokens whose expert set
+    """An MoE run's routing (rcdiag.analysis.moe.routing.RoutingSummary rows): the share of tokens whose expert set
     differs between the sides per layer (and 1 − the mean overlap |∩|/k), on an axis scaled to them, mean |ℓ| by the number of layers whose experts
     differ (bar labels: tokens), and mean |ℓ| with the share of tokens that disagree somewhere by the token's
     smallest k/(k+1) router margin (omitted without router probabilities)."""

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from rcdiag.analysis.conventions import get_convention
-from rcdiag.analysis.gate_defs import GATES
-from rcdiag.analysis.health import HEALTHY, UNKNOWN
-from rcdiag.analysis.tails import EDGES, TailAccumulator
+from rcdiag.analysis.correction.gate_defs import GATES
+from rcdiag.analysis.distributions.tails import EDGES, TailAccumulator
+from rcdiag.analysis.verdict.health import HEALTHY, UNKNOWN
 from rcdiag.report.gate_advice import gate_reasons, gate_rows
 from rcdiag.report.options import ESS_TARGET, MODES
 from rcdiag.report.settings import trainer_settings

@@ -2,7 +2,7 @@
 carry routes (rcdiag.store.routes); a dense run has neither, and costs nothing (no column is read).
 
 `routing_findings(run)` is computed once in rcdiag.report.build.judge: the run's RoutingSummary (one pass over the
-route columns, rcdiag.analysis.routing) with the share measured by the newest probe that ran `router_replay`
+route columns, rcdiag.analysis.moe.routing) with the share measured by the newest probe that ran `router_replay`
 instead of estimated, when there is one. `routing_context(ctx, report)` adds the routing cause to the verdict's
 context (Context.extra). `routing_section(report)` is the section.
 """
@@ -12,15 +12,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rcdiag.analysis.causes import Context, numerics
-from rcdiag.analysis.routing import (
+from rcdiag.analysis.moe.routing import (
     MIN_GROUP,
     NEAR_TIE,
     ROUTING_EXPLAINS,
     RoutingSummary,
-    routing_cause,
     routing_summary,
 )
+from rcdiag.analysis.verdict.causes import Context, numerics
+from rcdiag.analysis.verdict.routing import routing_cause
 from rcdiag.errors import RcdiagError
 from rcdiag.probe.files import list_probes
 from rcdiag.report.render import Block, fmt

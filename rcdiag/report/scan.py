@@ -13,16 +13,16 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
-from rcdiag.analysis.bootstrap import SequenceSums
-from rcdiag.analysis.chunks import Chunker, TokenChunk
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
-from rcdiag.analysis.engine import MapFiles, run_pass
-from rcdiag.analysis.kernels import C_T
-from rcdiag.analysis.rows import BatchRows
-from rcdiag.analysis.scan_kernels import scan_update
-from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator
-from rcdiag.analysis.tails import TailAccumulator
+from rcdiag.analysis.distributions.scan_kernels import scan_update
+from rcdiag.analysis.distributions.strata import SequenceInfo, StrataAccumulator
+from rcdiag.analysis.distributions.tails import TailAccumulator
+from rcdiag.analysis.metrics.bootstrap import SequenceSums
+from rcdiag.analysis.passes.accum import BatchConsumer, ChunkConsumer, Totals
+from rcdiag.analysis.passes.chunks import Chunker, TokenChunk
+from rcdiag.analysis.passes.engine import MapFiles, run_pass
+from rcdiag.analysis.passes.kernels import C_T
+from rcdiag.analysis.passes.rows import BatchRows
 from rcdiag.checks.evidence import CheckAccumulator
 from rcdiag.store.files import DEFAULT_READ_ROWS
 from rcdiag.store.run import Run

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rcdiag import __version__
-from rcdiag.analysis.correction import lower_for
-from rcdiag.analysis.health import VERDICT_MODE
+from rcdiag.analysis.correction.modes import lower_for
+from rcdiag.analysis.distributions.strata import titles
+from rcdiag.analysis.distributions.tails import TAIL_NAMES
 from rcdiag.analysis.keys import rename
-from rcdiag.analysis.strata import titles
-from rcdiag.analysis.tails import TAIL_NAMES
+from rcdiag.analysis.verdict.health import VERDICT_MODE
 from rcdiag.probe.answer import latest_answer
 from rcdiag.report import figproc
 from rcdiag.report.baseline import baseline_section
@@ -222,7 +222,7 @@ def _headline(report: RunReport) -> Section:
         Block("h", "Headline"),
         Block("cards", rows=[(headline_label(n, report), value_of(report, n), interval(report, n),
                               report.verdict.metric_status.get(n, "")) for n in HEADLINE]),
-        Block("p", f"Colours: rcdiag's health bands (rcdiag.analysis.health; verl's documented warning levels and "
+        Block("p", f"Colours: rcdiag's health bands (rcdiag.analysis.verdict.health; verl's documented warning levels and "
                    f"published dense/MoE ranges); mean |ℓ| against the run's own noise floor. Intervals: "
                    f"{o.level:.0%} percentile bootstrap over sequences ({o.replicates} Poisson replicates).")])
 

@@ -1,5 +1,5 @@
 """The across-training part of `rcdiag report`: per-step numbers, the timeline (a step change or a drift:
-rcdiag.analysis.drift), figures with intervals, and by_step JSON.
+rcdiag.analysis.training.drift), figures with intervals, and by_step JSON.
 
 `report_trend(run, options)` makes the trend (one extra pass, only for a run with more than one step; a one-step
 run gets its single by_step row from the report's own numbers, no pass); `trend_section(report)` returns
@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.analysis.causes import Context
-from rcdiag.analysis.correction import lower_for
-from rcdiag.analysis.drift import Timeline
-from rcdiag.analysis.trend import INTERVAL_NAMES, has_steps, step_index, trend
-from rcdiag.analysis.verdict import StatusChange, status_changes, step_verdicts
+from rcdiag.analysis.correction.modes import lower_for
+from rcdiag.analysis.training.drift import Timeline
+from rcdiag.analysis.training.trend import INTERVAL_NAMES, has_steps, step_index, trend
+from rcdiag.analysis.verdict.causes import Context
+from rcdiag.analysis.verdict.judge import StatusChange, status_changes, step_verdicts
 from rcdiag.report.render import Block, fmt
 from rcdiag.report.section import Section
 from rcdiag.store.run import Run
@@ -32,7 +32,7 @@ LAG_COLUMNS = ("token_lag_mean", "token_lag_max", "stale_token_share", "floor_ab
                "stale_abs_log_ratio_mean", "seq_lag_mean", "seq_lag_max", "partial_seqs")
 LAG_PANELS = (("stale_token_share", "share of tokens at lag ≥ 1"), ("floor_abs_log_ratio_mean", "floor mean |ℓ| (lag 0)"))
 """The second table (step, then those of these columns the trend has) and the figure panels added for a run with
-policy versions (rcdiag.analysis.lag_trend; the seq_ columns only with the trainer's version)."""
+policy versions (rcdiag.analysis.training.lag_trend; the seq_ columns only with the trainer's version)."""
 SHOWN_CHANGES = 20
 """Verdict changes listed in the report (all are in metrics.json's status_changes)."""
 
@@ -49,7 +49,7 @@ def report_trend(run: Any, options: Any) -> Any:
 
 def by_step(report: Any) -> list[dict[str, Any]]:
     """metrics.json's by_step: one dict per step, with `status` and `cause`, the verdict of that step's numbers
-    (rcdiag.analysis.verdict.step_verdicts); a one-step run's single row from the report's own numbers."""
+    (rcdiag.analysis.verdict.judge.step_verdicts); a one-step run's single row from the report's own numbers."""
     rows = _rows(report)
     for row, judged in zip(rows, step_verdicts(rows, _step_context(report)), strict=True):
         row["status"] = judged.status

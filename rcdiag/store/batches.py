@@ -1,4 +1,4 @@
-"""Row filters for a pass over a run's token batches (rcdiag.analysis.engine.run_pass `keep=`): the dashboard's
+"""Row filters for a pass over a run's token batches (rcdiag.analysis.passes.engine.run_pass `keep=`): the dashboard's
 filtered distributions keep only the chosen sequences' rows."""
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ class Run:
     def shard(self, index: int) -> Run:
         """The run restricted to its token file `index` (sorted order) and that file's own sequences file — shard k
         of tokens/ and sequences/ hold the same sequences; a token file without a same-named sequences file sees
-        them all. What one file's task of a pass reads (rcdiag.analysis.engine); not validated again."""
+        them all. What one file's task of a pass reads (rcdiag.analysis.passes.engine); not validated again."""
         return type(self)(self.path, validate=False, shard=index)
 
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import check_keys, guess_keys, key_convention
-from rcdiag.analysis.trend import DEFAULT_MODE, trend
+from rcdiag.analysis.training.trend import DEFAULT_MODE, trend
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.trackers.export import export_table
 from rcdiag.trackers.read import READERS

@@ -18,8 +18,8 @@ from typing import Any
 
 from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
 from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
-from rcdiag.analysis.lag_trend import LAG_NAMES
-from rcdiag.analysis.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
+from rcdiag.analysis.training.lag_trend import LAG_NAMES
+from rcdiag.analysis.training.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
 from rcdiag.store.names import safe_name
 from rcdiag.store.outdir import check_outside_runs
@@ -31,7 +31,7 @@ WANDB_FLUSH_SECONDS = 60.0
 EXPORTED = (*(c for c in TREND_COLUMNS if c != "step"), *(f"{n}_{b}" for n in INTERVAL_NAMES for b in ("low", "high")),
             *LAG_NAMES)
 """The trend columns a tracker gets (a framework's key style keeps those it logs; canonical all, under rcdiag/);
-the lag columns only where the run has them (rcdiag.analysis.lag_trend)."""
+the lag columns only where the run has them (rcdiag.analysis.training.lag_trend)."""
 
 
 def export_table(keys: str | None, columns: Any = None) -> dict[str, str]:

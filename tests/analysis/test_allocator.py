@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CODE = "from rcdiag.analysis.allocator import reuse_batch_memory as r; print(r(), r())"
+CODE = "from rcdiag.analysis.passes.allocator import reuse_batch_memory as r; print(r(), r())"
 
 
 def _run(**extra: str) -> str:

@@ -5,8 +5,14 @@ import math
 
 import numpy as np
 
-from rcdiag.analysis import kernels
-from rcdiag.analysis.bootstrap import COLUMNS, POISSON1_CDF, bootstrap, headline_functions, sequence_terms
+from rcdiag.analysis.metrics import bootstrap_kernels
+from rcdiag.analysis.metrics.bootstrap import (
+    COLUMNS,
+    POISSON1_CDF,
+    bootstrap,
+    headline_functions,
+    sequence_terms,
+)
 
 
 def test_poisson_totals_equal_the_numpy_weight_matrix_product():
@@ -14,14 +20,14 @@ def test_poisson_totals_equal_the_numpy_weight_matrix_product():
     uniforms = rng.random((37, 2_000))
     matrix = rng.normal(size=(2_000, 14)) * 10.0 ** rng.integers(-6, 6, size=(2_000, 1))
     weights = np.searchsorted(POISSON1_CDF, uniforms, side="right").astype(np.float64)  # k = #{cdf ≤ u}
-    np.testing.assert_allclose(kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, True), weights @ matrix,
+    np.testing.assert_allclose(bootstrap_kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, True), weights @ matrix,
                                rtol=1e-9, atol=1e-9 * np.abs(matrix).sum())
 
 
 def test_poisson_counts_follow_poisson_one():
     """The inverse-CDF draws (the kernel's, per the test above) have Poisson(1)'s frequencies, mean and variance."""
     uniforms = np.random.default_rng(2).random((1, 400_000))
-    total = kernels.poisson_totals(uniforms, np.ones((uniforms.shape[1], 1)), POISSON1_CDF, True)[0, 0]
+    total = bootstrap_kernels.poisson_totals(uniforms, np.ones((uniforms.shape[1], 1)), POISSON1_CDF, True)[0, 0]
     draws = np.searchsorted(POISSON1_CDF, uniforms[0], side="right")
     assert total == draws.sum()
     freq = np.bincount(draws, minlength=8)[:8] / draws.size
@@ -48,13 +54,13 @@ def test_poisson_totals_ignore_an_infinite_row_its_replicate_did_not_draw():
     uniforms = rng.random((64, 300))
     matrix = rng.normal(size=(300, 3))
     matrix[17, 1] = np.inf
-    got = kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, bool(np.isfinite(matrix).all()))
+    got = bootstrap_kernels.poisson_totals(uniforms, matrix, POISSON1_CDF, bool(np.isfinite(matrix).all()))
     drawn = np.searchsorted(POISSON1_CDF, uniforms[:, 17], side="right") > 0
     assert drawn.any() and not drawn.all()
     assert np.isinf(got[drawn, 1]).all() and np.isfinite(got[~drawn, 1]).all()
     finite = matrix.copy()
     finite[17] = 0.0
-    np.testing.assert_array_equal(got[~drawn], kernels.poisson_totals(uniforms, finite, POISSON1_CDF, True)[~drawn])
+    np.testing.assert_array_equal(got[~drawn], bootstrap_kernels.poisson_totals(uniforms, finite, POISSON1_CDF, True)[~drawn])
 
 
 def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
@@ -62,7 +68,7 @@ def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
     rng = np.random.default_rng(3)
     sums = np.abs(rng.normal(size=(20_000, len(COLUMNS))))
     sums[:, 0] = rng.integers(1, 50, sums.shape[0])
-    monkeypatch.setattr("rcdiag.analysis.bootstrap.CHUNK_CELLS", 1 << 16)  # several chunks in flight
+    monkeypatch.setattr("rcdiag.analysis.metrics.bootstrap.CHUNK_CELLS", 1 << 16)  # several chunks in flight
     monkeypatch.setenv("RCDIAG_THREADS", "1")
     one = bootstrap(sums, replicates=40, seed=1)
     monkeypatch.setenv("RCDIAG_THREADS", "3")
@@ -70,7 +76,7 @@ def test_bootstrap_does_not_depend_on_the_thread_count(monkeypatch):
     # and the stream is default_rng(seed)'s, replicate after replicate, though each block draws its own part
     matrix = np.stack(list(sequence_terms(sums, "canonical").values()), axis=1)
     stream, block = np.random.default_rng(1), (1 << 16) // sums.shape[0]  # the kernel's blocks, drawn in turn
-    totals = np.concatenate([kernels.poisson_totals(stream.random((min(block, 40 - start), sums.shape[0])), matrix,
+    totals = np.concatenate([bootstrap_kernels.poisson_totals(stream.random((min(block, 40 - start), sums.shape[0])), matrix,
                                                     POISSON1_CDF, True) for start in range(0, 40, block)])
     kl = dict(zip(sequence_terms(sums, "canonical"), totals.T, strict=True))
     kl = headline_functions("canonical")["kl"](kl)

@@ -7,14 +7,14 @@ import os
 import subprocess
 import sys
 
-from rcdiag.analysis import kernels
+from rcdiag.analysis.passes import kernels
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.passes import run_passes
 from tests.fixtures.cli import ROOT
 
 _PROBE = """
-from rcdiag.analysis import kernels
-from rcdiag.analysis.engine import compile_notice
+from rcdiag.analysis.passes import kernels
+from rcdiag.analysis.passes.engine import compile_notice
 print(kernels.compiled_on_disk())
 compile_notice(True)
 compile_notice(False)
@@ -31,7 +31,7 @@ def test_an_empty_cache_gets_the_notice_once(tmp_path):
 
 
 def test_after_a_pass_the_cache_holds_the_kernels_and_nothing_is_said(clean_run, capfd):
-    run_passes(clean_run, ReportOptions(silent=True))  # compiles (and caches) gate_family if nothing had
+    run_passes(clean_run, ReportOptions(silent=True))  # compiles (and caches) the kernels if nothing had
     assert kernels.compiled_on_disk()
     run_passes(clean_run, ReportOptions(silent=False))
     assert kernels.FIRST_COMPILE not in capfd.readouterr().err

@@ -1,6 +1,6 @@
 """Issue #32's analyze kernels, bit for bit against the kernels they stand in for: the lean per-sequence table
 (kernels.sequence_core vs sequence_table's rows), the register-held second pass of a few token modes (vs each mode
-alone, which takes the mode-by-mode loop) and the fused token modes + core columns (kernels.token_modes_core)."""
+alone, which takes the mode-by-mode loop) and the fused token modes + core columns (is_kernels.token_modes_core)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from rcdiag.analysis import kernels
+from rcdiag.analysis.correction import is_kernels
+from rcdiag.analysis.passes import kernels
 
 
 def _chunk(seed: int, scale: float, dtype: type = np.float32) -> tuple[np.ndarray, ...]:
@@ -58,12 +59,12 @@ def test_few_modes_equal_each_mode_alone_and_the_fused_core(swift, n_modes, scal
     (scale 1: a loud chunk takes the mode-by-mode loop and gives no columns)."""
     a, b, kept, lh, em1, rho, starts = _chunk(2, scale)
     params = _params(n_modes, swift)
-    together = kernels.token_modes(lh, rho, kept, starts, params, swift, False)
+    together = is_kernels.token_modes(lh, rho, kept, starts, params, swift, False)
     for j in range(n_modes):
-        alone = kernels.token_modes(lh, rho, kept, starts, params[j:j + 1], swift, False)
+        alone = is_kernels.token_modes(lh, rho, kept, starts, params[j:j + 1], swift, False)
         for joint, single in zip(together[:3], alone[:3], strict=True):
             assert np.array_equal(_bits(joint[j:j + 1]), _bits(single))
-    *fused, core = kernels.token_modes_core(a, b, kept, lh, em1, rho, starts, params, swift)
+    *fused, core = is_kernels.token_modes_core(a, b, kept, lh, em1, rho, starts, params, swift)
     for got, want in zip(fused, together[:3], strict=True):
         assert np.array_equal(_bits(got), _bits(want))
     if scale < 1.0:  # mostly quiet: the shared-sum path, which sums the core columns too

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 import rcdiag
-from rcdiag.analysis.correction import MODES, analyze
-from rcdiag.analysis.threads import ordered_map
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.correction.modes import MODES
+from rcdiag.analysis.metrics.compute import analyze
+from rcdiag.analysis.passes.threads import ordered_map
+from rcdiag.analysis.training.trend import trend
 from rcdiag.report.build import build_report
 from rcdiag.report.options import ReportOptions
 from tests.distributed.test_report import snapshot

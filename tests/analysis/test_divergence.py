@@ -1,4 +1,4 @@
-"""Exact full-distribution divergences (rcdiag.analysis.divergence) against an independent float64 reference
+"""Exact full-distribution divergences (rcdiag.analysis.distributions.divergence) against an independent float64 reference
 written here (plain Python loops over the vocabulary), on true log-softmax rows of perturbed logits."""
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from rcdiag.analysis.divergence import exact_divergences, kept_mask, sampled_estimators, summarize
+from rcdiag.analysis.distributions.divergence import (
+    exact_divergences,
+    kept_mask,
+    sampled_estimators,
+    summarize,
+)
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -134,7 +139,7 @@ def test_kept_set_matches_the_definition_on_ties_and_flat_rows(vocab: int) -> No
     1,024): on peaked rows, flat rows (nuclei of thousands of tokens), rows whose values tie in blocks (logits
     rounded to bf16: ties across the m-th entry) and every top-k/top-p mix, the kept set is the definition's;
     the top-20 ids are the stable descending sort's."""
-    from rcdiag.analysis.divergence import _top_ids
+    from rcdiag.analysis.distributions.divergence import _top_ids
 
     rng = np.random.default_rng(vocab)
     rows = [log_softmax(peaked_logits(rng, 6, vocab)), log_softmax(rng.normal(0, 0.05, (3, vocab))),

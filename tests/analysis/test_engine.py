@@ -1,4 +1,4 @@
-"""The one pass engine (rcdiag.analysis.engine) and the accumulator contract it runs on (rcdiag.analysis.accum)."""
+"""The one pass engine (rcdiag.analysis.passes.engine) and the accumulator contract it runs on (rcdiag.analysis.passes.accum)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.analysis.accum import BatchConsumer, ChunkConsumer, Totals
-from rcdiag.analysis.engine import Fresh, run_pass, stream
-from rcdiag.analysis.metrics import MetricsAccumulator
+from rcdiag.analysis.metrics.compute import MetricsAccumulator
+from rcdiag.analysis.passes.accum import BatchConsumer, ChunkConsumer, Totals
+from rcdiag.analysis.passes.engine import Fresh, run_pass, stream
 from rcdiag.errors import InputError
 from rcdiag.store.batches import keep_seq_ids
 from rcdiag.store.writer import write_run

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.analysis.accum import Moments
+from rcdiag.analysis.passes.accum import Moments
 from rcdiag.store.writer import write_run
 
 KEY = "rollout_corr/rollout_rs_{}_std"
@@ -48,7 +48,7 @@ def test_std_of_varied_values_matches_a_float64_reference():
     stored = frame[["train_logprob", "rollout_logprob"]].to_numpy(np.float32).astype(np.float64)  # run columns: float32
     k1 = stored[:, 1] - stored[:, 0]  # verl's k1 = −log(π_train / π_rollout)
     want = float(np.std(np.clip(k1, math.log(0.9), math.log(1.1)), dtype=np.float64))
-    # rcdiag's per-token ℓ̂ (analysis.chunks) differs from this reference by ~1e-10 relative in the std (seen before
+    # rcdiag's per-token ℓ̂ (analysis.passes.chunks) differs from this reference by ~1e-10 relative in the std (seen before
     # and after this fix alike): far below verl's float32, far above a wrong clamp or centring (~1e-2)
     assert out[KEY.format("token_k1")] == pytest.approx(want, rel=1e-9, abs=0)
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.analysis.rejection import verl_rejections
+from rcdiag.analysis.correction.rejection import verl_rejections
 from rcdiag.errors import ConfigError
 from tests.analysis import frameworks as fw
 from tests.analysis.helpers import make_tokens

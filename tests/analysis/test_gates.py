@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.analysis.gates import gate_sweep, simulate_gate
+from rcdiag.analysis.correction.gates import gate_sweep, simulate_gate
 from rcdiag.errors import ConfigError
 from tests.analysis import frameworks as fw
 from tests.analysis import gate_reference as ref
@@ -114,7 +114,7 @@ def test_skyrl_masks(tokens, kind, extra, delta):
             "product": "skyrl_product_mask"}[kind]
     threshold = {"outlier": 1 + 30 * delta, "token": 1 + delta, "geo": min(delta, 0.9), "product": 1 + delta}[kind]
     lower = 1e-4 if kind == "outlier" else None
-    setting = rcdiag.analysis.gates.GateSetting.make(gate, threshold, lower)
+    setting = rcdiag.analysis.correction.gates.GateSetting.make(gate, threshold, lower)
     want, keep = ref.skyrl(a, b, m, kind, setting.lo, setting.hi)
     got = simulate_gate(tokens, gate, threshold, lower, sequences=pd.DataFrame({"seq_id": np.array(universe,
                                                                                                    np.int64)}),
@@ -255,11 +255,11 @@ def test_verl_band_string_read_as_verl():
 
 
 def _alone_vs_together(tokens, sequences, settings):
-    """Each setting's numbers from one pass of all `settings` (kernels.gate_family, settings grouped in families)
+    """Each setting's numbers from one pass of all `settings` (gate_kernels.gate_family, settings grouped in families)
     and from a pass of that setting alone."""
-    from rcdiag.analysis.accum import Totals
-    from rcdiag.analysis.engine import stream
-    from rcdiag.analysis.gates import accumulator
+    from rcdiag.analysis.correction.gates import accumulator
+    from rcdiag.analysis.passes.accum import Totals
+    from rcdiag.analysis.passes.engine import stream
 
     together = accumulator(tokens, settings, sequences=sequences)
     rows = stream(tokens, [together], sequences=sequences, batch_rows=23)
@@ -278,7 +278,7 @@ def test_one_pass_of_a_family_equals_each_setting_alone(seed):
     """Every gate × a shuffled grid in one pass (the report's sweep) gives each setting's numbers alone: guards
     a bin or prefix-sum off by one in the family kernel, a grid that is not reordered before it is decided (the
     kernel needs nested settings), and a framework number mixed up between settings."""
-    from rcdiag.analysis.gates import GATES, GateSetting
+    from rcdiag.analysis.correction.gates import GATES, GateSetting
 
     tokens = make_tokens(seed, n_seq=30, max_len=12, scale=0.6, mask_p=0.2)
     sequences = _with_advantages(tokens, seed)
@@ -291,7 +291,7 @@ def test_one_pass_of_a_family_equals_each_setting_alone(seed):
 def test_settings_that_do_not_nest_are_split():
     """A custom lower bound can break the nesting of a gate's settings (a wider upper bound with a tighter lower
     one): such settings go to separate families, and each still gets its own numbers."""
-    from rcdiag.analysis.gates import GateFamily, GateSetting, GateState
+    from rcdiag.analysis.correction.gates import GateFamily, GateSetting, GateState
 
     tokens = make_tokens(4, n_seq=30, max_len=12, scale=0.6)
     settings = [GateSetting.make("openrlhf_token_ratio", 5.0, 0.9), GateSetting.make("openrlhf_token_ratio", 2.0, 0.5),
@@ -329,13 +329,12 @@ def test_report_pass_over_many_files_counts_each_file_once(tmp_path):
 @pytest.mark.parametrize("ratio_weight, detail, signed", [(True, True, True), (False, True, False),
                                                           (False, False, True), (True, False, False)])
 def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, detail, signed):
-    """kernels.gate_family places a gate of whole sequences once per sequence (`whole`; a band reads one value per
+    """gate_kernels.gate_family places a gate of whole sequences once per sequence (`whole`; a band reads one value per
     sequence) and adds its rows in registers: every output must be the generic per-row loop's on the statistic
     broadcast to the rows, bit for bit (counts, per-sequence sums, moments, extrema, flags, the detail counts and
     row-value sums), with sequences kept, masked at some settings, masked at all, empty, NaN-valued, and
     advantages of every sign."""
-    from rcdiag.analysis import kernels
-
+    from rcdiag.analysis.correction import gate_kernels
     rng = np.random.default_rng(7 + rule)
     lengths = rng.integers(0, 40, 300)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -356,8 +355,8 @@ def test_whole_sequence_path_gives_the_generic_loops_bits(rule, ratio_weight, de
     xs = rng.normal(size=(2, n)) if detail else np.empty((0, n))
     flag = rng.random(n) < 0.3
     rest = (ell, his, los, mask, adv, signed, rho, ratio_weight, starts, xs, flag, detail)
-    generic = kernels.gate_family(rule, value, *rest, False)
-    placed = kernels.gate_family(rule, value if rule == 3 else per_seq, *rest, True)  # a band: one value a sequence
+    generic = gate_kernels.gate_family(rule, value, *rest, False)
+    placed = gate_kernels.gate_family(rule, value if rule == 3 else per_seq, *rest, True)  # a band: one value a sequence
     kept = generic[0][:, 1]
     assert kept[0] < kept[-1] < generic[0][0, 0], "the grid should mask some sequences at every setting"
     for name, a, b in zip(("counts", "sums", "mean", "m2", "lo_w", "hi_w", "lower", "seq", "x_kept", "x_drop"),

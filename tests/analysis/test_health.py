@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rcdiag.analysis.health import (
+from rcdiag.analysis.verdict.health import (
     ALARM,
     BANDS,
     BY_METRIC,
@@ -16,7 +16,7 @@ from rcdiag.analysis.health import (
     at_least,
     worst,
 )
-from rcdiag.analysis.verdict import verdict
+from rcdiag.analysis.verdict.judge import verdict
 
 
 @pytest.mark.parametrize("metric,value,status", [

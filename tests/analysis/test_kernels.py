@@ -9,8 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rcdiag.analysis import gate_stats, kernels
-from rcdiag.analysis.accum import ExactSum
+from rcdiag.analysis.correction import gate_stats, is_kernels, rejection_kernels
+from rcdiag.analysis.passes import kernels
+from rcdiag.analysis.passes.accum import ExactSum
 from rcdiag.store.schema import check_keys
 
 
@@ -26,7 +27,7 @@ def test_sequence_table_matches_fsum_per_sequence(dtype):
     rejection options' source): cancelling ℓ (±1e3 next to 1e-9), |ℓ| > 20, masked NaN rows and a sequence without
     a kept row — every column against math.fsum (or max) of the same terms, computed from numpy's own
     expm1/exp as the chunk's row terms are."""
-    from rcdiag.analysis.chunks import Chunker
+    from rcdiag.analysis.passes.chunks import Chunker
 
     rng = np.random.default_rng(3)
     starts, lengths = _segments(rng, 60, 300)
@@ -120,8 +121,8 @@ def test_token_modes_against_python_loop(action):
     bounds = [(2.0, None), (1.5, 0.5), (10.0, None)]
     params = np.array([[c, low or 0.0, math.log(c), math.log(low) if low else -math.inf,
                         math.log(low) if low else -math.log(c), float(action == "mask")] for c, low in bounds])
-    per_w, per_e, out, w_rows = kernels.token_modes(lr, rho, stat, starts, params, True, True)
-    f = [dict(zip(kernels.TOKEN_MODE_FIELDS, row, strict=True)) for row in out.tolist()]
+    per_w, per_e, out, w_rows = is_kernels.token_modes(lr, rho, stat, starts, params, True, True)
+    f = [dict(zip(is_kernels.TOKEN_MODE_FIELDS, row, strict=True)) for row in out.tolist()]
     for j, (c, low) in enumerate(bounds):
         lo_b = low if low else 0.0
         ws = []
@@ -166,9 +167,9 @@ def test_token_modes_together_equal_each_mode_alone(swift, scale):
     params = np.array([[c, low or 0.0, math.log(c), math.log(low) if low else -math.inf,
                         math.log(low) if low else -math.log(c), action]
                        for action in (0.0, 1.0) for c in (1.1, 1.5, 2.0, 3.0, 10.0) for low in (None, 0.5)][:14])
-    together = kernels.token_modes(lr, rho, stat, starts, params, swift, True)
+    together = is_kernels.token_modes(lr, rho, stat, starts, params, swift, True)
     for j in range(params.shape[0]):
-        alone = kernels.token_modes(lr, rho, stat, starts, params[j:j + 1], swift, True)
+        alone = is_kernels.token_modes(lr, rho, stat, starts, params[j:j + 1], swift, True)
         for joint, single in zip(together, alone, strict=True):
             assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64))
 
@@ -178,7 +179,7 @@ def _rejection_chunks(rng: np.random.Generator) -> list:
     rows masked and one sequence without a valid row, ℓ heavy-tailed with rows at exactly ±log 2 and ±20+."""
     import pyarrow as pa
 
-    from rcdiag.analysis.chunks import iter_chunks
+    from rcdiag.analysis.passes.chunks import iter_chunks
 
     lengths = rng.choice([1, 2, 7, 8, 9, 127, 128, 129, 136, 300, 1000], 80)
     n = int(lengths.sum())
@@ -202,7 +203,7 @@ def test_rejection_views_equal_numpy_flags_then_each_set_alone(swift, action):
     sequences, so a sequence statistic the kernel took from anywhere else than the numpy form does flips their
     flag."""
     from rcdiag.analysis.conventions import LOG_RATIO_CLAMP
-    from rcdiag.analysis.rejection import OPTIONS, Rejection, keep_rows
+    from rcdiag.analysis.correction.rejection import OPTIONS, Rejection, keep_rows
 
     rng = np.random.default_rng(29 + int(swift) + 2 * int(action))
     for chunk in _rejection_chunks(rng):
@@ -225,14 +226,14 @@ def test_rejection_views_equal_numpy_flags_then_each_set_alone(swift, action):
         flat = [r for rs in sets for r in rs]
         seq_stat = np.array([r.sequence_statistic(chunk) if r.scope != "token" else np.zeros(chunk.seq_ids.size)
                              for r in flat]).reshape(len(flat), chunk.seq_ids.size)
-        got = kernels.rejection_views(lh, rho, lh, rm1, chunk.mask, chunk.starts, seq_stat, options,
+        got = rejection_kernels.rejection_views(lh, rho, lh, rm1, chunk.mask, chunk.starts, seq_stat, options,
                                       option_view, len(sets), np.zeros(chunk.n, np.int64), params, swift)
         dropped = 0
         for j, rejections in enumerate(sets):
             keep = keep_rows(rejections, chunk)
             stat = chunk.mask if keep is None else chunk.mask & keep
             dropped += int(np.count_nonzero(chunk.mask & ~stat))
-            alone = kernels.token_modes(lh, rho, stat, chunk.starts, params[None, :], swift, False)[:3]
+            alone = is_kernels.token_modes(lh, rho, stat, chunk.starts, params[None, :], swift, False)[:3]
             for joint, single in zip(got, alone, strict=True):
                 assert np.array_equal(joint[j:j + 1].view(np.uint64), single.view(np.uint64)), (j, rejections)
         assert dropped > 0  # the options did reject rows: the sets differ
@@ -298,7 +299,7 @@ def test_exact_sums_equal_one_exact_sum_each():
     """ExactSums (K sums, one compiled call per (K, m) add) gives each sum ExactSum's bits whatever the batching,
     merges included: the gate sweep's determinism across threads and file order rests on it; inf / NaN and an
     overflowing intermediate sum fall back as ExactSum does."""
-    from rcdiag.analysis.accum import ExactSums
+    from rcdiag.analysis.passes.accum import ExactSums
 
     rng = np.random.default_rng(12)
     values = np.stack([rng.normal(0, 1e16, 3000), rng.normal(0, 1.0, 3000), rng.normal(0, 1e-300, 3000),
@@ -330,7 +331,7 @@ def test_exact_sums_equal_one_exact_sum_each():
 def test_moments_array_merges_as_moments():
     """MomentsArray's vectorised Chan merge gives each slot the bits of Moments.merge of the same batches (empty
     batches and slots included)."""
-    from rcdiag.analysis.accum import Moments, MomentsArray
+    from rcdiag.analysis.passes.accum import Moments, MomentsArray
 
     rng = np.random.default_rng(13)
     batches = [(rng.integers(0, 3, 4) * rng.integers(0, 50, 4), rng.normal(size=4), rng.random(4)) for _ in range(9)]
@@ -352,8 +353,8 @@ def test_moments_array_merges_as_moments():
 def test_bucket_index_is_clipped_searchsorted():
     """The scan's branch-free bucket rule equals clip(searchsorted(edges, v, 'right') − 1, 0, len − 2) on every
     strata edge set, at the edges themselves, between them, beyond both ends and at ±inf."""
-    from rcdiag.analysis.scan_kernels import bucket_index
-    from rcdiag.analysis.strata import ENTROPY_EDGES, POW2_EDGES, PROB_EDGES
+    from rcdiag.analysis.distributions.scan_kernels import bucket_index
+    from rcdiag.analysis.distributions.strata import ENTROPY_EDGES, POW2_EDGES, PROB_EDGES
 
     for edges in (POW2_EDGES, PROB_EDGES, ENTROPY_EDGES):
         finite = edges[np.isfinite(edges)].astype(np.float64)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.analysis.logged import logged_values
+from rcdiag.analysis.training.logged import logged_values
 from rcdiag.errors import ConfigError, InputError
 from tests.analysis import frameworks as fw
 from tests.analysis.helpers import make_tokens
@@ -122,8 +122,8 @@ def test_every_key_in_the_tables_is_documented():
     keys by their pattern), so the list and the key tables cannot drift apart."""
     from pathlib import Path
 
+    from rcdiag.analysis.correction.verlstats import RS_SUFFIXES
     from rcdiag.analysis.keys import TABLES
-    from rcdiag.analysis.verlstats import RS_SUFFIXES
 
     doc = (Path(__file__).parents[2] / "docs" / "framework-keys.md").read_text()
     missing = [key for table in TABLES.values() for key in table.values() if f"`{key}`" not in doc]

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import rcdiag
-from rcdiag.analysis import defaults, metric_table
-from rcdiag.analysis.bootstrap import SequenceSums, bootstrap, point_estimates
-from rcdiag.analysis.metric_table import Metric
+from rcdiag.analysis import defaults
+from rcdiag.analysis.metrics import metric_table
+from rcdiag.analysis.metrics.bootstrap import SequenceSums, bootstrap, point_estimates
+from rcdiag.analysis.metrics.metric_table import Metric
 from tests.analysis import reference as ref
 from tests.analysis.helpers import assert_close, make_tokens
 

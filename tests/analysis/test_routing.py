@@ -1,4 +1,4 @@
-"""MoE routing agreement (rcdiag.analysis.routing) against counts computed by hand on built cases."""
+"""MoE routing agreement (rcdiag.analysis.moe.routing) against counts computed by hand on built cases."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rcdiag.analysis.routing import (
+from rcdiag.analysis.moe.routing import (
     agreement,
     confidence,
     layer_agreement,
@@ -100,7 +100,7 @@ def test_run_summary_equals_hand_counts(tmp_path, shard_tokens):
     1 − 0.02/0.21. Trainer confidence: selected mass 0.775 per layer; one near tie per layer (¼); by smallest
     margin: 0.034 (token 1) → [0, 0.05), 0.051 (token 2) → [0.05, 0.1), 0.288 (tokens 0 and seq 1's) →
     [0.25, 0.5). Two shards (3 tokens per shard) give the same numbers."""
-    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.analysis.moe.routing import routing_summary
     from rcdiag.store.run import open_run
 
     summary = routing_summary(open_run(hand_run(tmp_path / "run", shard_tokens=shard_tokens).path))
@@ -135,7 +135,7 @@ def test_run_summary_equals_hand_counts(tmp_path, shard_tokens):
 def test_run_summary_equals_the_array_functions_on_a_routed_run(tmp_path):
     """On tests/moe/routed_runs' realistic run, the streamed summary equals agreement() and routing_explains() of
     the whole arrays at once (|ℓ| from the stored float32 log-probs)."""
-    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.analysis.moe.routing import routing_summary
     from rcdiag.store.run import open_run
     from tests.moe.routed_runs import write_moe_run
 
@@ -157,7 +157,7 @@ def test_dense_run_has_no_summary(tmp_path):
     """A run without a routing section reads nothing and has no summary."""
     import pandas as pd
 
-    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.analysis.moe.routing import routing_summary
     from rcdiag.store.writer import write_run
 
     run = write_run(tmp_path / "dense", pd.DataFrame({"seq_id": [0], "pos": [0], "rollout_logprob": [-1.0],
@@ -171,7 +171,7 @@ def test_a_damaged_route_column_is_refused_naming_file_row_and_column(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.analysis.moe.routing import routing_summary
     from rcdiag.errors import InputError
     from rcdiag.store.run import open_run
 
@@ -192,7 +192,7 @@ def test_a_damaged_route_column_is_refused_naming_file_row_and_column(tmp_path):
 def test_a_token_without_the_trainers_route_is_left_out(tmp_path):
     """hand_run with seq 1's valid token lacking its trainer route (null): 3 routed tokens — layer 0 exact 2/3,
     layer 1 2/3, 2 of 3 with a differing layer, gap (0.01 + 0.3 + 0.5)/3 — and its probabilities not counted."""
-    from rcdiag.analysis.routing import routing_summary
+    from rcdiag.analysis.moe.routing import routing_summary
     from rcdiag.store.run import open_run
 
     summary = routing_summary(open_run(hand_run(tmp_path / "run", null_trainer_row=3).path))

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.analysis.accum import Totals
-from rcdiag.analysis.chunks import iter_chunks
-from rcdiag.analysis.correction import MODES, ISAccumulator
-from rcdiag.analysis.metrics import MetricsAccumulator
+from rcdiag.analysis.correction.modes import MODES, ISAccumulator
+from rcdiag.analysis.metrics.compute import MetricsAccumulator
+from rcdiag.analysis.passes.accum import Totals
+from rcdiag.analysis.passes.chunks import iter_chunks
 from tests.analysis.helpers import CONVENTIONS, assert_close, make_tokens, split_frame
 
 SPLIT_REL, SPLIT_ABS = 1e-12, 1e-14
@@ -158,9 +158,9 @@ def test_random_splits_give_identical_numbers(seed, n_seq, max_len, scale, mask_
 def test_rejection_group_equals_each_accumulator_alone(convention):
     """ISGroup (the report's rejection options in one kernel call per chunk) finishes with exactly the numbers of
     the same accumulators fed one by one; under verl (rejection statistics of its own) it feeds them one by one."""
-    from rcdiag.analysis.correction import ISAccumulator, ISGroup, get_mode
-    from rcdiag.analysis.engine import stream
-    from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
+    from rcdiag.analysis.correction.modes import ISAccumulator, ISGroup, get_mode
+    from rcdiag.analysis.correction.rejection import REJECTION_OPTIONS, rejection_bound
+    from rcdiag.analysis.passes.engine import stream
 
     tokens = make_tokens(21, n_seq=300, max_len=80, scale=0.4, big_p=0.01)
     mode = [get_mode("token_truncate").with_bounds(2.0)]

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from app import aggregates, data
-from rcdiag.analysis.tails import DENSITY_BINS, DENSITY_RANGE
+from rcdiag.analysis.distributions.tails import DENSITY_BINS, DENSITY_RANGE
 
 
 def _valid(run) -> pd.DataFrame:
@@ -68,9 +68,9 @@ def test_filtered_scan_matches_a_filtered_reference(noisy_run):
 
 def test_sequence_stats_from_the_report_pass_equal_the_library(noisy_run, heavy_run):
     """The Sequences index reads the report's cached per-sequence sums (app.judged) instead of its own pass: the
-    same columns and values as rcdiag.analysis.metrics.sequence_stats."""
+    same columns and values as rcdiag.analysis.metrics.compute.sequence_stats."""
     from app import judged
-    from rcdiag.analysis.metrics import sequence_stats
+    from rcdiag.analysis.metrics.compute import sequence_stats
 
     for run in (noisy_run, heavy_run):
         expected = sequence_stats(run).sort_values("seq_id", ignore_index=True)

@@ -141,7 +141,7 @@ def test_every_page_in_chromium(server, page, shots, served):
 
     page.goto(f"{server}/{q}")
     settle(page, f"Overview · {run.name}")
-    cards = len(bands.BANDS)  # one card per health band of the library (rcdiag.analysis.health)
+    cards = len(bands.BANDS)  # one card per health band of the library (rcdiag.analysis.verdict.health)
     page.locator(".rcdiag-card").nth(cards - 1).wait_for(timeout=30_000)  # st.html renders after the script ends
     assert page.locator(".rcdiag-card").count() == cards
     kl_card = page.locator(".rcdiag-card").filter(has_text="· kl").first.inner_text()
@@ -402,7 +402,7 @@ def _click_table_row(page, row: int) -> None:
 
 def _worst_seq_ids(run) -> list[int]:
     """seq_ids sorted as the Sequences page sorts by default (max |ℓ| descending, then seq_id)."""
-    from rcdiag.analysis.metrics import sequence_stats
+    from rcdiag.analysis.metrics.compute import sequence_stats
 
     stats = sequence_stats(run)
     return stats.sort_values(["max_abs_log_ratio", "seq_id"], ascending=[False, True])["seq_id"].tolist()

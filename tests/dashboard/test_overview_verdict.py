@@ -1,5 +1,5 @@
 """The dashboard Overview shows the same verdict, reasons and context line as `rcdiag report` (one health table,
-rcdiag.analysis.health) — the issue's run read 'all checks pass' in the report and 3 alarms on the dashboard."""
+rcdiag.analysis.verdict.health) — the issue's run read 'all checks pass' in the report and 3 alarms on the dashboard."""
 from __future__ import annotations
 
 import html

@@ -7,7 +7,7 @@ import pytest
 
 import rcdiag
 from app import data, simchart
-from rcdiag.analysis.correction import MODES
+from rcdiag.analysis.correction.modes import MODES
 
 
 def _spec_json(spec: dict) -> str:

@@ -5,14 +5,14 @@ import sys
 
 from streamlit.testing.v1 import AppTest
 
-from rcdiag.analysis.drift import timeline
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.drift import timeline
+from rcdiag.analysis.training.trend import trend
 from tests.dashboard.conftest import APP, HEAVY_STEPS, assert_clean
 
 
 def test_trends_link_reopens_step_and_settings(heavy_run, monkeypatch):
     """?convention=verl&threshold=3&step=2 opens Trends on step 2 with those settings, and the timeline is
-    rcdiag's (rcdiag.analysis.drift over rcdiag.trend with the same settings)."""
+    rcdiag's (rcdiag.analysis.training.drift over rcdiag.trend with the same settings)."""
     monkeypatch.setattr(sys, "argv", [str(APP), str(heavy_run.path)])
     app = AppTest.from_file(str(APP), default_timeout=120)
     app.query_params.update({"convention": "verl", "threshold": "3", "step": "2"})

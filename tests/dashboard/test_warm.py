@@ -11,7 +11,7 @@ import rcdiag.store.run as store_run
 from app import charts, data, distview, judged, simchart, warm
 from app.simvalues import CURVES
 from rcdiag.analysis.conventions import DEFAULT_CONVENTION
-from rcdiag.analysis.correction import MODES
+from rcdiag.analysis.correction.modes import MODES
 from tests.fixtures.runs import build_run
 
 

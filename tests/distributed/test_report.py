@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rcdiag.analysis.metrics import compute_metrics
+from rcdiag.analysis.metrics.compute import compute_metrics
 from rcdiag.cli import main
 from rcdiag.distributed.report import ray_map
 from rcdiag.report.build import build_report

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import rcdiag
-from rcdiag.analysis.lag import lag_split
-from rcdiag.analysis.lag_cause import lag_cause
+from rcdiag.analysis.training.lag import lag_split
+from rcdiag.analysis.training.lag_cause import lag_cause
 from rcdiag.cli import main
 from rcdiag.record import Recorder
 from rcdiag.score.checkpoint import attribute_checkpoints, attribution, parse_checkpoints

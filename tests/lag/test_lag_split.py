@@ -1,4 +1,4 @@
-"""The lag split (rcdiag.analysis.lag) on an async run with mixed lags: buckets, the lag-0 floor, staleness per
+"""The lag split (rcdiag.analysis.training.lag) on an async run with mixed lags: buckets, the lag-0 floor, staleness per
 lag, the exact per-token identity, and the verdict's lag cause. Guards issue #31: "the log-ratio a user sees is
 engine mismatch plus staleness … rcdiag has neither versions nor a split"."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 import rcdiag
-from rcdiag.analysis.lag import exact_split, lag_split
-from rcdiag.analysis.lag_cause import lag_cause
+from rcdiag.analysis.training.lag import exact_split, lag_split
+from rcdiag.analysis.training.lag_cause import lag_cause
 from rcdiag.store.files import write_parquet_atomic
 from rcdiag.store.manifest import update_manifest
 from tests.lag.asyncrun import async_run

@@ -1,4 +1,4 @@
-"""Staleness across training: the trend's per-step lag columns (rcdiag.analysis.lag_trend) against references
+"""Staleness across training: the trend's per-step lag columns (rcdiag.analysis.training.lag_trend) against references
 written here from the definitions — the token columns from the rows in plain Python (math.fsum), the frameworks'
 per-sequence staleness as verl and TRL compute it.
 
@@ -15,9 +15,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rcdiag.analysis.lag import lag_split
-from rcdiag.analysis.lag_trend import LAG_NAMES, SEQUENCE_NAMES, TOKEN_NAMES
-from rcdiag.analysis.trend import TREND_COLUMNS, trend
+from rcdiag.analysis.training.lag import lag_split
+from rcdiag.analysis.training.lag_trend import LAG_NAMES, SEQUENCE_NAMES, TOKEN_NAMES
+from rcdiag.analysis.training.trend import TREND_COLUMNS, trend
 from rcdiag.importers import ImportOptions, import_run
 from rcdiag.store.run import open_run
 from tests.lag.asyncrun import async_run
@@ -96,7 +96,7 @@ def test_any_batching_gives_the_same_bits(recorded):
 
 
 def test_steps_add_up_to_the_lag_split(recorded):
-    """The per-step token counts and the floor's |ℓ| summed over steps are the run's lag split (analysis.lag)."""
+    """The per-step token counts and the floor's |ℓ| summed over steps are the run's lag split (analysis.training.lag)."""
     frame = trend(recorded, replicates=5)
     split = lag_split(recorded)
     floor_tokens = (frame["lag_tokens"] * (1 - frame["stale_token_share"])).round()

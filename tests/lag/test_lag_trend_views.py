@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.trend import trend
 from rcdiag.cli import main
 from rcdiag.report.trend_section import LAG_COLUMNS, TABLE_COLUMNS
 from tests.dashboard.conftest import make_app  # noqa: F401 (fixture)

@@ -1,4 +1,4 @@
-"""The weights-unchanged check (rcdiag.analysis.unchanged) with checkpoints made here (tests/lag/checkpoints.py):
+"""The weights-unchanged check (rcdiag.analysis.training.unchanged) with checkpoints made here (tests/lag/checkpoints.py):
 an fp32 update below bf16's ulp leaves a bf16 engine's log-probs bit-identical from one version to the next while
 the fp32 trainer's move; a real update moves both. Guards issue #31 "fp32 trainer updates smaller than a bf16
 engine's weight ulp (the engine never changes)"."""
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rcdiag
-from rcdiag.analysis.lag_cause import lag_cause
-from rcdiag.analysis.unchanged import context_keys, weights_unchanged
+from rcdiag.analysis.training.lag_cause import lag_cause
+from rcdiag.analysis.training.unchanged import context_keys, weights_unchanged
 from rcdiag.record import Recorder
 from tests.lag.checkpoints import checkpoints, prompt_ids  # noqa: F401 (fixture)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rcdiag.analysis.routing import REPLAY_SETTINGS, agreement, routing_explains
+from rcdiag.analysis.moe.routing import REPLAY_SETTINGS, agreement, routing_explains
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions

@@ -24,7 +24,7 @@ def noisy(tmp_path_factory):
 
 
 def _reference(run):
-    """Valid token rows with ℓ = a − b in float64 (independent of rcdiag.analysis.metrics)."""
+    """Valid token rows with ℓ = a − b in float64 (independent of rcdiag.analysis.metrics.compute)."""
     tok = run.tokens()
     tok = tok[tok["mask"]].copy()
     tok["ell"] = tok["train_logprob"].astype(np.float64) - tok["rollout_logprob"].astype(np.float64)
@@ -32,7 +32,7 @@ def _reference(run):
 
 
 def test_runstore_does_not_import_the_heavy_layers():
-    code = ("import sys, rcdiag.store.run; print([m for m in ('rcdiag.analysis.metrics', 'rcdiag.analysis.correction', "
+    code = ("import sys, rcdiag.store.run; print([m for m in ('rcdiag.analysis.metrics.compute', 'rcdiag.analysis.correction.modes', "
             "'rcdiag.notebook', 'rcdiag.report.plots', 'matplotlib', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 import rcdiag
-from rcdiag.analysis.accum import Totals
+from rcdiag.analysis.passes.accum import Totals
 from rcdiag.report import cache
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.passes import run_passes
@@ -184,3 +184,28 @@ def test_prune_drops_left_over_locks_and_temporary_files_but_not_a_held_lock(tmp
         cache.store(run, options, cache.cache_key(run, options), cache.cached_passes(run, options))
     assert not any(p.exists() for p in stale) and held.exists() and fresh.exists()
     assert cache.is_cached(run, options)
+
+
+def test_the_code_fingerprint_covers_every_wing_of_analysis(tmp_path, monkeypatch):
+    """A source change in any module that computes the passes changes the key — also in analysis/'s wings (the
+    fingerprint globbed only a folder's top level, so moving the modules into wings would have served passes
+    computed by older code)."""
+    root = tmp_path / "rcdiag"
+    for sub in cache._SOURCES:
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    wing = root / "analysis" / "verdict"
+    wing.mkdir(parents=True, exist_ok=True)
+    module = wing / "causes.py"
+    module.write_text("x = 1\n")
+    fake = root / "report" / "cache.py"
+    fake.write_text("")
+    monkeypatch.setattr(cache, "__file__", str(fake))
+    cache._code_fingerprint.cache_clear()
+    before = cache._code_fingerprint()
+    module.write_text("x = 22\n")
+    cache._code_fingerprint.cache_clear()
+    try:
+        assert cache._code_fingerprint() != before
+    finally:
+        monkeypatch.undo()
+        cache._code_fingerprint.cache_clear()

@@ -134,7 +134,7 @@ def test_lower_bound_applies_where_the_convention_has_one(synthetic_runs, tmp_pa
     assert code == 0, stderr
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "lower L=0.5 (on token_mask, sequence_mask: verl bounds only those)" in md
-    from rcdiag.analysis.correction import lower_for
+    from rcdiag.analysis.correction.modes import lower_for
 
     assert lower_for("token_truncate", "verl", 0.5) is None and lower_for("token_mask", "verl", 0.5) == 0.5
     assert lower_for("token_truncate", "canonical", 0.5) == 0.5

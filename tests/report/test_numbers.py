@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.analysis.bootstrap import COLUMNS, SequenceSums, bootstrap, point_estimates
-from rcdiag.analysis.rejection import REJECTION_OPTIONS, rejection_bound
-from rcdiag.analysis.tails import BINS_PER_DECADE
+from rcdiag.analysis.correction.rejection import REJECTION_OPTIONS, rejection_bound
+from rcdiag.analysis.distributions.tails import BINS_PER_DECADE
+from rcdiag.analysis.metrics.bootstrap import COLUMNS, SequenceSums, bootstrap, point_estimates
 from rcdiag.report.build import build_report
 from rcdiag.report.make import make_report
 from rcdiag.report.options import MODES, ReportOptions

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 import rcdiag
-from rcdiag.analysis.accum import Totals
-from rcdiag.analysis.chunks import iter_chunks
-from rcdiag.analysis.correction import MODES, ISAccumulator, analyze
-from rcdiag.analysis.metrics import MetricsAccumulator
-from rcdiag.analysis.threads import ordered_map
+from rcdiag.analysis.correction.modes import MODES, ISAccumulator
+from rcdiag.analysis.metrics.compute import MetricsAccumulator, analyze
+from rcdiag.analysis.passes.accum import Totals
+from rcdiag.analysis.passes.chunks import iter_chunks
+from rcdiag.analysis.passes.threads import ordered_map
 from rcdiag.checks.verdicts import findings
 from rcdiag.report.options import ReportOptions
 from rcdiag.report.passes import run_passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from rcdiag.analysis.engine import file_part
+from rcdiag.analysis.passes.engine import file_part
 from rcdiag.report import passes
 from rcdiag.report.build import build_report
 from rcdiag.report.options import ReportOptions

@@ -5,9 +5,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rcdiag.analysis.bootstrap import SequenceSums
-from rcdiag.analysis.strata import SequenceInfo, StrataAccumulator, TokenView
-from rcdiag.analysis.tails import EDGES, WORST_K, TailAccumulator, worst_rows
+from rcdiag.analysis.distributions.strata import SequenceInfo, StrataAccumulator, TokenView
+from rcdiag.analysis.distributions.tails import EDGES, WORST_K, TailAccumulator, worst_rows
+from rcdiag.analysis.metrics.bootstrap import SequenceSums
 from rcdiag.report.scan import new_scan, update
 
 

@@ -175,9 +175,9 @@ def test_the_verdict_cites_the_probe(tmp_path):
 def test_a_dense_models_tail(tail, kind):
     """On a known dense model a few outliers are a warning that says it is unusual; more than 1 % are not
     numerics (a margin over the measured dense runs, which had none beyond 10σ̂)."""
-    from rcdiag.analysis.causes import Context
-    from rcdiag.analysis.floor import NoiseSummary
-    from rcdiag.analysis.verdict import verdict
+    from rcdiag.analysis.metrics.floor import NoiseSummary
+    from rcdiag.analysis.verdict.causes import Context
+    from rcdiag.analysis.verdict.judge import verdict
 
     noise = NoiseSummary(tokens=10_000, certain=0, scored=10_000, sigma=0.03, tail_share=tail, mean_abs=0.02,
                          mean_gap=0.5, max_abs=1.5, beyond_dense=0, beyond_any=0, confident_flips=0, confident=0,

@@ -9,8 +9,8 @@ import re
 import pytest
 
 import rcdiag
-from rcdiag.analysis.health import ALARM, HEALTHY, UNKNOWN, WARNING
-from rcdiag.analysis.verdict import verdict
+from rcdiag.analysis.verdict.health import ALARM, HEALTHY, UNKNOWN, WARNING
+from rcdiag.analysis.verdict.judge import verdict
 from rcdiag.cli import main
 from rcdiag.report.make import make_report
 from rcdiag.report.options import ReportOptions

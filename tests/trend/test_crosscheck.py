@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.trend import trend
 from rcdiag.cli import main
 from rcdiag.trackers.crosscheck import crosscheck
 from rcdiag.trackers.export import tracker_rows, write_tensorboard

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.trend import trend
 from rcdiag.trackers.export import tracker_rows
 from tests.fixtures.cli import assert_user_error, run_cli
 from tests.trend.conftest import STEPS

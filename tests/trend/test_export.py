@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import pytest
 
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.trend import trend
 from rcdiag.cli import main
 from rcdiag.trackers.export import export_run, export_table
 from rcdiag.trackers.read import read_history_csv, read_wandb

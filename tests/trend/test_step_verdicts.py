@@ -1,5 +1,5 @@
 """The health verdict per step: a run whose mismatch grows from a known step changes verdict at that step and not
-before — in the library (rcdiag.analysis.health), the report (trend section, metrics.json by_step `status` and
+before — in the library (rcdiag.analysis.verdict.health), the report (trend section, metrics.json by_step `status` and
 `status_changes`) and the dashboard's Trends page (band-coloured points and cards)."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 import rcdiag
-from rcdiag.analysis.health import ALARM, COLOURS, HEALTHY, WARNING
-from rcdiag.analysis.verdict import status_changes, step_verdicts
+from rcdiag.analysis.verdict.health import ALARM, COLOURS, HEALTHY, WARNING
+from rcdiag.analysis.verdict.judge import status_changes, step_verdicts
 from rcdiag.cli import main
 from tests.dashboard.conftest import assert_clean, make_app  # noqa: F401  (fixture)
 from tests.trend.steps import write_step_run
 
 GROWS = 6
 """The step from which the mismatch grows: engine noise 0.005 before, then ×8, ×8, ×5. Noise 0.04 is what a bf16
-engine gives (rcdiag.analysis.floor: σ ≤ 0.1), so step 6 stays healthy — the fixed mean-|ℓ| band called it a
+engine gives (rcdiag.analysis.metrics.floor: σ ≤ 0.1), so step 6 stays healthy — the fixed mean-|ℓ| band called it a
 warning; 0.32 is ×9 the typical bf16 noise (warning), 1.6 trips verl's bands (alarm)."""
 NOISES = [0.005] * GROWS + [0.04, 0.32, 1.6]
 WANT = [HEALTHY] * (GROWS + 1) + [WARNING, ALARM]

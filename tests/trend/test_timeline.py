@@ -1,4 +1,4 @@
-"""The timeline across training (rcdiag.analysis.drift): a step change told apart from a drift on per-step series
+"""The timeline across training (rcdiag.analysis.training.drift): a step change told apart from a drift on per-step series
 built by hand, robust to the heavy tail that hid a ×10⁹ jump from the old CUSUM (user review 3, §1)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rcdiag.analysis.drift import MIN_STEPS, best_change, hinge, spread, timeline
+from rcdiag.analysis.training.drift import MIN_STEPS, best_change, hinge, spread, timeline
 
 
 def frame(values, *, sigma=None, tail=None, k3=None, tokens=1000) -> pd.DataFrame:

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 import rcdiag
-from rcdiag.analysis.drift import timeline
-from rcdiag.analysis.trend import step_index, trend
+from rcdiag.analysis.training.drift import timeline
+from rcdiag.analysis.training.trend import step_index, trend
 from rcdiag.errors import InputError
 from tests.analysis import reference
 from tests.trend.conftest import CHANGE, STEPS

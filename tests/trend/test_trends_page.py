@@ -7,7 +7,7 @@ import re
 import pytest
 
 import rcdiag
-from rcdiag.analysis.trend import trend
+from rcdiag.analysis.training.trend import trend
 from tests.dashboard.conftest import assert_clean, make_app  # noqa: F401  (fixture)
 from tests.trend.conftest import CHANGE
 

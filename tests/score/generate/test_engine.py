@@ -18,7 +18,7 @@ from rcdiag.score.engine import (
 
 def test_scan_guard_hides_llvmlite_proxy_and_restores_it() -> None:
     """vLLM's CPU start-up scans every module's attributes with vars(value).get(...); llvmlite's ffi.lib proxy
-    (imported with numba, which rcdiag.analysis.metrics uses) makes that raise and the engine fails to start."""
+    (imported with numba, which rcdiag.analysis.metrics.compute uses) makes that raise and the engine fails to start."""
     pytest.importorskip("numba")
     module = sys.modules["llvmlite.binding.ffi"]
     assert _breaks_vllm_scan(module) and not _breaks_vllm_scan(sys.modules["json"])

@@ -1,0 +1,1 @@
+"""Distributions: tails, strata, the report's scan kernel and whole next-token distributions."""

@@ -1,0 +1,1 @@
+"""Mixture of experts: route agreement, router confidence and how much of the gap routing explains."""

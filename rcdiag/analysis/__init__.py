@@ -1,5 +1,7 @@
-"""Pure, mergeable statistics over token rows (no torch): metrics, IS modes, rejection, bootstrap, tails, strata.
-Imports only the store and the ground floor; names load on first use (the kernels compile with numba)."""
+"""Pure, mergeable statistics over token rows (no torch), in wings along what they do, bottom first: passes/ (the
+pass engine), correction/ (IS modes, rejection, gates), metrics/, distributions/, moe/, training/ (across training),
+verdict/. Each wing imports only these ground files (defaults, conventions, thresholds, keys) and the wings before
+it. Imports only the store and the ground floor; names load on first use (the kernels compile with numba)."""
 from rcdiag.lazy import lazy_face
 
 _EXPORTS = {

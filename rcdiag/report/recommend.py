@@ -13,10 +13,11 @@ import numpy as np
 
 from rcdiag.analysis.conventions import get_convention
 from rcdiag.analysis.correction.gate_defs import GATES
+from rcdiag.analysis.correction.modes import get_mode, mode_names
 from rcdiag.analysis.distributions.tails import EDGES, TailAccumulator
 from rcdiag.analysis.verdict.health import HEALTHY, UNKNOWN
 from rcdiag.report.gate_advice import gate_reasons, gate_rows
-from rcdiag.report.options import ESS_TARGET, MODES
+from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.settings import trainer_settings
 
 BIAS_LIMIT = 0.05
@@ -64,11 +65,13 @@ def sequence_tail(report: Any, threshold: float) -> tuple[float, float]:
 
 
 def _weigh(report: Any) -> list[dict[str, Any]]:
-    """Every sweep row with its tail share and mass beyond C, bias and share thrown away."""
+    """Every sweep row with its tail share and mass beyond C, bias and share thrown away; level and action are
+    the mode's declared ones (rcdiag.analysis.correction.modes.CorrectionMode)."""
     rows = []
     cache: dict[tuple[str, float], tuple[float, float]] = {}
     for record in report.sweep.to_dict(orient="records"):
-        level, action = record["mode"].split("_")
+        mode = get_mode(record["mode"])  # the declared row: a preset's name says nothing of its level or action
+        level, action = mode.level, mode.action
         key = (level, float(record["threshold"]))
         if key not in cache:
             cache[key] = (token_tail(report.scan.tails, key[1]) if level == "token"
@@ -197,7 +200,8 @@ def _recommend(report: Any) -> dict[str, Any]:
         mode = None if row is None else row["mode"]
         c = None if row is None else float(row["threshold"])
         snippets = trainer_settings(mode, c, o.lower, o.convention, conv.is_seq_ratio)
-        return {**base, "kind": kind, "mode": mode, "threshold": c, "text": text,
+        lower = o.lower if mode is None else get_mode(mode).with_bounds(c, o.lower).lower  # a preset's own L
+        return {**base, "kind": kind, "mode": mode, "threshold": c, "lower": lower, "text": text,
                 "settings": [asdict(s) for s in snippets], **({} if row is None else _numbers(row)), **extra}
 
     errors = [f for f in report.checks if f.severity == "error"]
@@ -236,7 +240,7 @@ def _recommend(report: Any) -> dict[str, Any]:
     candidates = [r for r in rows if r["clipped_frac"] > 0] if heavy else rows
     good = sorted((r for r in candidates if _acceptable(r)), key=_preference)
     alternatives = []
-    for mode in MODES:
+    for mode in mode_names():
         own = [r for r in candidates if r["mode"] == mode]
         pick = (sorted((r for r in own if _acceptable(r)), key=_preference)
                 or sorted(own, key=lambda r: (-r["ess"], r["bias"])))

@@ -15,6 +15,7 @@ from rcdiag.analysis.conventions import get_convention
 from rcdiag.analysis.correction.gate_defs import GATES
 from rcdiag.analysis.correction.modes import get_mode, mode_names
 from rcdiag.analysis.distributions.tails import EDGES, TailAccumulator
+from rcdiag.analysis.verdict.causes import MATERIAL
 from rcdiag.analysis.verdict.health import HEALTHY, UNKNOWN
 from rcdiag.report.gate_advice import gate_reasons, gate_rows
 from rcdiag.report.options import ESS_TARGET
@@ -134,6 +135,9 @@ NUMBERS = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq
 """The chosen setting's numbers a Recommendation carries (its sweep row's)."""
 
 
+WITHHELD = {"prompt_mismatch": "", "few_sequences": ""}
+"""Why no correction is advised, by the cause it acts on, where the cause's own action does not already say it (the
+shapes' actions do; the default names training on another policy's data)."""
 SOURCE_FIRST = {"routing": "replay the engine's routes"}
 """Verdict causes whose action removes the gap's source → that action in a few words: a correction chosen for
 such a run is what to run until then, and the recommendation and the headline say so instead of offering it as
@@ -215,10 +219,12 @@ def _recommend(report: Any) -> dict[str, Any]:
     verdict = report.verdict
     if verdict.status != UNKNOWN and not verdict.correct:
         cause = verdict.cause
+        why = WITHHELD.get(cause.kind, "An IS correction here would bound the symptom and keep training on data "
+                                       "from another policy.")
         why = ("An IS correction would only bound the symptom of that setting." if cause.kind.startswith("input")
-               else "An IS correction here would bound the symptom and keep training on data from another policy.")
+               else why)
         return {**done("fix_cause", f"No correction: {_sentence(cause.title[0].upper() + cause.title[1:])} "
-                       f"{_sentence(cause.action)} {why}"), "settings": [], "cause": cause.kind}
+                       f"{_sentence(cause.action)}{' ' + why if why else ''}"), "settings": [], "cause": cause.kind}
     frame = report.sweep
     if frame is None or len(frame) == 0 or not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
         why = report.metrics_error or ("no valid token has a weight (the run has no valid tokens)"
@@ -282,6 +288,19 @@ def _recommend(report: Any) -> dict[str, Any]:
     for alt in alternatives:
         if alt["mode"] == best["mode"] and alt["threshold"] == best["threshold"]:
             alt["why"] = "recommended"
+    spread = float(report.tails.get("abs_log_ratio_mean", float("nan")))
+    if best["clipped_frac"] == 0 and spread > MATERIAL:  # no tail to bound, but every token is off: reweight them
+        outside = float(report.tails.get("frac_outside_0.9_1.1", float("nan")))
+        text = (f"Use {best['mode']} at C={best['threshold']:g} (verdict: {verdict.status}). The mismatch is spread "
+                f"over every token rather than in a tail: mean |ℓ| {spread:.3g}, {outside:.1%} of tokens have a ratio "
+                f"outside [0.9, 1.1], none beyond C. Uncorrected, each token enters the gradient weighted by the "
+                f"engine's probability instead of the trainer's — a bias of ~{spread:.0%} a token, above the "
+                f"{MATERIAL:.0%} the report calls material; the correction's weights remove it on every token they "
+                "reweight, not only where they clip (FlashRL and the FP8-RL reports train quantized rollouts with TIS "
+                f"on). At this setting it clips {best['clipped_frac']:.2%}, keeps ESS at {best['ess']:.4f} and adds "
+                f"a bias |E[w]−1| = {best['bias']:.2%} of its own.")
+        return done("correct", stopgap(verdict.cause.kind, text), best, meets_target=True,
+                    alternatives=alternatives, gates=gates)
     if best["clipped_frac"] == 0:  # nothing to bound: paste the monitoring settings, not a correction
         text = (f"No correction is needed for the tail (verdict: {verdict.status}, {verdict.cause.title}): {tail}, "
                 f"and every acceptable setting clips nothing (e.g. {best['mode']} at C={best['threshold']:g} keeps "

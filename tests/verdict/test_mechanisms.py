@@ -73,6 +73,10 @@ EXPECTED = {
                               "floor", "none", None),
     ("dense_floor", "import"): ("HEALTHY: numerical mismatch at or below the bfloat16 floor (mean |ℓ| 0.0154 ≤ "
                                 "0.067)", "floor", "none", None),
+    ("bit_exact", "full"): ("HEALTHY: bit-exact on-policy: all 8,311 tokens' log-probs are identical on both sides",
+                            "bit_exact", "none", None),
+    ("bit_exact", "import"): ("HEALTHY: bit-exact on-policy: all 8,311 tokens' log-probs are identical on both "
+                              "sides", "bit_exact", "none", None),
 }
 assert {name for name, _ in EXPECTED} == set(MECHANISMS)
 
@@ -143,6 +147,26 @@ def test_every_surface_says_the_same(reports, key, capsys):
     assert code in (0, None)
     printed = capsys.readouterr().out
     assert v.headline().split(" — ")[0] in printed, printed
+
+
+def test_one_ulp_off_is_not_bit_exact(tmp_path):
+    """Bit-exact is certified only when every token is identical: one token one float32 ulp away is not (prime-rl's
+    audit counts it as a bit mismatch), and the verdict then sizes the mismatch against the floor instead."""
+    import numpy as np
+
+    import rcdiag
+    from tests.fixtures.mechanisms import full_manifest, mechanism_frames
+
+    m = MECHANISMS["bit_exact"]
+    tokens, sequences = mechanism_frames(m)
+    b = tokens["rollout_logprob"].to_numpy(np.float32).copy()
+    i = int(np.flatnonzero(b < -0.5)[0])
+    b[i] = np.nextafter(b[i], np.float32(0))
+    tokens["rollout_logprob"] = b
+    run = rcdiag.write_run(tmp_path / "run", tokens, sequences, manifest=full_manifest(m))
+    v = make_report([run], tmp_path / "report", FAST).reports[0].verdict
+    assert v.cause.kind == "floor", v.line()
+    assert f"{(len(b) - 1) / len(b):.1%} of tokens bit-identical" in v.line()
 
 
 @pytest.mark.parametrize("name", list(HELD_OUT))

@@ -82,7 +82,7 @@ NORMAL_MAD = 0.6744897501960817
 
 NOISE_NAMES = ("noise_sigma", "noise_tail_share", "noise_mean_gap", "noise_scored", "noise_certain", "beyond_dense",
                "beyond_any", "confident_flips", "noise_tokens", "noise_max_abs", "noise_mean_abs", "noise_u_p99",
-               "noise_u_p999")
+               "noise_u_p999", "noise_identical")
 """NoiseSummary.values' names: per step in rcdiag.trend's frame, and among the verdict's headline values."""
 def noise_terms(a: np.ndarray, b: np.ndarray, temperature: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The per-row transcendental terms of `noise_evidence` for a whole batch, by numpy's vectorised (SIMD) loops,
@@ -108,8 +108,8 @@ def noise_evidence(a, b, valid, gap, log10_u, q, temperature, u_hist, q_hist, co
     counters, in place: a branchy pass with no transcendental call left in it (those are numpy's, vectorised).
 
     u_hist int64 [U_BINS + 2]: log10(u) bins over U_LOG10 (first/last cell: under/overflow); q_hist int64 [Q_BINS + 2]
-    the same for q (only when `temperature`); counts int64 [7]: clean, certain, scored, beyond DENSE_LIMIT,
-    beyond ANY_LIMIT, confident flips, confident (q) tokens; sums float64 [3]: Σ|ℓ| (clean), Σ(1 − p) (scored),
+    the same for q (only when `temperature`); counts int64 [8]: clean, certain, scored, beyond DENSE_LIMIT,
+    beyond ANY_LIMIT, confident flips, confident (q) tokens, bit-identical (a == b) tokens; sums float64 [3]: Σ|ℓ| (clean), Σ(1 − p) (scored),
     max |ℓ|. Clean: valid with both sides finite, < 0 and > −1e9 (the checks report the rest). The sums are
     added row by row in row order, as before the terms moved out, so they keep their bits."""
     lo, hi = U_LOG10
@@ -124,6 +124,7 @@ def noise_evidence(a, b, valid, gap, log10_u, q, temperature, u_hist, q_hist, co
                 or x <= -1e9 or y <= -1e9:
             continue
         counts[0] += 1
+        counts[7] += x == y  # bit-identical: both sides stored the same float32 value
         d = abs(x - y)
         sums[0] += d
         if d > sums[2]:
@@ -171,7 +172,7 @@ class NoiseEvidence:
     temperature: bool = True
     u_hist: np.ndarray = field(default_factory=lambda: np.zeros(U_BINS + 2, np.int64))
     q_hist: np.ndarray = field(default_factory=lambda: np.zeros(Q_BINS + 2, np.int64))
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(7, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(8, np.int64))
     sums: np.ndarray = field(default_factory=lambda: np.zeros(3, np.float64))
 
     def fresh(self) -> NoiseEvidence:
@@ -194,7 +195,7 @@ class NoiseEvidence:
         return self
 
     def finish(self) -> NoiseSummary:
-        clean, certain, scored, dense, any_, flips, confident = (int(c) for c in self.counts)
+        clean, certain, scored, dense, any_, flips, confident, identical = (int(c) for c in self.counts)
         width = (U_LOG10[1] - U_LOG10[0]) / U_BINS
         sigma = tail = p99 = p999 = math.nan
         if scored >= MIN_SCORED:
@@ -209,7 +210,8 @@ class NoiseEvidence:
                             mean_abs=self.sums[0] / clean if clean else math.nan,
                             mean_gap=self.sums[1] / scored if scored else math.nan, max_abs=float(self.sums[2]),
                             beyond_dense=dense, beyond_any=any_, confident_flips=flips, confident=confident,
-                            temperature_q=q, u_p99=p99, u_p999=p999, u_hist=self.u_hist.copy())
+                            temperature_q=q, u_p99=p99, u_p999=p999, identical=identical,
+                            u_hist=self.u_hist.copy())
 
 
 def tail_share(u_hist: np.ndarray, scored: int, edge: float, bins: int = U_BINS) -> float:
@@ -247,7 +249,15 @@ class NoiseSummary:
     temperature_q: float
     u_p99: float = math.nan
     u_p999: float = math.nan
+    identical: int = 0
+    """Clean tokens whose two log-probs are bit-identical (the same stored float32 value: prime-rl's audit counts
+    the others as `logprob_bit_mismatch`)."""
     u_hist: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def bit_exact(self) -> bool:
+        """Every clean token bit-identical on both sides (and at least one): on-policy to the last bit."""
+        return self.tokens > 0 and self.identical == self.tokens
 
     @property
     def heavy_tail(self) -> bool:
@@ -296,7 +306,7 @@ class NoiseSummary:
                 "beyond_dense": float(self.beyond_dense), "beyond_any": float(self.beyond_any),
                 "confident_flips": float(self.confident_flips), "noise_tokens": float(self.tokens),
                 "noise_max_abs": self.max_abs, "noise_mean_abs": self.mean_abs, "noise_u_p99": self.u_p99,
-                "noise_u_p999": self.u_p999}
+                "noise_u_p999": self.u_p999, "noise_identical": float(self.identical)}
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> NoiseSummary | None:
@@ -310,7 +320,8 @@ class NoiseSummary:
                    mean_gap=float(get("noise_mean_gap", math.nan)), max_abs=float(get("noise_max_abs", math.nan)),
                    beyond_dense=int(get("beyond_dense", 0)), beyond_any=int(get("beyond_any", 0)),
                    confident_flips=int(get("confident_flips", 0)), confident=0, temperature_q=math.nan,
-                   u_p99=float(get("noise_u_p99", math.nan)), u_p999=float(get("noise_u_p999", math.nan)))
+                   u_p99=float(get("noise_u_p99", math.nan)), u_p999=float(get("noise_u_p999", math.nan)),
+                   identical=int(get("noise_identical", 0)))
 
     def to_dict(self) -> dict[str, Any]:
         return ({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "u_hist"}

@@ -58,8 +58,8 @@ from rcdiag.analysis.verdict.model import Cause, Context
 from rcdiag.analysis.verdict.shapes import few_sequences, position_onset, prompt_mismatch
 
 CAUSE_KINDS = ("input_defect", "prompt_mismatch", "few_sequences", "not_numerics", "step_change", "weights_unchanged",
-               "staleness", "extra", "drift", "input_warning", "heavy_tail", "position_onset", "above_floor", "bands",
-               "material_floor", "floor", "no_data")
+               "staleness", "extra", "drift", "input_warning", "bit_exact", "heavy_tail", "position_onset",
+               "above_floor", "bands", "material_floor", "floor", "no_data")
 """Every kind of cause, in order of precedence."""
 FLOOR_BAND = "abs_log_ratio_mean"
 """The band the floor replaces: mean |ℓ| is judged against what the run's dtypes give, not a fixed number."""
@@ -207,6 +207,15 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
     band_status = worst(bands.values())
     band_reasons = [f"{m} = {num(values[m])} ({s}: {BY_METRIC[m].limit(s)}; {BY_METRIC[m].source})"
                     for level in (ALARM, WARNING) for m, s in bands.items() if s == level]
+    if noise is not None and noise.bit_exact:
+        return Cause("bit_exact", HEALTHY, f"bit-exact on-policy: all {noise.tokens:,} tokens' log-probs are "
+                     "identical on both sides", (
+                         "every clean token has a = b to the last bit of the stored float32: kl, k3_kl and χ² are 0 "
+                         "and every ratio 1 exactly, in float64 (a k3 that only rounds to 0 proves nothing; this one "
+                         "is 0 token by token)",), "No correction needed: the trainer scores what the engine sampled. "
+                     "Keep the setup that makes it so (the same kernels, dtypes and batch-invariant reductions on "
+                     "both sides) and keep auditing it.", "prime-rl's bit audit (logprob_bit_mismatch); rcdiag "
+                     "counts bit-identical tokens (docs/metrics.md, 'The noise floor')")
     if noise is None or not math.isfinite(noise.sigma) or floor is None:
         if band_status == HEALTHY:
             return Cause("floor", HEALTHY, "every headline metric inside its healthy band", (),
@@ -217,7 +226,9 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
              f"(typical) to {floor.sigma_largest:.2g} (largest plausible); mean |ℓ| {noise.mean_abs:.3g} against "
              f"{floor.mean_abs_typical:.2g}–{floor.mean_abs_largest:.2g} at this run's token probabilities")
     unknown = ctx.not_recorded(floor)
-    told = (sizes, *([f"not recorded: {unknown}"] if unknown else []))
+    identical = (f"; {noise.identical / noise.tokens:.1%} of tokens bit-identical on both sides"
+                 if noise.identical and noise.tokens else "")
+    told = (sizes + identical, *([f"not recorded: {unknown}"] if unknown else []))
     if noise.heavy(floor):
         return Cause("heavy_tail", worst([WARNING, band_status]),
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
@@ -298,7 +309,7 @@ def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> 
         return [*errors, Cause("no_data", UNKNOWN, f"nothing judged: {why}", (),
                                "Fix the data the checks and the message point at, then re-run the report.",
                                CHECKS_SOURCE, correct=False), *warnings]
-    shaped = [c for c in (prompt_mismatch(ctx.positions, floor), few_sequences(ctx.concentration)) if c]
+    shaped = [c for c in (prompt_mismatch(ctx.positions, floor), few_sequences(ctx.concentration, floor)) if c]
     renormalised = any(_convention(c) for c in warnings)
     bug, change = not_numerics(noise, ctx, floor, renormalised), step_change(ctx, floor)
     if shaped and bug is not None:  # the shape names what the tokens no precision explains come from

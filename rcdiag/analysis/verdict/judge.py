@@ -20,7 +20,7 @@ from rcdiag.analysis.metrics.floor import NoiseSummary
 from rcdiag.analysis.verdict.causes import FLOOR_BAND, Cause, Context, diagnose, primary
 from rcdiag.analysis.verdict.health import BY_METRIC, COLOURS, HEALTHY, UNKNOWN, WARNING, num, statuses
 
-NUMERICAL_KINDS = ("heavy_tail", "position_onset", "above_floor", "bands", "material_floor", "floor")
+NUMERICAL_KINDS = ("bit_exact", "heavy_tail", "position_onset", "above_floor", "bands", "material_floor", "floor")
 """Causes that size numerical mismatch (rcdiag.analysis.verdict.causes.numerics)."""
 REPLAY_CAVEAT = ("the rollout side is a prefill replay of the text (vLLM re-reading the tokens), not the log-probs "
                  "the rollout sampled with: decode-time effects (batch composition, KV cache, the trainer's TP "

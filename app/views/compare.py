@@ -17,8 +17,9 @@ from rcdiag.store.names import unique_run_names
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
                  "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "abs_log_ratio_mean", "abs_log_ratio_p99",
                  "abs_log_ratio_max", "ess", "is_weight_mean", "clipped_frac")
+# Rows of whole numbers: shown in full with thousands separators (the other rows: 4 significant digits). A comment,
+# not a docstring: Streamlit's "magic" writes a page script's bare strings onto the page.
 COUNT_METRICS = ("tokens", "sequences", "empty_sequences")
-"""Rows of whole numbers: shown in full with thousands separators (the other rows: 4 significant digits)."""
 # The histograms' shared ℓ axis spans ±(largest per-run 99.9th percentile of |ℓ|): a single outlier token of one run
 # does not stretch it (tokens beyond land in the outer bins, the caption gives each run's max).
 RANGE_QUANTILE = 0.999

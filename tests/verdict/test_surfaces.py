@@ -12,7 +12,7 @@ import pytest
 from rcdiag.notebook import open_run
 from rcdiag.report.build import build_report
 from rcdiag.report.options import ReportOptions
-from tests.dashboard.conftest import assert_clean, make_app  # noqa: F401  (fixture)
+from tests.dashboard.conftest import assert_clean
 from tests.fixtures.mechanisms import build_mechanism
 from tests.fixtures.scenarios import build_scenario
 

@@ -36,8 +36,11 @@ def command(
     convention: Annotated[str | None, typer.Option(
         "--convention", help=f"Formulas: {' | '.join(CONVENTIONS)} (docs/metrics.md; default: the --keys "
         "framework's, else canonical).")] = None,
-    threshold: Annotated[float, typer.Option("--threshold", help="IS threshold C.")] = DEFAULTS.threshold,
-    lower: Annotated[float | None, typer.Option("--lower", help="Optional lower bound L.")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", help="IS threshold C [default: the run's recorded trainer setting, else the --keys "
+        f"framework's default, else {DEFAULTS.threshold}].")] = None,
+    lower: Annotated[float | None, typer.Option(
+        "--lower", help="Optional lower bound L [default: the run's recorded trainer setting].")] = None,
     thresholds: Annotated[str | None, typer.Option(
         "--thresholds", help="Sweep grid, comma-separated (default "
         f"{','.join(f'{c:g}' for c in DEFAULTS.thresholds)}).")] = None,

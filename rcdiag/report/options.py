@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rcdiag.analysis.conventions import CONVENTIONS as CONVENTION_TABLE
+from rcdiag.analysis.correction.trainer_defaults import TrainerSetting, choose_correction
 from rcdiag.analysis.defaults import (
     DEFAULT_LEVEL,
     DEFAULT_REPLICATES,
@@ -18,7 +19,6 @@ from rcdiag.analysis.defaults import (
     IS_MODES,
 )
 from rcdiag.analysis.keys import check_keys, key_convention
-from rcdiag.analysis.correction.trainer_defaults import TrainerSetting, choose_correction
 from rcdiag.errors import ConfigError, did_you_mean
 
 MODES = IS_MODES

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
 from rcdiag.analysis.correction.trainer_defaults import TrainerSetting, choose_correction
+from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
 from rcdiag.analysis.training.lag_trend import LAG_NAMES
 from rcdiag.analysis.training.trend import INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError

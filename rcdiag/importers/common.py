@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError
+from rcdiag.importers.context import ImportContext
 from rcdiag.importers.values import as_text, number, token_id_list, whole_number
 from rcdiag.store.manifest import abs_path
 from rcdiag.store.outdir import exclusive, resolve_target, swap_in, write_mode
@@ -34,6 +35,8 @@ class ImportOptions:
     ids_only: bool = False
     overwrite: bool = False
     quiet: bool = False
+    context: ImportContext = field(default_factory=ImportContext)
+    """What the dump cannot say (--engine-dtype, --quantization, --temperature, --trainer-setting, …)."""
 
 
 @dataclass
@@ -370,7 +373,4 @@ def summary_lines(imported: Imported, run: Any) -> list[str]:
                      f"{counts_['placeholder_zeros_masked']} of them holding the 0.0 placeholder (kept as stored)")
     lines += [f"  lacks       {item}" for item in imported.lacks]
     lines += [f"  warning     {item}" for item in imported.warnings]
-    if imported.retokenized:
-        lines.append(f"  The run is RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {run.path}` "
-                     "to compute the rollout and training sides.")
     return lines

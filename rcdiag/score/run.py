@@ -29,7 +29,7 @@ class ScoreResult:
 
     @property
     def rescored(self) -> bool:
-        return self.info.trainer is not None
+        return self.info.trainer is not None and self.info.trainer.model is not None  # rcdiag rescored it
 
     def stages(self) -> list[str]:
         """What happened to the run's rows, from its manifest (not from which flags were passed): where they came

@@ -197,3 +197,18 @@ def test_prime_rl_early_layout_without_stable_markers(tmp_path):
     run, imported = import_run("prime-rl", tmp_path / "out", tmp_path / "run", Q)
     assert sorted(set(run.sequences()["step"])) == [1, 2]
     assert any("predates prime-rl's STABLE markers" in w for w in imported.warnings)
+
+
+def test_multi_turn_dumps_keep_turn_boundaries(tmp_path):
+    """NeMo-RL's multi-turn samples (assistant, tool, assistant: token_loss_mask 1 on generated tokens only) get a
+    per-token `turn` column: the k-th assistant message and the tool output after it are turn k."""
+    rng = np.random.default_rng(9)
+    write_nemo(tmp_path / "logs" / "train_data_step1.jsonl", nemo_step(rng, 6, multi_turn=True))
+    run, _ = import_run("nemo-rl", tmp_path / "logs", tmp_path / "run", Q)
+    tokens = run.tokens()
+    assert "turn" in tokens.columns
+    for _, rows in tokens.groupby("seq_id"):
+        mask, turn = rows["mask"].to_numpy(), rows["turn"].to_numpy()
+        starts = mask & ~np.concatenate([[False], mask[:-1]])
+        assert (turn == np.maximum(np.cumsum(starts) - 1, 0)).all()
+    assert tokens["turn"].max() == 1  # two assistant turns at most in these dumps

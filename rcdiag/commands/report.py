@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, FAIL_ON, ReportOptions
@@ -57,8 +58,9 @@ def command(
         "'Across training').")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
-    keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
-                                      "framework's logged keys; implies that --convention).")] = DEFAULTS.keys,
+    keys: Annotated[str, typer.Option("--keys", help=f"metrics.json key names: {' | '.join(KEY_STYLES)} (the "
+                                      "framework's logged keys; implies that --convention; its correction defaults "
+                                      "are --threshold's when the run records none).")] = DEFAULTS.keys,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 

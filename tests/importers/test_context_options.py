@@ -85,3 +85,16 @@ def test_manifest_without_context_reads_as_before(tmp_path):
                                                           "rollout_logprob": [-1.0], "train_logprob": [-1.1]}))
     manifest = json.loads((run / "manifest.json").read_text())
     assert "model" not in manifest and "provenance" not in manifest
+
+
+def test_write_run_as_the_readme_writes_it(tmp_path):
+    """`rcdiag.write_run(path, tokens, sequences, manifest)` (positional, as the README writes it: it raised
+    TypeError) and `tokenizer=` attaching the policy's tokenizer, so tokens show as text."""
+    import pandas as pd
+
+    tokens = pd.DataFrame({"seq_id": [0, 0], "pos": [0, 1], "token_id": [5, 6], "rollout_logprob": [-1.0, -0.5],
+                           "train_logprob": [-1.1, -0.4], "mask": [True, True]})
+    run = rcdiag.write_run(tmp_path / "run", tokens, None, {"engine": {"temperature": 1.0}}, tokenizer=MODEL)
+    assert run.info.engine.temperature == 1.0 and run.info.tokenizer.path.endswith("tiny-model")
+    batches = list(run.iter_batches())
+    assert isinstance(batches[0], tuple) and batches[0][0].startswith("tokens/")  # (file, batch), as documented

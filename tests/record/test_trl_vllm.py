@@ -92,3 +92,12 @@ def test_the_recorded_run_carries_the_trainers_context(trained):
     assert correction.settings["vllm_importance_sampling_clip_max"] == 3.0
     assert info.model.architecture == "dense" and info.model.architectures == ["Qwen2ForCausalLM"]
     assert info.measured.rollout == "sampled" and info.measured.trainer == "pi_old"
+
+
+def test_simulate_defaults_to_the_trainers_threshold(trained):
+    """`rcdiag.simulate(run, mode)` with no threshold uses the recorded TRL C=3, as the export does."""
+    run = rcdiag.open_run(trained / "run")
+    assert rcdiag.simulate(run, "sequence_mask", convention="trl") == rcdiag.simulate(
+        run, "sequence_mask", 3.0, convention="trl")
+    assert rcdiag.simulate(run, "sequence_mask", convention="trl") != rcdiag.simulate(
+        run, "sequence_mask", 1.02, convention="trl")  # a C that masks the step-0 sequence at ratio 1.046

@@ -103,8 +103,8 @@ def choose_correction(info: Any = None, keys: str | None = None, *, mode: str | 
     if mode is not None and mode not in IS_MODE_TABLE:
         raise ConfigError(f"unknown IS mode {mode!r}; choose one of {', '.join(IS_MODES)}"
                           f"{did_you_mean(str(mode), IS_MODES, n=1)}")
-    manifest = getattr(info, "info", info)
-    base = _recorded(Manifest.of(manifest)) if manifest is not None else None
+    manifest = info if isinstance(info, Manifest | dict) else getattr(info, "info", None)  # a Run's typed manifest
+    base = _recorded(Manifest.of(manifest)) if isinstance(manifest, Manifest | dict) else None
     if base is None:
         base = framework_setting(KEY_FRAMEWORK[style]) if style in KEY_FRAMEWORK else TrainerSetting(
             RCDIAG_MODE, DEFAULT_THRESHOLD, why="rcdiag's default (no trainer settings recorded, and "

@@ -167,7 +167,7 @@ RUN_FOR_REAL: dict[str, Expect] = {
         Expect(writes=tuple(f"reports/sample/{f}" for f in REPORT)),
     "rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16":
         Expect(writes=tuple(f"reports/bf16-vs-fp16/{f}" for f in REPORT)),
-    'rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"': Expect(rc=0),
+    'rcdiag report runs/sample --quiet --fail-if "k3_kl>1e-3" --fail-if "ess<0.9"': Expect(rc=0),
     "rcdiag report runs/sample --quiet --fail-on warning": Expect(rc=None),
     "rcdiag report runs/sample --quiet --fail-on alarm": Expect(rc=None),
     "rcdiag report runs/verl --keys verl": Expect(writes=("runs/verl/report/metrics.json",)),

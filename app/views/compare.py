@@ -2,6 +2,7 @@
 histograms and strata. Colour means run everywhere (one fixed colour per run, one legend)."""
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ from rcdiag.store.names import unique_run_names
 TABLE_METRICS = ("tokens", "sequences", "empty_sequences", "kl", "k3_kl", "chi2_token", "chi2_seq",
                  "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "abs_log_ratio_mean", "abs_log_ratio_p99",
                  "abs_log_ratio_max", "ess", "is_weight_mean", "clipped_frac")
+# Rows of whole numbers: shown in full with thousands separators (the other rows: 4 significant digits). A comment,
+# not a docstring: Streamlit's "magic" writes a page script's bare strings onto the page.
 COUNT_METRICS = ("tokens", "sequences", "empty_sequences")
-"""Rows of whole numbers: shown in full with thousands separators (the other rows: 4 significant digits)."""
 # The histograms' shared ℓ axis spans ±(largest per-run 99.9th percentile of |ℓ|): a single outlier token of one run
 # does not stretch it (tokens beyond land in the outer bins, the caption gives each run's max).
 RANGE_QUANTILE = 0.999
@@ -44,9 +46,11 @@ def render() -> None:
     names = unique_run_names([r.path for r in refs], [labels.get(r.path, Path(r.path).name) for r in refs])
     shown = comparison(tuple(r.key for r in refs), tuple(names))
     table = shown["table"]
+    for name, key in zip(names, (r.key for r in refs), strict=True):  # each run's verdict, as its Overview says it
+        st.html(f"<div data-testid='cmp-verdict'><b>{escape(name)}</b>{judged.report(*key).verdict.html(0)}</div>")
     st.caption(f"Δ columns: each run minus the first ({md(names[0])}). Click a column header to sort. A run's "
-               "cell is tinted by the library's health band of that metric (green healthy, amber warning, red "
-               "alarm; no tint: the metric has no band).")
+               "cell is tinted as its verdict judged that metric (the health band; mean |ℓ| against the run's own "
+               "noise floor — green healthy, amber warning, red alarm; no tint: the metric has no band).")
     st.dataframe(styled_table(table, shown["tints"]), key="cmp_table", width="stretch", height=35 * (len(table) + 1) + 3, hide_index=True)
     _overlays(shown, names)
 
@@ -68,7 +72,8 @@ def comparison(keys: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> dic
     specs = {"histogram": charts.spec("histogram", hist, **runs)}
     for name, frame in strata.items():
         specs[name] = charts.spec("strata", frame, title=aggregates.strata_title(name), **runs)
-    return {"table": table, "tints": tints(table, list(names)), "limit": limit,
+    judged_status = {name: judged.report(*key).verdict.metric_status for key, name in zip(keys, names, strict=True)}
+    return {"table": table, "tints": tints(table, list(names), judged_status), "limit": limit,
             "max_abs": [r["tails"].max_abs for r in results], "charts": specs}
 
 
@@ -119,14 +124,17 @@ def cell_text(value: object, count: bool) -> str:
     return f"{number:.4g}"
 
 
-def tints(table: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """CSS per cell of `table`: each run's value in a light tint of its band colour (rcdiag.analysis.verdict.health); a
-    Styler applies it, so the values stay numbers and the columns still sort."""
+def tints(table: pd.DataFrame, names: list[str], judged_status: dict[str, dict[str, str]] | None = None
+          ) -> pd.DataFrame:
+    """CSS per cell of `table`: each run's value in a light tint of the status its verdict gave the metric
+    (`judged_status`: Verdict.metric_status, where mean |ℓ| is judged against the run's floor), else of its health
+    band (rcdiag.analysis.verdict.health); a Styler applies it, so the values stay numbers and the columns sort."""
     out = pd.DataFrame("", index=table.index, columns=table.columns)
+    judged_status = judged_status or {}
     for row, metric in table["metric"].items():
         band = BY_METRIC.get(metric)
         for name in names if band else ():
-            status = band.classify(table.at[row, name])
+            status = judged_status.get(name, {}).get(metric) or band.classify(table.at[row, name])
             if status != bands.UNKNOWN:
                 out.at[row, name] = f"background-color: {bands.COLOURS[status]}2e"
     return out

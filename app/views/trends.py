@@ -60,13 +60,19 @@ def render(ref: data.RunRef) -> None:
                 "have one row per step.")
         return
     found = timeline(frame)
+    judged_run = judged.report(*ref.key)
+    # the run's verdict first, as the Overview gives it: the steps below are judged on their own numbers, which
+    # cannot see what the run as a whole shows (a weight sync that never ran, staleness, a bug in a few sequences)
+    st.html(judged_run.verdict.html(max_reasons=2))
     if found.change is not None:  # a warning box: st.error is kept for pages that failed
-        st.warning(f"**Step change** (the run's verdict: Overview). {md_escape(found.text)}")
+        st.warning(f"**Step change.** {md_escape(found.text)}")
     elif found.drift is not None:
         st.warning(f"**Drift (warning).** {md_escape(found.text)}")
-    else:
+    elif judged_run.verdict.status == health.HEALTHY:
         st.success(md_escape(found.text))
-    context = judged.report(*ref.key).context
+    else:
+        st.info(md_escape(found.text))
+    context = judged_run.context
     verdicts = step_verdicts(frame.to_dict(orient="records"), context)
     frame = frame.assign(status=[v.status for v in verdicts])
     records = frame.to_dict(orient="records")

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.analysis.metrics.floor import NoiseEvidence
+from rcdiag.analysis.metrics.position_noise import PositionNoise
 from rcdiag.analysis.passes.accum import BatchConsumer, Totals
 from rcdiag.analysis.passes.engine import Fresh, run_pass
 from rcdiag.analysis.passes.rows import BatchRows
@@ -131,13 +132,16 @@ class CheckAccumulator(BatchConsumer):
         self.tokens = 0
         self.valid = 0
         self.fit = np.zeros(6)  # n, Σa, Σb, Σa², Σab, Σb² over clean valid tokens
-        self.offset = np.zeros(6)  # Σ(b−a) on b>a, #b>a, #b<a, #|b−a| ≤ 1e-6, Σ(−a) and # on b = 0 rows
+        self.offset = np.zeros(9)  # Σ(b−a) on b>a, #b>a, #b<a, #|b−a| ≤ 1e-6, Σ(−a) and # on b = 0 rows,
+        # #b>a and #b<a where both p < ½, Σ(b−a) signed (evidence_kernel.batch_evidence)
         self.shift = np.zeros(4)  # #pairs, Σ|a_t − b_{t−1}|, Σ|a_t − b_t|, Σ|a_t − b_{t+1}|  (shift −1, 0, +1)
         self.seq_ids: list[np.ndarray] = []
         self.seq_counts: list[np.ndarray] = []
         self.seq_maxpos: list[np.ndarray] = []
         self.noise = NoiseEvidence()
         """The noise floor's evidence and the temperature signature (rcdiag.analysis.metrics.floor)."""
+        self.positions = PositionNoise()
+        """The same rows' noise per response-position band (rcdiag.analysis.metrics.position_noise)."""
 
     def update(self, batch: pa.RecordBatch, file: str = "<data>", row0: int = 0, rows: BatchRows | None = None) -> None:
         """Add one record batch (CHECK_COLUMNS); `rows`: its columns already decoded by another pass."""
@@ -156,7 +160,8 @@ class CheckAccumulator(BatchConsumer):
         self.seq_ids.append(ids)
         self.seq_counts.append(counts)
         self.seq_maxpos.append(maxpos)
-        self.noise.update(a, b, valid)
+        gap, log10_u = self.noise.update(a, b, valid)
+        self.positions.update(pos, a, b, valid, gap, log10_u)
 
     def update_batch(self, rows: BatchRows, file: str, row0: int) -> None:
         self.update(rows.batch, file, row0, rows)
@@ -180,6 +185,7 @@ class CheckAccumulator(BatchConsumer):
         self.seq_counts += other.seq_counts
         self.seq_maxpos += other.seq_maxpos
         self.noise.merge(other.noise)
+        self.positions.merge(other.positions)
         return self
 
     def per_sequence(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

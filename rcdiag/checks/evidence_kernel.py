@@ -67,7 +67,9 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
     histogram [2, 256]. Over clean rows (valid, both sides plausible: finite, < 0, > −1e9): fit [6] (n, Σa, Σb, Σa²,
     Σab, Σb²), offset [6] (Σ(b−a) where b−a > 1e-6, #b−a > 1e-6, #b−a < −1e-6, #|b−a| ≤ 1e-6; then over valid rows
     with a plausible and b exactly 0.0 — a one-token top-p/top-k support, whose b − a = −log S = −a —: Σ(−a) where
-    −a > 1e-6, and their count) and shift [4] (#rows
+    −a > 1e-6, and their count; then over clean rows where both sides give p < ½ — the unconfident tokens, where a
+    temperature below the trainer's lowers b and a top-p/top-k renormalisation raises it —: #b−a > 1e-6, #b−a <
+    −1e-6; then Σ(b−a) over every clean row, signed) and shift [4] (#rows
     with both neighbours clean, consecutive and in the same sequence, then Σ|a_t − b_{t−1}|, Σ|a_t − b_t|,
     Σ|a_t − b_{t+1}| over them); sums compensated (Neumaier). Per run of equal seq_id over all rows: its seq_id,
     rows and max pos (int64 [R] each). Counts and locations are exact; accumulators are locals, not array cells."""
@@ -89,6 +91,9 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
     d_hi = d_lo = d_eq = 0
     z_sum = z_comp = 0.0
     z_n = 0
+    u_hi = u_lo = 0
+    s_sum = s_comp = 0.0
+    log_half = math.log(0.5)
     sh0 = sh1 = sh2 = ch0 = ch1 = ch2 = 0.0
     n_shift = 0
     clean_prev = clean_here = False
@@ -138,6 +143,10 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
             d_hi += high
             d_lo += d < -1e-6
             d_eq += abs(d) <= 1e-6
+            s_sum, s_comp = _add(s_sum, s_comp, d)
+            if x < log_half and y < log_half:
+                u_hi += high
+                u_lo += d < -1e-6
         # row i − 1 is a shift row when rows i − 2, i − 1, i are clean, consecutive and in one sequence
         if i >= 2 and clean and clean_here and clean_prev and seq[i] == seq[i - 1] == seq[i - 2] \
                 and pos[i] == pos[i - 1] + 1 and pos[i - 1] == pos[i - 2] + 1:
@@ -148,7 +157,8 @@ def batch_evidence(seq, pos, a, b, valid, huge_negative, grid_low_bits):
             sh2, ch2 = _add(sh2, ch2, abs(mid - y))
         clean_prev, clean_here = clean_here, clean
     fit = np.array([n_fit, f_a + c_a, f_b + c_b, f_aa + c_aa, f_ab + c_ab, f_bb + c_bb], np.float64)
-    offset = np.array([d_sum + d_comp, d_hi, d_lo, d_eq, z_sum + z_comp, z_n], np.float64)
+    offset = np.array([d_sum + d_comp, d_hi, d_lo, d_eq, z_sum + z_comp, z_n, u_hi, u_lo, s_sum + s_comp],
+                      np.float64)
     shift = np.array([n_shift, sh0 + ch0, sh1 + ch1, sh2 + ch2], np.float64)
     sides = (counts, first, pos0, checked, on_grid, exponents)
     # copies: a slice would keep the batch-sized buffers alive in the accumulator, batch after batch

@@ -30,6 +30,19 @@ SHIFT_RATIO = 0.5
 """Another shift fires when its mean |a − b| is below this fraction of the mean at shift 0."""
 OFFSET_POSITIVE_SHARE = 0.8
 OFFSET_NEGATIVE_SHARE = 0.05
+"""An unrecorded one-sided offset: b > a on at least this share of the tokens whose log-probs differ, b < a on at
+most that share of all tokens (a temperature below the trainer's also raises most sampled tokens, but lowers many:
+b < a on ~18 % of them in tests/fixtures/scenarios.py's temperature_low)."""
+ZERO_SHARE = 0.001
+MIN_ZEROS = 20
+ZERO_SURPRISAL = 0.7
+"""One-token supports — b exactly 0.0 where the trainer's p < 0.99 — on at least this share of valid tokens (and
+this many), with a mean trainer surprisal −a of at most ZERO_SURPRISAL nats (the support is one token where the
+policy is confident; a 0.0 placeholder falls on any token), are a truncated support by themselves: no temperature
+or rounding gives a sampled token an exact 0.0 there."""
+OFFSET_SIGMAS = 3.0
+"""A recorded support's offset is measurable when the signed mean of b − a exceeds this many standard errors
+(1.25·mean |ℓ| / √n, the error of a mean of Laplace-like noise)."""
 
 
 @dataclass
@@ -191,31 +204,76 @@ def _least_squares(fit: np.ndarray) -> dict[str, float]:
     return {"slope": float(slope), "intercept": float(sb / n - slope * sa / n) if n else 0.0}
 
 
+def recorded_support(engine: Engine) -> dict[str, Any]:
+    """The top-p / top-k support the manifest records the engine sampling over ({} when none: top_p 1 or unset,
+    top_k ≤ 0 or unset). With processed log-probs (vLLM's default for RL) the engine's log-probs are renormalised
+    over it; raw log-probs are not (the manifest flag check reports those)."""
+    found: dict[str, Any] = {}
+    if isinstance(engine.top_p, int | float) and 0 < engine.top_p < 1:
+        found["top_p"] = engine.top_p
+    if isinstance(engine.top_k, int) and not isinstance(engine.top_k, bool) and engine.top_k > 0:
+        found["top_k"] = engine.top_k
+    if found and str(engine.logprobs_mode or "").startswith("raw"):
+        return {}
+    return found
+
+
 def check_truncation(ctx: Context) -> Finding:
-    """A one-sided offset b − a = −log S > 0 is a top-p/top-k renormalisation. The signs are judged on tokens with
-    both log-probs below 0; the kept mass on those with b > a plus the one-token supports (b exactly 0.0, a < 0:
-    S = exp(a)), which an estimate over b < 0 alone left out (it read 0.942 for an exact 0.951)."""
-    total, positive, negative, equal, zero_total, zeros = ctx.acc.offset
+    """A top-p/top-k renormalisation raises every sampled token's log-prob by −log S ≥ 0 (S the kept mass). Three
+    signs of it, each enough: the manifest records a support (top_p < 1 or top_k > 0) with processed log-probs; a
+    one-sided offset (b > a on ≥ 80 % of tokens, b < a on ≤ 5 %); or one-token supports — b exactly 0.0 where the
+    trainer gave p < 1 — on ≥ ZERO_SHARE of valid tokens (a placeholder is never a sampled token's exact 0.0 that
+    often). The signs are judged on tokens with both log-probs below 0; the kept mass on those with b > a plus the
+    one-token supports (b exactly 0.0, a < 0: S = exp(a)), which an estimate over b < 0 alone left out (it read
+    0.942 for an exact 0.951). The signed mean of b − a and its sign on the unconfident tokens (p < ½ on both
+    sides, where a sharper temperature would lower b) are evidence beside them."""
+    total, positive, negative, equal, zero_total, zeros, u_pos, u_neg, signed = ctx.acc.offset
     count = positive + negative + equal
+    support = recorded_support(ctx.engine)
     top_p, top_k = ctx.engine.top_p, ctx.engine.top_k
     if count < MIN_TOKENS or ctx.misaligned:
         return Finding("truncation_offset", "info", "top-p/top-k offset not tested (too few usable tokens or "
                        "misaligned data)", {"tokens": int(count)})
     mean = (total + zero_total) / max(positive + zeros, 1)
+    noise = ctx.acc.noise.finish()
+    spread = 1.25 * noise.mean_abs / math.sqrt(count) if math.isfinite(noise.mean_abs) else math.inf
     evidence = {"share_b_above_a": positive / count, "share_b_below_a": negative / count,
                 "mean_offset": mean, "implied_kept_mass": math.exp(-mean), "one_token_supports": int(zeros),
-                "manifest_top_p": top_p, "manifest_top_k": top_k}
-    if positive / count < OFFSET_POSITIVE_SHARE or negative / count > OFFSET_NEGATIVE_SHARE:
+                "signed_mean_offset": signed / count, "signed_mean_error": spread,
+                "unconfident_share_b_above_a": u_pos / max(u_pos + u_neg, 1), "manifest_top_p": top_p,
+                "manifest_top_k": top_k}
+    moved = positive + negative
+    one_sided = (moved > 0 and positive / moved >= OFFSET_POSITIVE_SHARE and negative / count <= OFFSET_NEGATIVE_SHARE)
+    one_token = (zeros >= max(MIN_ZEROS, ZERO_SHARE * max(ctx.acc.valid, 1))
+                 and zero_total / zeros <= ZERO_SURPRISAL)
+    measurable = signed / count > OFFSET_SIGMAS * spread
+    if not (support or one_sided or one_token):
         return _ok("truncation_offset", "no one-sided offset: b − a changes sign as numeric noise does",
                    **evidence)
     ctx.truncated = True
     evidence["rollout_exact_zeros"] = ctx.acc.sides["rollout_logprob"].counts["zero"]
-    return Finding("truncation_offset", "warning",
-                   f"b > a on {positive / count:.1%} of tokens (b < a on {negative / count:.2%}), mean offset "
-                   f"{mean:.3g} nats: the engine renormalised over a top-p/top-k support (b − a = −log S, kept mass "
-                   f"S ≈ {math.exp(-mean):.3f}). Manifest: top_p={top_p}, top_k={top_k}", evidence,
-                   "sample RL rollouts with top_p=1.0 and top_k=-1 (0 in HF), or renormalise the trainer's "
-                   "log-probs over the same kept support (vLLM return_sampling_mask)")
+    recorded = ", ".join(f"{k}={v}" for k, v in support.items())
+    size = (f"b > a on {positive / count:.1%} of tokens (b < a on {negative / count:.2%}), mean b − a "
+            f"{signed / count:+.3g} nats (±{spread:.1g}), kept mass S ≈ {math.exp(-mean):.3f}"
+            + (f", {int(zeros):,} one-token supports (b = 0.0 exactly)" if zeros else ""))
+    fix = ("sample RL rollouts with top_p=1.0 and top_k=-1 (0 in HF), or renormalise the trainer's log-probs over "
+           "the same kept support (vLLM return_sampling_mask)")
+    if support and not (measurable or one_sided or one_token):
+        return Finding("truncation_offset", "info",
+                       f"the manifest records sampling over a truncated support ({recorded}, processed log-probs), "
+                       f"but its offset is not measurable here ({size}): the kept mass is ≈ 1 on these tokens",
+                       evidence, fix)
+    if support:
+        why = (f"the manifest records sampling over a truncated support ({recorded}) with processed log-probs, so "
+               f"the engine's log-probs are renormalised over it (b − a = −log S ≥ 0); measured: {size}")
+    elif one_token:
+        why = (f"{int(zeros):,} tokens have a rollout log-prob of exactly 0.0 where the trainer's is below 0 — "
+               f"one-token top-p/top-k supports; the engine renormalised over a truncated support ({size}). "
+               f"Manifest: top_p={top_p}, top_k={top_k}")
+    else:
+        why = (f"{size}: the engine renormalised over a top-p/top-k support (b − a = −log S). Manifest: "
+               f"top_p={top_p}, top_k={top_k}")
+    return Finding("truncation_offset", "warning", why, evidence, fix)
 
 
 def _grids(ctx: Context) -> dict[str, Any]:

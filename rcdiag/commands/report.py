@@ -46,7 +46,8 @@ def command(
         "--thresholds", help="Sweep grid, comma-separated (default "
         f"{','.join(f'{c:g}' for c in DEFAULTS.thresholds)}).")] = None,
     fail_if: Annotated[list[str] | None, typer.Option(
-        "--fail-if", help='Exit 1 when a condition holds, e.g. "kl>1e-3" (repeatable).')] = None,
+        "--fail-if", help='Exit 1 when a condition holds, e.g. "k3_kl>1e-3" (repeatable; gate on k3_kl or '
+        'abs_log_ratio_mean, which are never negative, not on the signed kl).')] = None,
     fail_on: Annotated[str | None, typer.Option(
         "--fail-on", metavar="|".join(FAIL_ON),
         help="Exit 1 when a run's verdict is this level or worse (n/a, nothing judged, meets every level).")] = None,
@@ -56,7 +57,8 @@ def command(
     fail_on_drift: Annotated[bool, typer.Option(
         "--fail-on-drift", help="Exit 1 when a multi-step run's mismatch jumps or drifts up (docs/metrics.md, "
         "'Across training').")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or summary.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; only each run's verdict line "
+                                                             "(what a CI log keeps).")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
     keys: Annotated[str, typer.Option("--keys", help=f"metrics.json key names: {' | '.join(KEY_STYLES)} (the "
                                       "framework's logged keys; implies that --convention; its correction defaults "
@@ -85,7 +87,7 @@ def command(
 
         rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16
 
-        rcdiag report runs/sample --quiet --fail-if "kl>1e-3" --fail-if "ess<0.9"
+        rcdiag report runs/sample --quiet --fail-if "k3_kl>1e-3" --fail-if "ess<0.9"
 
         rcdiag report runs/sample --quiet --fail-on alarm    # CI: exit 1 on an alarm verdict
 
@@ -114,7 +116,10 @@ def command(
         # process was started when the CLI resolved `report`: rcdiag.cli.COMMANDS' warm hook)
 
         result = make_report([str(r) for r in runs], out, options)
-    if not quiet:
+    if quiet:
+        for report in result.reports:
+            typer.echo(verdict_line(report))
+    else:
         for report in result.reports:
             typer.echo(summary_line(report))
         typer.echo(f"Wrote {result.out}/report.html, report.md, metrics.json")
@@ -128,6 +133,13 @@ def command(
         typer.echo(f"--fail-on {fail_on}:\n" + "\n".join(f"  {line}" for line in result.fail_on), err=True)
     if result.failed:
         raise typer.Exit(1)
+
+
+def verdict_line(report: RunReport) -> str:
+    """One run's verdict in one line: 'runs/x: ALARM: … — no correction' (the --quiet output a CI log keeps)."""
+    from rcdiag.report.sections import verdict_phrase  # loaded with the report; --help stays light
+
+    return f"{report.name}: {report.verdict.headline()}{verdict_phrase(report)}"
 
 
 def summary_line(report: RunReport) -> str:

@@ -18,20 +18,24 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rcdiag.analysis.correction.modes import IS_METRIC_NAMES
+from rcdiag.analysis.distributions.shape import Concentration, concentration
 from rcdiag.analysis.metrics.bootstrap import bootstrap
-from rcdiag.analysis.metrics.floor import NoiseSummary, coarser_dtype
+from rcdiag.analysis.metrics.floor import NoiseSummary
+from rcdiag.analysis.metrics.position_noise import PositionProfile
 from rcdiag.analysis.passes.accum import Totals
+from rcdiag.analysis.passes.kernels import COLUMN
 from rcdiag.analysis.passes.threads import in_background
 from rcdiag.analysis.training.drift import Timeline, timeline
-from rcdiag.analysis.verdict.causes import Context, from_lag
+from rcdiag.analysis.verdict.causes import from_lag
 from rcdiag.analysis.verdict.health import UNKNOWN, VERDICT_MODE
 from rcdiag.analysis.verdict.judge import Verdict, verdict
+from rcdiag.analysis.verdict.model import Context
 from rcdiag.checks.evidence import Finding
 from rcdiag.checks.verdicts import findings as check_findings
 from rcdiag.errors import InputError
 from rcdiag.probe.answer import latest_answer
 from rcdiag.report.cache import cached_passes
-from rcdiag.report.context import architecture, engine_replayed, side_dtypes
+from rcdiag.report.context import architecture, engine_replayed, precision, unrecorded
 from rcdiag.report.lag_section import LagFindings, lag_findings
 from rcdiag.report.options import WORST_SEQUENCES, ReportOptions
 from rcdiag.report.passes import Library
@@ -72,6 +76,8 @@ class RunReport:
     recommendation: Recommendation = field(default_factory=lambda: Recommendation("unavailable", "not made yet"))
     verdict: Verdict = field(default_factory=lambda: Verdict(UNKNOWN))
     noise: NoiseSummary | None = None  # the noise floor's evidence (rcdiag.analysis.metrics.floor)
+    positions: PositionProfile | None = None  # the same per response position (analysis.metrics.position_noise)
+    concentration: Concentration | None = None  # Σ|ℓ| over sequences (analysis.distributions.shape)
     context: Context = field(default_factory=Context)  # what the verdict knew besides the numbers
     trend: Any = None  # per-step DataFrame (rcdiag.analysis.training.trend) of a multi-step run, else None
     timeline: Timeline | None = None  # step change / drift across training (rcdiag.analysis.training.drift), multi-step only
@@ -151,6 +157,8 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
         report.metrics_error = str(exc)
     _suppress_invalidated(report)
     report.noise = scan.checks.noise.finish()
+    report.positions = scan.checks.positions.finish()
+    report.concentration = sequence_concentration(scan)
     report.trend = report_trend(run, options)
     report.timeline = None if report.trend is None else timeline(report.trend)
     report.lag = lag.result()
@@ -161,14 +169,25 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
 
 
 def verdict_context(report: RunReport) -> Context:
-    """What the verdict knows besides the numbers: the coarser dtype of the two sides, the architecture, whether
-    the rollout side is a replay, the timeline, whether the metrics refused the data, and the causes the lag split
-    and the routing agreement contribute."""
-    ctx = Context(dtype=coarser_dtype(*side_dtypes(report.manifest)), architecture=architecture(report.manifest),
+    """What the verdict knows besides the numbers: each side's precision as recorded, the architecture, whether
+    the rollout side is a replay, the timeline, whether the metrics refused the data, the causes the lag split and
+    the routing agreement contribute, the shape of the mismatch (by position, over sequences) and what the run
+    does not record."""
+    ctx = Context(dtype=precision(report.manifest), architecture=architecture(report.manifest),
                   replay=engine_replayed(report.manifest), timeline=report.timeline, noise=report.noise,
                   refused=report.metrics_error, extra=tuple(c for c in (from_lag(report.lag.cause),) if c),
-                  probe=None if (answer := latest_answer(report.path)) is None else answer.top_line)
+                  probe=None if (answer := latest_answer(report.path)) is None else answer.top_line,
+                  positions=report.positions, concentration=report.concentration,
+                  unknown=unrecorded(report.manifest))
     return routing_context(ctx, report, headline_values(report))
+
+
+def sequence_concentration(scan: Scan) -> Concentration | None:
+    """How Σ|ℓ| spreads over the scan's sequences (their per-sequence table's T and Σ|ℓ|)."""
+    ids, sums = scan.sums.table()
+    if not len(ids):
+        return None
+    return concentration(ids, sums[:, COLUMN["T"]], sums[:, COLUMN["sum_abs"]])
 
 
 def headline_values(report: RunReport) -> dict[str, float]:

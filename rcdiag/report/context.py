@@ -1,9 +1,10 @@
-"""The one-line context of a run, from its manifest: engine (vLLM version, dtype, temperature, top-p/top-k,
-logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source.
+"""The one-line context of a run, from its manifest: engine (vLLM version, dtype, quantization, temperature,
+top-p/top-k, logprobs mode) → trainer (transformers version, dtype, attention), or the importer and its source;
+and what the verdict knows from it (each side's precision, the architecture, what the run does not record).
 
-All manifest reading of the verdict's surfaces (report, dashboard Overview, notebook card) is here — `run_context`,
-`side_dtypes`, `engine_replayed`, `architecture` — read defensively with .get, so that a typed manifest reader
-(rcdiag.store.manifest) can replace it in one place.
+All manifest reading of the verdict's surfaces (report, dashboard Overview, notebook card) is here, on the typed
+manifest (rcdiag.store.manifest.Manifest; a dict is validated into one). A fact a newer writer records in a typed
+field and an older one left among the section's extras reads the same (`recorded`).
 """
 from __future__ import annotations
 
@@ -11,32 +12,53 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rcdiag.analysis.metrics.precision import Precision
+from rcdiag.store.manifest import Engine, Manifest, Trainer
 
-def _section(manifest: Any, name: str) -> dict[str, Any]:
-    value = manifest.get(name) if isinstance(manifest, dict) else None
-    return value if isinstance(value, dict) else {}
+
+def _info(manifest: Any) -> Manifest:
+    return Manifest.of(manifest if isinstance(manifest, Manifest | dict) else None)
+
+
+def recorded(section: Any, *names: str) -> Any:
+    """The first of `names` a manifest section records: its typed field, else its extras (None: not recorded)."""
+    if section is None:
+        return None
+    for name in names:
+        value = getattr(section, name, None)
+        if value is None:
+            value = getattr(section, "extra", {}).get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _engine(info: Manifest) -> Engine:
+    return info.engine or Engine()
+
+
+def _trainer(info: Manifest) -> Trainer:
+    return info.trainer or Trainer()
 
 
 def run_context(manifest: Any) -> dict[str, Any]:
     """The context facts of a manifest: {'importer', 'source', 'engine': {...}, 'trainer': {...}} (None where
     the manifest does not record a fact). The engine's dtype is the one it resolved (`dtype_resolved`: 'auto'
     → bfloat16), else the one requested."""
-    engine, trainer, source = (_section(manifest, k) for k in ("engine", "trainer", "source"))
-    sampling = engine.get("sampling") if isinstance(engine.get("sampling"), dict) else {}
-
-    def pick(*keys: str, where: tuple[dict[str, Any], ...] = (engine, sampling)) -> Any:
-        return next((d[k] for d in where for k in keys if d.get(k) is not None), None)
-
-    kind = str(source.get("kind") or "")
+    info = _info(manifest)
+    engine, trainer = _engine(info), _trainer(info)
+    kind = str(info.source.kind or "")
     return {
         "importer": kind.split(":", 1)[1] if kind.startswith("imported:") else None,
-        "source": source.get("path"),
-        "engine": {"name": pick("name"), "version": pick("version", "vllm_version"),
-                   "dtype": pick("dtype_resolved", "dtype", "engine_dtype"), "temperature": pick("temperature"),
-                   "top_p": pick("top_p"), "top_k": pick("top_k"), "logprobs_mode": pick("logprobs_mode")},
-        "trainer": {"transformers": trainer.get("transformers_version"), "dtype": trainer.get("dtype"),
-                    "attention": trainer.get("attn_implementation"), "temperature": trainer.get("temperature"),
-                    "device": trainer.get("device")},
+        "source": info.source.path,
+        "engine": {"name": engine.name, "version": recorded(engine, "version", "vllm_version"),
+                   "dtype": recorded(engine, "dtype_resolved", "dtype", "engine_dtype"),
+                   "quantization": recorded(engine, "quantization"),
+                   "kv_cache_dtype": recorded(engine, "kv_cache_dtype"), "temperature": engine.temperature,
+                   "top_p": engine.top_p, "top_k": engine.top_k, "logprobs_mode": engine.logprobs_mode},
+        "trainer": {"transformers": recorded(trainer, "transformers_version"),
+                    "dtype": recorded(trainer, "dtype_resolved", "dtype"), "attention": trainer.attn_implementation,
+                    "temperature": trainer.temperature, "device": recorded(trainer, "device")},
     }
 
 
@@ -50,7 +72,7 @@ def _side(side: str, name: str, details: str) -> str:
     return " ".join(x for x in (side, name, f"({details})" if name and details else details) if x)
 
 
-def _join(parts: list[str]) -> str:
+def _join(parts: list[Any]) -> str:
     return ", ".join(p for p in parts if p)
 
 
@@ -60,7 +82,10 @@ def context_line(manifest: Any) -> str:
     facts = run_context(manifest)
     e, t = facts["engine"], facts["trainer"]
     top_k = e["top_k"]
-    engine = _join([e["dtype"] and str(e["dtype"]), e["temperature"] is not None and f"T={_g(e['temperature'])}",
+    quant = _join([e["quantization"] and f"{e['quantization']} weights",
+                   e["kv_cache_dtype"] not in (None, "auto") and f"{e['kv_cache_dtype']} KV cache"])
+    engine = _join([e["dtype"] and str(e["dtype"]), quant,
+                    e["temperature"] is not None and f"T={_g(e['temperature'])}",
                     e["top_p"] is not None and f"top-p {_g(e['top_p'])}",
                     top_k is not None and (f"top-k {top_k}" if isinstance(top_k, int) and top_k > 0 else "top-k off"),
                     e["logprobs_mode"] and str(e["logprobs_mode"])])
@@ -78,12 +103,12 @@ def measured_note(manifest: Any) -> str:
     """' · rollout = prefill replay of the text' (or '… of the stored tokens') where the rollout side is vLLM
     re-reading tokens rather than the log-probs the rollout sampled with; ' · trainer = π_θ at the micro-step'
     where the trainer side is not π_old (rcdiag.store.manifest.Measured)."""
-    measured, source = _section(manifest, "measured"), _section(manifest, "source")
+    info = _info(manifest)
     notes = []
-    if measured.get("rollout") == "prefill_replay":
-        notes.append("rollout = prefill replay of " + ("the text" if source.get("retokenized") else
+    if info.measured.rollout == "prefill_replay":
+        notes.append("rollout = prefill replay of " + ("the text" if info.source.retokenized else
                                                        "the stored tokens"))
-    if measured.get("trainer") == "pi_theta_microstep":
+    if info.measured.trainer == "pi_theta_microstep":
         notes.append("trainer = π_θ at the micro-step (not π_old)")
     return "".join(f" · {n}" for n in notes)
 
@@ -91,16 +116,37 @@ def measured_note(manifest: Any) -> str:
 def side_dtypes(manifest: Any) -> tuple[Any, Any]:
     """(engine dtype, trainer dtype) as resolved where recorded (the engine's `dtype_resolved` before a requested
     'auto'); None where not recorded."""
-    engine, trainer = _section(manifest, "engine"), _section(manifest, "trainer")
-    return (engine.get("dtype_resolved") or engine.get("dtype") or engine.get("engine_dtype"),
-            trainer.get("dtype_resolved") or trainer.get("dtype"))
+    info = _info(manifest)
+    return (recorded(_engine(info), "dtype_resolved", "dtype", "engine_dtype"),
+            recorded(_trainer(info), "dtype_resolved", "dtype"))
+
+
+def precision(manifest: Any) -> Precision:
+    """Each side's precision as the run records it (rcdiag.analysis.metrics.precision: unrecorded parts are None,
+    and the floor assumes bfloat16 for them, saying so)."""
+    info = _info(manifest)
+    engine_dtype, trainer_dtype = side_dtypes(info)
+    return Precision.of(engine_dtype, trainer_dtype, recorded(_engine(info), "quantization"),
+                        recorded(_engine(info), "kv_cache_dtype"))
 
 
 def engine_replayed(manifest: Any) -> bool:
     """Whether the rollout log-probs are a prefill replay of given tokens (`rcdiag score --rescore-both`), not what
     the rollout sampled with."""
-    engine, measured = _section(manifest, "engine"), _section(manifest, "measured")
-    return measured.get("rollout") == "prefill_replay" or bool(engine.get("replayed"))
+    info = _info(manifest)
+    return info.measured.rollout == "prefill_replay" or bool(_engine(info).replayed)
+
+
+def unrecorded(manifest: Any) -> tuple[str, ...]:
+    """What else the verdict would want and the run does not record (beyond the dtypes and the architecture, which
+    the verdict names itself): the sampling settings."""
+    engine = _engine(_info(manifest))
+    missing = [name for name, value in (("temperature", engine.temperature), ("top-p", engine.top_p),
+                                         ("top-k", engine.top_k), ("logprobs mode", engine.logprobs_mode))
+               if value is None]
+    if not missing:
+        return ()
+    return (f"{', '.join(missing)} (the checks read them from the data alone)",)
 
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -112,22 +158,35 @@ CONFIG_LIMIT = 1 << 20
 def architecture(manifest: Any) -> str | None:
     """'moe' or 'dense' for the run's model — from the manifest where it records it, else from the model
     directory's config.json (a regular file under CONFIG_LIMIT bytes); None when unknown (most imports)."""
-    for name in ("engine", "trainer", "models", "spec"):
-        recorded = _section(manifest, name).get("architecture")
-        if recorded in ("moe", "dense"):
-            return recorded
-    for name in ("trainer", "engine", "spec"):
-        model = _section(manifest, name).get("model")
-        if not isinstance(model, str) or not model:
-            continue
-        config = Path(model) / "config.json"
-        try:
-            if not config.is_file() or config.stat().st_size > CONFIG_LIMIT:
-                continue
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(data, dict):
-            inner = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
-            return "moe" if any(isinstance(inner.get(k), int) and inner[k] > 1 for k in MOE_KEYS) else "dense"
+    info = _info(manifest)
+    sections = [info.engine, info.trainer, *info.models.values()]
+    spec = info.extra.get("spec")
+    for section in sections:
+        found = recorded(section, "architecture")
+        if found in ("moe", "dense"):
+            return found
+    if isinstance(spec, dict) and spec.get("architecture") in ("moe", "dense"):
+        return spec["architecture"]
+    models = [recorded(info.trainer, "model"), recorded(info.engine, "model"),
+              spec.get("model") if isinstance(spec, dict) else None,
+              *(ref.path for ref in info.models.values())]
+    for model in models:
+        if isinstance(model, str) and model:
+            found = _config_architecture(Path(model))
+            if found is not None:
+                return found
     return None
+
+
+def _config_architecture(model: Path) -> str | None:
+    config = model / "config.json"
+    try:
+        if not config.is_file() or config.stat().st_size > CONFIG_LIMIT:
+            return None
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    inner = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    return "moe" if any(isinstance(inner.get(k), int) and inner[k] > 1 for k in MOE_KEYS) else "dense"

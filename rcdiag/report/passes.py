@@ -10,14 +10,14 @@ from typing import Any
 
 from rcdiag.analysis.correction.advantages import Advantages, run_advantages
 from rcdiag.analysis.correction.gates import GateAccumulator, report_gates
-from rcdiag.analysis.correction.modes import ISAccumulator, ISGroup, get_mode, lower_for
+from rcdiag.analysis.correction.modes import ISAccumulator, ISGroup, get_mode, lower_for, mode_names
 from rcdiag.analysis.correction.rejection import REJECTION_OPTIONS, rejection_bound
 from rcdiag.analysis.metrics.compute import MetricsAccumulator
 from rcdiag.analysis.passes.accum import ChunkConsumer, Totals
 from rcdiag.analysis.passes.chunks import TokenChunk
 from rcdiag.analysis.passes.engine import MapFiles, compile_notice, run_pass
 from rcdiag.errors import InputError
-from rcdiag.report.options import MODES, ReportOptions
+from rcdiag.report.options import ReportOptions
 from rcdiag.report.scan import Scan, scan_parts, sequence_info
 from rcdiag.store.run import Run
 
@@ -74,7 +74,8 @@ def library_accumulators(options: ReportOptions) -> Library:
     which each make their own pass)."""
     o = options
     thresholds = tuple(dict.fromkeys((*o.thresholds, o.threshold)))
-    grid = [get_mode(m).with_bounds(c, lower_for(m, o.convention, o.lower)) for m in MODES for c in thresholds]
+    grid = [get_mode(m).with_bounds(c, lower_for(m, o.convention, o.lower)) for m in mode_names()
+            for c in thresholds]
     tis = [get_mode("token_truncate").with_bounds(o.threshold, lower_for("token_truncate", o.convention, o.lower))]
     rejections = {opt: ISAccumulator(tis, o.convention, rejection=[rejection_bound(opt, o.threshold)])
                   for opt in REJECTION_OPTIONS}

@@ -13,10 +13,12 @@ import numpy as np
 
 from rcdiag.analysis.conventions import get_convention
 from rcdiag.analysis.correction.gate_defs import GATES
+from rcdiag.analysis.correction.modes import get_mode, mode_names
 from rcdiag.analysis.distributions.tails import EDGES, TailAccumulator
+from rcdiag.analysis.verdict.causes import MATERIAL
 from rcdiag.analysis.verdict.health import HEALTHY, UNKNOWN
 from rcdiag.report.gate_advice import gate_reasons, gate_rows
-from rcdiag.report.options import ESS_TARGET, MODES
+from rcdiag.report.options import ESS_TARGET
 from rcdiag.report.settings import trainer_settings
 
 BIAS_LIMIT = 0.05
@@ -64,11 +66,13 @@ def sequence_tail(report: Any, threshold: float) -> tuple[float, float]:
 
 
 def _weigh(report: Any) -> list[dict[str, Any]]:
-    """Every sweep row with its tail share and mass beyond C, bias and share thrown away."""
+    """Every sweep row with its tail share and mass beyond C, bias and share thrown away; level and action are
+    the mode's declared ones (rcdiag.analysis.correction.modes.CorrectionMode)."""
     rows = []
     cache: dict[tuple[str, float], tuple[float, float]] = {}
     for record in report.sweep.to_dict(orient="records"):
-        level, action = record["mode"].split("_")
+        mode = get_mode(record["mode"])  # the declared row: a preset's name says nothing of its level or action
+        level, action = mode.level, mode.action
         key = (level, float(record["threshold"]))
         if key not in cache:
             cache[key] = (token_tail(report.scan.tails, key[1]) if level == "token"
@@ -131,6 +135,9 @@ NUMBERS = ("ess", "clipped_frac", "is_weight_mean", "kept_token_frac", "kept_seq
 """The chosen setting's numbers a Recommendation carries (its sweep row's)."""
 
 
+WITHHELD = {"prompt_mismatch": "", "few_sequences": ""}
+"""Why no correction is advised, by the cause it acts on, where the cause's own action does not already say it (the
+shapes' actions do; the default names training on another policy's data)."""
 SOURCE_FIRST = {"routing": "replay the engine's routes"}
 """Verdict causes whose action removes the gap's source → that action in a few words: a correction chosen for
 such a run is what to run until then, and the recommendation and the headline say so instead of offering it as
@@ -197,7 +204,8 @@ def _recommend(report: Any) -> dict[str, Any]:
         mode = None if row is None else row["mode"]
         c = None if row is None else float(row["threshold"])
         snippets = trainer_settings(mode, c, o.lower, o.convention, conv.is_seq_ratio)
-        return {**base, "kind": kind, "mode": mode, "threshold": c, "text": text,
+        lower = o.lower if mode is None else get_mode(mode).with_bounds(c, o.lower).lower  # a preset's own L
+        return {**base, "kind": kind, "mode": mode, "threshold": c, "lower": lower, "text": text,
                 "settings": [asdict(s) for s in snippets], **({} if row is None else _numbers(row)), **extra}
 
     errors = [f for f in report.checks if f.severity == "error"]
@@ -211,10 +219,12 @@ def _recommend(report: Any) -> dict[str, Any]:
     verdict = report.verdict
     if verdict.status != UNKNOWN and not verdict.correct:
         cause = verdict.cause
+        why = WITHHELD.get(cause.kind, "An IS correction here would bound the symptom and keep training on data "
+                                       "from another policy.")
         why = ("An IS correction would only bound the symptom of that setting." if cause.kind.startswith("input")
-               else "An IS correction here would bound the symptom and keep training on data from another policy.")
+               else why)
         return {**done("fix_cause", f"No correction: {_sentence(cause.title[0].upper() + cause.title[1:])} "
-                       f"{_sentence(cause.action)} {why}"), "settings": [], "cause": cause.kind}
+                       f"{_sentence(cause.action)}{' ' + why if why else ''}"), "settings": [], "cause": cause.kind}
     frame = report.sweep
     if frame is None or len(frame) == 0 or not np.isfinite(frame["ess"].to_numpy(dtype=float)).any():
         why = report.metrics_error or ("no valid token has a weight (the run has no valid tokens)"
@@ -236,7 +246,7 @@ def _recommend(report: Any) -> dict[str, Any]:
     candidates = [r for r in rows if r["clipped_frac"] > 0] if heavy else rows
     good = sorted((r for r in candidates if _acceptable(r)), key=_preference)
     alternatives = []
-    for mode in MODES:
+    for mode in mode_names():
         own = [r for r in candidates if r["mode"] == mode]
         pick = (sorted((r for r in own if _acceptable(r)), key=_preference)
                 or sorted(own, key=lambda r: (-r["ess"], r["bias"])))
@@ -278,6 +288,19 @@ def _recommend(report: Any) -> dict[str, Any]:
     for alt in alternatives:
         if alt["mode"] == best["mode"] and alt["threshold"] == best["threshold"]:
             alt["why"] = "recommended"
+    spread = float(report.tails.get("abs_log_ratio_mean", float("nan")))
+    if best["clipped_frac"] == 0 and spread > MATERIAL:  # no tail to bound, but every token is off: reweight them
+        outside = float(report.tails.get("frac_outside_0.9_1.1", float("nan")))
+        text = (f"Use {best['mode']} at C={best['threshold']:g} (verdict: {verdict.status}). The mismatch is spread "
+                f"over every token rather than in a tail: mean |ℓ| {spread:.3g}, {outside:.1%} of tokens have a ratio "
+                f"outside [0.9, 1.1], none beyond C. Uncorrected, each token enters the gradient weighted by the "
+                f"engine's probability instead of the trainer's — a bias of ~{spread:.0%} a token, above the "
+                f"{MATERIAL:.0%} the report calls material; the correction's weights remove it on every token they "
+                "reweight, not only where they clip (FlashRL and the FP8-RL reports train quantized rollouts with TIS "
+                f"on). At this setting it clips {best['clipped_frac']:.2%}, keeps ESS at {best['ess']:.4f} and adds "
+                f"a bias |E[w]−1| = {best['bias']:.2%} of its own.")
+        return done("correct", stopgap(verdict.cause.kind, text), best, meets_target=True,
+                    alternatives=alternatives, gates=gates)
     if best["clipped_frac"] == 0:  # nothing to bound: paste the monitoring settings, not a correction
         text = (f"No correction is needed for the tail (verdict: {verdict.status}, {verdict.cause.title}): {tail}, "
                 f"and every acceptable setting clips nothing (e.g. {best['mode']} at C={best['threshold']:g} keeps "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rcdiag import __version__
-from rcdiag.analysis.correction.modes import lower_for
+from rcdiag.analysis.correction.modes import lower_for, mode_names
 from rcdiag.analysis.distributions.strata import titles
 from rcdiag.analysis.distributions.tails import TAIL_NAMES
 from rcdiag.analysis.keys import rename
@@ -26,7 +26,7 @@ from rcdiag.report.build import RunReport
 from rcdiag.report.context import context_line, run_context
 from rcdiag.report.correction_section import correction_blocks
 from rcdiag.report.lag_section import lag_section
-from rcdiag.report.options import ESS_TARGET, MODES, ReportOptions
+from rcdiag.report.options import ESS_TARGET, ReportOptions
 from rcdiag.report.probe_section import probe_section
 from rcdiag.report.recommend import SOURCE_FIRST
 from rcdiag.report.render import BADGE, Block, fmt, render_files
@@ -148,8 +148,9 @@ def _summary(report: RunReport) -> str:
 
 def _lower_note(o: ReportOptions) -> str:
     """Where the convention bounds only some modes from below, which ones L applies to."""
-    bounded = [m for m in MODES if lower_for(m, o.convention, o.lower) is not None]
-    return "" if len(bounded) == len(MODES) else f" (on {', '.join(bounded)}: {o.convention} bounds only those)"
+    modes = mode_names()
+    bounded = [m for m in modes if lower_for(m, o.convention, o.lower) is not None]
+    return "" if len(bounded) == len(modes) else f" (on {', '.join(bounded)}: {o.convention} bounds only those)"
 
 
 def verdict_blocks(report: RunReport) -> list[Block]:

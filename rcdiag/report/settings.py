@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rcdiag.analysis.correction.modes import CorrectionMode, get_mode
+
 
 @dataclass(frozen=True)
 class Snippet:
@@ -51,19 +53,27 @@ PRODUCT_NOTE = ("rcdiag's {convention} convention forms the sequence ratio as {k
                 "at this C before pasting.")
 
 
+MODE_NAMES = {("token", "truncate"): "token_truncate", ("token", "mask"): "token_mask",
+              ("sequence", "truncate"): "sequence_truncate", ("sequence", "mask"): "sequence_mask"}
+"""TRL's vllm_importance_sampling_mode and ms-swift's --rollout_importance_sampling_mode for a mode's (level,
+action): both name their four modes so (grpo_config.py, args_mixin.py). A preset of rcdiag's own name (a
+`token_band_mask`) is set under its framework name, with its bounds."""
+VERL_LEVELS = {"token": "token", "sequence": "sequence"}
+"""verl's algorithm.rollout_correction.rollout_is for a level (rollout_correction.yaml)."""
+
+
 def _g(x: float) -> str:
     return f"{x:g}"
 
 
-def _verl(mode: str | None, c: float, lower: float | None) -> Snippet:
+def _verl(mode: CorrectionMode | None) -> Snippet:
     head = "actor_rollout_ref.rollout.calculate_log_probs=True \\\n"
     if mode is None:
         return Snippet(*VERL, "bash", head + "algorithm.rollout_correction.rollout_is=null",
                        "metrics only: rollout_corr/* (kl, k3_kl, chi2_token, …) are logged, no weights applied.")
-    level, action = mode.split("_")
-    key = "algorithm.rollout_correction"
+    key, c, lower = "algorithm.rollout_correction", mode.upper, mode.lower
     note = ""
-    if action == "truncate":
+    if mode.action == "truncate":
         threshold = f"{key}.rollout_is_threshold={_g(c)}"
         if lower is not None:
             note = "verl's TIS clamps from above only: the lower bound L cannot be expressed (an \"L_U\" string " \
@@ -71,36 +81,37 @@ def _verl(mode: str | None, c: float, lower: float | None) -> Snippet:
     else:
         threshold = f"'{key}.rollout_is_threshold=\"{_g(lower if lower is not None else NO_LOWER)}_{_g(c)}\"'"
         note = "IcePop masking: weights outside [L, C] become 0; the loss denominator is unchanged."
-    code = (head + f"{key}.rollout_is={level} \\\n{threshold} \\\n{key}.bypass_mode=false")
+    code = (head + f"{key}.rollout_is={VERL_LEVELS[mode.level]} \\\n{threshold} \\\n{key}.bypass_mode=false")
     return Snippet(*VERL, "bash", code, note)
 
 
-def _trl(mode: str | None, c: float, lower: float | None) -> Snippet:
+def _trl(mode: CorrectionMode | None) -> Snippet:
     if mode is None:
         return Snippet(*TRL, "python", "GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=False)",
                        "TRL corrects by default (sequence_mask, C = 3.0); it logs "
                        "sampling/sampling_logp_difference/* either way.")
-    low = "" if lower is None else f",\n           vllm_importance_sampling_clip_min={_g(lower)}"
+    low = "" if mode.lower is None else f",\n           vllm_importance_sampling_clip_min={_g(mode.lower)}"
     code = (f"GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True,\n"
-            f"           vllm_importance_sampling_mode=\"{mode}\",\n"
-            f"           vllm_importance_sampling_clip_max={_g(c)}{low})")
+            f"           vllm_importance_sampling_mode=\"{MODE_NAMES[mode.level, mode.action]}\",\n"
+            f"           vllm_importance_sampling_clip_max={_g(mode.upper)}{low})")
     return Snippet(*TRL, "python", code)
 
 
-def _swift(mode: str | None, c: float, lower: float | None) -> Snippet:
+def _swift(mode: CorrectionMode | None) -> Snippet:
     head = "swift rlhf --rlhf_type grpo --use_vllm true \\\n  "
     if mode is None:
         return Snippet(*SWIFT, "bash", head + "--log_rollout_offpolicy_metrics true",
                        "metrics only (rollout_correction/*), no weights applied.")
     notes = []
-    if mode.startswith("sequence"):
+    if mode.level == "sequence":
         notes.append("ms-swift's sequence modes bound the GEOMETRIC mean of the token ratios (rcdiag's "
                      "--convention swift), not their product: C means something else than in verl/TRL.")
-    if mode == "sequence_mask":
+    if (mode.level, mode.action) == ("sequence", "mask"):
         notes.append("Kept sequences get their untruncated token ratios as weights.")
-    if lower is not None:
+    if mode.lower is not None:
         notes.append("No lower bound L exists in ms-swift.")
-    code = head + f"--rollout_importance_sampling_mode {mode} \\\n  --rollout_importance_sampling_threshold {_g(c)}"
+    code = head + (f"--rollout_importance_sampling_mode {MODE_NAMES[mode.level, mode.action]} \\\n  "
+                   f"--rollout_importance_sampling_threshold {_g(mode.upper)}")
     return Snippet(*SWIFT, "bash", code, " ".join(notes))
 
 
@@ -123,18 +134,19 @@ def _float(x: float) -> str:
     return text if "." in text else text.replace("e", ".0e")
 
 
-def _slime(mode: str | None, c: float, lower: float | None) -> Snippet:
+def _slime(mode: CorrectionMode | None) -> Snippet:
     if mode is None:
         return Snippet(*SLIME, "bash", "# nothing to set: train/train_rollout_logprob_abs_diff is logged whenever "
                        "rollout log-probs exist", "Megatron backend only.")
+    c, lower = mode.upper, mode.lower
     low = "" if lower is None else f" --tis-clip-low {_g(lower)}"
-    if mode == "token_truncate":
-        return Snippet(*SLIME, "bash", f"--use-tis --tis-clip {_g(c)}{low}", "Megatron backend only.")
-    if mode == "token_mask":
+    if mode.level == "token":
+        if mode.action == "truncate":
+            return Snippet(*SLIME, "bash", f"--use-tis --tis-clip {_g(c)}{low}", "Megatron backend only.")
         return Snippet(*SLIME, "bash", f"--use-tis --tis-clip {_g(c)}{low} \\\n--custom-tis-function-path "
                        "slime.backends.megatron_utils.loss.icepop_function",
                        "icepop_function zeroes weights outside [L, C]; the loss mask is unchanged.")
-    tis_mode = ("clip" if lower is not None else "truncate") if mode == "sequence_truncate" else "mask"
+    tis_mode = ("clip" if lower is not None else "truncate") if mode.action == "truncate" else "mask"
     yaml = SLIME_YAML.format(tis_mode=tis_mode, upper=_float(c), lower=_float(lower or 0.0))
     code = ("--use-tis --custom-config-path rcdiag_mis.yaml \\\n--custom-tis-function-path "
             "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp\n\n" + yaml)
@@ -143,21 +155,26 @@ def _slime(mode: str | None, c: float, lower: float | None) -> Snippet:
 
 
 BUILDERS = (_verl, _trl, _swift, _slime)
+PRODUCT_FRAMEWORKS = ("verl", "TRL", "slime")
+"""The frameworks whose sequence ratio is the product of the token ratios (the note when the report's is not)."""
 
 
-def trainer_settings(mode: str | None, threshold: float | None = None, lower: float | None = None,
-                     convention: str = "canonical", sequence_ratio: str = "geometric") -> list[Snippet]:
-    """The snippets of every framework for `mode` at C = `threshold` (lower L optional); mode None gives the
-    'monitor only' settings (no correction, metrics logged). `sequence_ratio` is how the report's convention
-    forms a sequence ratio (Convention.is_seq_ratio): for sequence modes the product-based frameworks get a note
-    when it differs."""
+def trainer_settings(mode: str | CorrectionMode | None, threshold: float | None = None,
+                     lower: float | None = None, convention: str = "canonical",
+                     sequence_ratio: str = "geometric") -> list[Snippet]:
+    """The snippets of every framework for `mode` (a preset's name or a CorrectionMode) at C = `threshold` (lower
+    L optional: None keeps the mode's own, e.g. a preset's 1/C); mode None gives the 'monitor only' settings (no
+    correction, metrics logged). Each builder reads the mode's declared level and action, never its name.
+    `sequence_ratio` is how the report's convention forms a sequence ratio (Convention.is_seq_ratio): for
+    sequence modes the product-based frameworks get a note when it differs."""
     c = float(threshold) if threshold is not None else 2.0
-    out = [build(mode, c, lower) for build in BUILDERS]
-    if mode is not None and mode.startswith("sequence") and not sequence_ratio.startswith("product"):
+    row = None if mode is None else get_mode(mode).with_bounds(c, lower)
+    out = [build(row) for build in BUILDERS]
+    if row is not None and row.level == "sequence" and not sequence_ratio.startswith("product"):
         extra = PRODUCT_NOTE.format(convention=convention, kind="the geometric mean of the token ratios",
                                     target="verl")
         out = [Snippet(s.framework, s.version, s.source, s.language, s.code, f"{s.note} {extra}".strip())
-               if s.framework in ("verl", "TRL", "slime") else s for s in out]
+               if s.framework in PRODUCT_FRAMEWORKS else s for s in out]
     return out
 
 

@@ -39,5 +39,5 @@ def test_a_page_is_a_view_file_and_one_row(tmp_path, monkeypatch):
     test.run()
     test.switch_page("views/toy.py").run()
     assert not test.exception and not test.error
-    assert any(m.value.startswith("**HEALTHY: numerical mismatch at the bfloat16 floor") for m in test.markdown)
+    assert any(m.value.startswith("**HEALTHY: numerical mismatch at or below the bfloat16 floor") for m in test.markdown)
     assert any(h.value == "Toy · run" for h in test.header)

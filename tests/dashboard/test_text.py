@@ -80,3 +80,18 @@ def test_long_response_is_windowed(make_app, tmp_path):
     assert len(strip.encode()) < 400 * tokenstrip.WINDOW  # bounded whatever the response length
     with pytest.raises(ValueError, match="at most"):
         tokenstrip.strip_html(tokens, None, 1.0)
+
+
+def test_no_page_script_has_a_bare_string_for_streamlit_to_write():
+    """Streamlit's "magic" writes every bare string of a page script onto the page: the Compare page showed its
+    COUNT_METRICS docstring above its title. Only the module docstring (which magic skips) may be a bare string."""
+    import ast
+    from pathlib import Path
+
+    app = Path(__file__).resolve().parents[2] / "app"
+    found = []
+    for script in [app / "dashboard.py", *sorted((app / "views").glob("*.py"))]:
+        body = ast.parse(script.read_text()).body
+        found += [f"{script.name}:{node.lineno}" for node in body[1:] if isinstance(node, ast.Expr)
+                  and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+    assert found == []

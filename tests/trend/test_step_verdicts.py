@@ -97,7 +97,7 @@ def test_trends_page_colours_points_and_cards_by_band(make_app, growing_run):  #
     app = make_app(growing_run, page="trends")
     assert_clean(app)
     assert any("it changes at 2 step(s): step 7: healthy → warning" in m.value for m in app.markdown)
-    assert app.warning[0].value.startswith("**Step change** (the run's verdict: Overview). The mismatch jumped ×")
+    assert app.warning[0].value.startswith("**Step change.** The mismatch jumped ×")
     spec = app.get("vega_lite_chart")[0].proto.spec
     assert '"band"' in spec and all(c in spec for c in (COLOURS[HEALTHY], COLOURS[WARNING], COLOURS[ALARM]))
     app.selectbox(key="trend_step").set_value(GROWS + 2).run()

@@ -84,6 +84,12 @@ MODES: dict[str, CorrectionMode] = presets()
 token_truncate, token_mask, sequence_truncate, sequence_mask = (MODES[n] for n in IS_MODES[:4])
 
 
+def mode_names() -> tuple[str, ...]:
+    """The preset names in table order, as the table is now (the report's sweep, its alternatives): read at each
+    call, so a row added to defaults.IS_MODE_TABLE reaches the report as it reaches get_mode."""
+    return tuple(defaults.IS_MODE_TABLE)
+
+
 def get_mode(mode: str | CorrectionMode) -> CorrectionMode:
     if isinstance(mode, CorrectionMode):
         return mode

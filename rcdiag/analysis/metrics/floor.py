@@ -44,6 +44,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from rcdiag.analysis.metrics.precision import Floor, Precision
+
 DENSE_LIMIT = 2.0
 """|ℓ| (nats) beyond which a token of a known dense model is not numerical mismatch (see the module doc)."""
 ANY_LIMIT = 15.0
@@ -75,26 +77,13 @@ U_LOG10 = (-9.0, 3.0)
 U_BINS = 480
 Q_RANGE = (-3.0, 3.0)
 Q_BINS = 1200
-_NORMAL_MAD = 0.6744897501960817
+NORMAL_MAD = 0.6744897501960817
 """The median of |N(0, 1)|."""
 
-DTYPE_SIGMA: dict[str, tuple[float, float]] = {
-    "bfloat16": (0.045, 0.10),
-    "float16": (0.0045, 0.0125),
-    "float32": (1e-5, 1e-4),
-}
-"""(typical, largest plausible) noise scale σ when the coarser side computes in this dtype. bf16: measured here,
-vLLM bf16 → transformers fp32: 0.034 (sample model, 4 layers), 0.052 (SmolLM2, 30 layers); the largest plausible,
-2× the deeper one, is rcdiag's extrapolation to larger models and long contexts (published dense k3 levels — R3's
-Qwen3-8B 6.4e-4 — match SmolLM2's 6.3e-4). fp16: 3 more mantissa bits (÷8). fp32 on both sides: kernel differences
-only (the probe's vLLM fp32 → transformers fp32 on SmolLM2: mean |Δ| 8.6e-6)."""
 NOISE_NAMES = ("noise_sigma", "noise_tail_share", "noise_mean_gap", "noise_scored", "noise_certain", "beyond_dense",
-               "beyond_any", "confident_flips", "noise_tokens", "noise_max_abs", "noise_mean_abs")
+               "beyond_any", "confident_flips", "noise_tokens", "noise_max_abs", "noise_mean_abs", "noise_u_p99",
+               "noise_u_p999", "noise_identical")
 """NoiseSummary.values' names: per step in rcdiag.trend's frame, and among the verdict's headline values."""
-ASSUMED_DTYPE = "bfloat16"
-"""The dtype a run is judged against when its manifest records none (the usual engine dtype in RL)."""
-
-
 def noise_terms(a: np.ndarray, b: np.ndarray, temperature: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The per-row transcendental terms of `noise_evidence` for a whole batch, by numpy's vectorised (SIMD) loops,
     in float64 whatever the stored dtype: (gap = 1 − p_min = −expm1(min(a, b)), log10(u) with u = |a − b| / gap,
@@ -119,8 +108,8 @@ def noise_evidence(a, b, valid, gap, log10_u, q, temperature, u_hist, q_hist, co
     counters, in place: a branchy pass with no transcendental call left in it (those are numpy's, vectorised).
 
     u_hist int64 [U_BINS + 2]: log10(u) bins over U_LOG10 (first/last cell: under/overflow); q_hist int64 [Q_BINS + 2]
-    the same for q (only when `temperature`); counts int64 [7]: clean, certain, scored, beyond DENSE_LIMIT,
-    beyond ANY_LIMIT, confident flips, confident (q) tokens; sums float64 [3]: Σ|ℓ| (clean), Σ(1 − p) (scored),
+    the same for q (only when `temperature`); counts int64 [8]: clean, certain, scored, beyond DENSE_LIMIT,
+    beyond ANY_LIMIT, confident flips, confident (q) tokens, bit-identical (a == b) tokens; sums float64 [3]: Σ|ℓ| (clean), Σ(1 − p) (scored),
     max |ℓ|. Clean: valid with both sides finite, < 0 and > −1e9 (the checks report the rest). The sums are
     added row by row in row order, as before the terms moved out, so they keep their bits."""
     lo, hi = U_LOG10
@@ -135,6 +124,7 @@ def noise_evidence(a, b, valid, gap, log10_u, q, temperature, u_hist, q_hist, co
                 or x <= -1e9 or y <= -1e9:
             continue
         counts[0] += 1
+        counts[7] += x == y  # bit-identical: both sides stored the same float32 value
         d = abs(x - y)
         sums[0] += d
         if d > sums[2]:
@@ -157,7 +147,7 @@ def noise_evidence(a, b, valid, gap, log10_u, q, temperature, u_hist, q_hist, co
             counts[6] += 1
 
 
-def _quantile(hist: np.ndarray, lo: float, width: float, share: float) -> float:
+def hist_quantile(hist: np.ndarray, lo: float, width: float, share: float) -> float:
     """The `share` quantile of a histogram whose first and last cells are the under/overflow of the bins
     [lo + k·width, lo + (k + 1)·width): linear inside the bin that crosses it, the range's edge for the outer cells;
     NaN when empty."""
@@ -182,17 +172,19 @@ class NoiseEvidence:
     temperature: bool = True
     u_hist: np.ndarray = field(default_factory=lambda: np.zeros(U_BINS + 2, np.int64))
     q_hist: np.ndarray = field(default_factory=lambda: np.zeros(Q_BINS + 2, np.int64))
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(7, np.int64))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(8, np.int64))
     sums: np.ndarray = field(default_factory=lambda: np.zeros(3, np.float64))
 
     def fresh(self) -> NoiseEvidence:
         return NoiseEvidence(self.temperature)
 
-    def update(self, a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> None:
-        """Add rows: a, b float [n] (train, rollout log-probs), valid bool [n]."""
+    def update(self, a: np.ndarray, b: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add rows: a, b float [n] (train, rollout log-probs), valid bool [n]. Returns the rows' (gap, log10 u)
+        terms, for evidence that bins the same rows another way (rcdiag.analysis.metrics.position_noise)."""
         gap, log10_u, q = noise_terms(a, b, self.temperature)
         noise_evidence(a, b, valid, gap, log10_u, q, self.temperature, self.u_hist, self.q_hist, self.counts,
                        self.sums)
+        return gap, log10_u
 
     def merge(self, other: NoiseEvidence) -> NoiseEvidence:
         self.u_hist += other.u_hist
@@ -203,31 +195,44 @@ class NoiseEvidence:
         return self
 
     def finish(self) -> NoiseSummary:
-        clean, certain, scored, dense, any_, flips, confident = (int(c) for c in self.counts)
+        clean, certain, scored, dense, any_, flips, confident, identical = (int(c) for c in self.counts)
         width = (U_LOG10[1] - U_LOG10[0]) / U_BINS
-        sigma = math.nan
-        tail = math.nan
+        sigma = tail = p99 = p999 = math.nan
         if scored >= MIN_SCORED:
-            sigma = 10 ** _quantile(self.u_hist, U_LOG10[0], width, 0.5) / _NORMAL_MAD
-            edge = math.log10(TAIL_K * sigma) if sigma > 0 else U_LOG10[0]
-            k = int(math.floor((edge - U_LOG10[0]) / width)) + 1
-            tail = float(self.u_hist[min(max(k + 1, 0), U_BINS + 1):].sum() / scored)
+            sigma = 10 ** hist_quantile(self.u_hist, U_LOG10[0], width, 0.5) / NORMAL_MAD
+            tail = tail_share(self.u_hist, scored, TAIL_K * sigma)
+            p99 = 10 ** hist_quantile(self.u_hist, U_LOG10[0], width, 1 - DENSE_TAIL_SHARE)
+            p999 = 10 ** hist_quantile(self.u_hist, U_LOG10[0], width, 1 - TAIL_SHARE)
         q = math.nan
         if self.temperature and confident >= MIN_CONFIDENT:
-            q = _quantile(self.q_hist, Q_RANGE[0], (Q_RANGE[1] - Q_RANGE[0]) / Q_BINS, 0.5)
+            q = hist_quantile(self.q_hist, Q_RANGE[0], (Q_RANGE[1] - Q_RANGE[0]) / Q_BINS, 0.5)
         return NoiseSummary(tokens=clean, certain=certain, scored=scored, sigma=sigma, tail_share=tail,
                             mean_abs=self.sums[0] / clean if clean else math.nan,
                             mean_gap=self.sums[1] / scored if scored else math.nan, max_abs=float(self.sums[2]),
                             beyond_dense=dense, beyond_any=any_, confident_flips=flips, confident=confident,
-                            temperature_q=q)
+                            temperature_q=q, u_p99=p99, u_p999=p999, identical=identical,
+                            u_hist=self.u_hist.copy())
+
+
+def tail_share(u_hist: np.ndarray, scored: int, edge: float, bins: int = U_BINS) -> float:
+    """The share of `scored` tokens whose u lies beyond `edge`, from a log10(u) histogram of `bins` bins over U_LOG10
+    with under/overflow cells (the bins that start above the edge; NaN without scored tokens)."""
+    if not scored:
+        return math.nan
+    width = (U_LOG10[1] - U_LOG10[0]) / bins
+    at = math.log10(edge) if edge > 0 else U_LOG10[0]
+    k = int(math.floor((at - U_LOG10[0]) / width)) + 1
+    return float(u_hist[min(max(k + 1, 0), bins + 1):].sum() / scored)
 
 
 @dataclass(frozen=True)
 class NoiseSummary:
     """What NoiseEvidence found (see the module doc): `sigma` the run's noise scale σ̂ (NaN with fewer than
-    MIN_SCORED scored tokens), `tail_share` the share of scored tokens beyond TAIL_K·σ̂, `mean_gap` E[1 − p],
-    `beyond_dense` / `beyond_any` / `confident_flips` the counts of tokens no precision explains, and
-    `temperature_q` the median of log(log(−b)/log(−a)) over `confident` tokens (NaN when too few)."""
+    MIN_SCORED scored tokens), `tail_share` the share of scored tokens beyond TAIL_K·σ̂, `u_p99` / `u_p999` the
+    99th / 99.9th percentiles of u (a tail is heavy only where they also lie beyond what the floor's precision
+    can give: `heavy`), `mean_gap` E[1 − p], `beyond_dense` / `beyond_any` / `confident_flips` the counts of
+    tokens no precision explains, and `temperature_q` the median of log(log(−b)/log(−a)) over `confident` tokens
+    (NaN when too few). `u_hist` the u histogram itself (run level only: a trend row's values do not carry it)."""
 
     tokens: int
     certain: int
@@ -242,19 +247,57 @@ class NoiseSummary:
     confident_flips: int
     confident: int
     temperature_q: float
+    u_p99: float = math.nan
+    u_p999: float = math.nan
+    identical: int = 0
+    """Clean tokens whose two log-probs are bit-identical (the same stored float32 value: prime-rl's audit counts
+    the others as `logprob_bit_mismatch`)."""
+    u_hist: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def bit_exact(self) -> bool:
+        """Every clean token bit-identical on both sides (and at least one): on-policy to the last bit."""
+        return self.tokens > 0 and self.identical == self.tokens
 
     @property
     def heavy_tail(self) -> bool:
+        """More than TAIL_SHARE of tokens beyond TAIL_K·σ̂ — relative to the run's own noise only; `heavy` also asks
+        that they be beyond what the floor's precision can give."""
         return self.tail_share > TAIL_SHARE
 
-    def floor(self, dtype: str | None) -> Floor:
-        """The floor the coarser side's `dtype` explains at this run's token probabilities."""
-        known = dtype in DTYPE_SIGMA
-        typical, largest = DTYPE_SIGMA[dtype if known else ASSUMED_DTYPE]
+    def tail_edge(self, floor: Floor | None) -> float:
+        """u beyond which a token is an outlier: TAIL_K × the larger of the run's σ̂ and the largest σ the floor's
+        precision can give (a run below its floor has no tail at 10σ̂: its tokens are still within rounding)."""
+        largest = floor.sigma_largest if floor is not None else 0.0
+        return TAIL_K * max(self.sigma if math.isfinite(self.sigma) else 0.0, largest)
+
+    def heavy(self, floor: Floor | None, share: float = TAIL_SHARE) -> bool:
+        """A heavy tail: more than `share` (TAIL_SHARE, or DENSE_TAIL_SHARE) of the scored tokens beyond
+        tail_edge(floor) — large against the run's own noise AND beyond what its precision can give at their
+        probabilities (user review: a clean run whose worst token moved 0.03 nats was called heavy-tailed against
+        its own tiny σ̂). From the histogram where the summary has it, else from the matching percentile of u."""
+        if not self.tail_share > share:
+            return False
+        edge = self.tail_edge(floor)
+        if self.u_hist is not None:
+            return self.beyond(edge) > share
+        quantile = {TAIL_SHARE: self.u_p999, DENSE_TAIL_SHARE: self.u_p99}.get(share, math.nan)
+        return not math.isfinite(quantile) or quantile > edge
+
+    def beyond(self, edge: float) -> float:
+        """The share of scored tokens with u beyond `edge` (NaN without the histogram)."""
+        if self.u_hist is None:
+            return math.nan
+        return tail_share(self.u_hist, self.scored, edge)
+
+    def floor(self, precision: Precision | str | None) -> Floor:
+        """The floor the run's `precision` (or the coarser side's dtype) explains at its token probabilities."""
+        p = precision if isinstance(precision, Precision) else Precision.coarse(precision)
+        typical, largest = p.floor_sigma()
         scale = math.sqrt(2 / math.pi) * (self.mean_gap if math.isfinite(self.mean_gap) else 0.0)
         scored_share = self.scored / self.tokens if self.tokens else 0.0
-        return Floor(dtype if known else ASSUMED_DTYPE, known, typical, largest,
-                     typical * scale * scored_share, largest * scale * scored_share)
+        return Floor(p.label(), not p.assumed(), typical, largest, typical * scale * scored_share,
+                     largest * scale * scored_share, p.assumed(), p.coarsest())
 
     def values(self) -> dict[str, float]:
         """The summary as flat NOISE_NAMES values (a trend row's or the verdict's headline values)."""
@@ -262,7 +305,8 @@ class NoiseSummary:
                 "noise_scored": float(self.scored), "noise_certain": float(self.certain),
                 "beyond_dense": float(self.beyond_dense), "beyond_any": float(self.beyond_any),
                 "confident_flips": float(self.confident_flips), "noise_tokens": float(self.tokens),
-                "noise_max_abs": self.max_abs, "noise_mean_abs": self.mean_abs}
+                "noise_max_abs": self.max_abs, "noise_mean_abs": self.mean_abs, "noise_u_p99": self.u_p99,
+                "noise_u_p999": self.u_p999, "noise_identical": float(self.identical)}
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> NoiseSummary | None:
@@ -275,44 +319,13 @@ class NoiseSummary:
                    tail_share=float(get("noise_tail_share", math.nan)), mean_abs=float(get("noise_mean_abs", math.nan)),
                    mean_gap=float(get("noise_mean_gap", math.nan)), max_abs=float(get("noise_max_abs", math.nan)),
                    beyond_dense=int(get("beyond_dense", 0)), beyond_any=int(get("beyond_any", 0)),
-                   confident_flips=int(get("confident_flips", 0)), confident=0, temperature_q=math.nan)
+                   confident_flips=int(get("confident_flips", 0)), confident=0, temperature_q=math.nan,
+                   u_p99=float(get("noise_u_p99", math.nan)), u_p999=float(get("noise_u_p999", math.nan)),
+                   identical=int(get("noise_identical", 0)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"heavy_tail": self.heavy_tail}
-
-
-@dataclass(frozen=True)
-class Floor:
-    """The noise a dtype explains: σ typical / largest plausible, and the mean |ℓ| they give at the run's token
-    probabilities (mean_abs_typical / mean_abs_largest). `recorded`: the dtype came from the manifest (else
-    ASSUMED_DTYPE)."""
-
-    dtype: str
-    recorded: bool
-    sigma_typical: float
-    sigma_largest: float
-    mean_abs_typical: float
-    mean_abs_largest: float
-
-    def explains(self, summary: NoiseSummary) -> bool:
-        """Whether the run's noise scale is within what this dtype can give."""
-        return math.isfinite(summary.sigma) and summary.sigma <= self.sigma_largest
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-DTYPE_ORDER = ("float32", "float16", "bfloat16")
-"""Finer to coarser; the coarser side of a run sets its floor."""
-_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
-            "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
-
-
-def coarser_dtype(*dtypes: Any) -> str | None:
-    """The coarsest of the recorded dtypes (None when none is a known dtype: 'auto', missing)."""
-    known = [_ALIASES.get(str(d).lower(), str(d).lower()) for d in dtypes if d is not None]
-    known = [d for d in known if d in DTYPE_ORDER]
-    return max(known, key=DTYPE_ORDER.index) if known else None
+        return ({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "u_hist"}
+                | {"heavy_tail": self.heavy_tail})
 
 
 def temperature_ratio(q: float) -> float:

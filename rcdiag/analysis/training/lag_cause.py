@@ -22,6 +22,12 @@ STALENESS_ACTION = ("bound the policy lag or correct against the generating poli
                     "async_training.staleness_threshold / trigger_parameter_sync_step, TRL AsyncGRPO "
                     "max_staleness, prime-rl orchestrator.max_off_policy_steps, AReaL max_head_offpolicyness; "
                     "or decoupled PPO / IS with the behaviour policy's log-probs (AReaL π_behave)")
+NO_FLOOR_ACTION = ("keep the correction against the behaviour policy: the rollout's own log-probs are what the "
+                   "samples were drawn from, so IS on them (decoupled PPO, TIS on π_old = the engine's) handles the "
+                   "lag — it is the design of a one-step-off or async trainer, not an engine bug, and hunting "
+                   "kernels with `rcdiag probe` would measure the wrong thing; bound the lag where it grows ("
+                   "verl async_training.staleness_threshold, TRL AsyncGRPO max_staleness, prime-rl "
+                   "orchestrator.max_off_policy_steps)")
 UNCHANGED_ACTION = ("check the weight sync: that it runs every step (vLLM sleep mode, trl#5312), that the "
                     "prefix cache is reset after a refit (NeMo-RL#4018), and — an fp32 trainer with a bf16 engine — "
                     "that the updates are above bf16's resolution (lr × |grad| ≥ 2⁻⁸ of the weight)")
@@ -57,8 +63,27 @@ def _open(data: Any) -> Any:
 
 
 def staleness_cause(split: LagSplit) -> LagCause | None:
-    """Staleness when the lag ≥ 1 tokens are many and well above the lag-0 floor."""
-    if split.floor is None or split.staleness.empty:
+    """Staleness when the lag ≥ 1 tokens are many and well above the lag-0 floor — or when there is no lag-0 token
+    at all (a one-step-off or fully async trainer: every sample at lag ≥ 1), where the engine's own floor cannot be
+    told apart from staleness, which the cause then says."""
+    stale_rows = split.buckets[(split.buckets["lag"] > 0) & (split.buckets["tokens"] > 0)]
+    if split.floor is None:
+        tokens = int(stale_rows["tokens"].sum())
+        if tokens < MIN_STALE_TOKENS:
+            return None
+        lags = sorted(int(x) for x in stale_rows["lag"])
+        mean_abs = float(sum(stale_rows["mean_abs_log_ratio"] * stale_rows["tokens"]) / tokens)
+        which = f"lag {lags[0]}" if len(lags) == 1 else f"lags {lags[0]}–{lags[-1]}"
+        return LagCause(
+            cause=(f"staleness: every sample is {lags[0]} step{'s' if lags[0] > 1 else ''} or more behind the trainer"
+                   if len(lags) > 1 else f"staleness: every sample is {lags[0]} step{'s' if lags[0] > 1 else ''} "
+                   "behind the trainer (no on-policy sample)"),
+            evidence=(f"{tokens:,} tokens, all at {which} (mean |ℓ| {mean_abs:.3g}; {REFERENCE_WORDS[split.reference]}"
+                      "); without lag-0 samples the engine's own floor cannot be separated from the staleness — "
+                      "`rcdiag score --rescore-only RUN --checkpoint V=PATH` with the weights that sampled splits them "
+                      "exactly"),
+            action=NO_FLOOR_ACTION, severity="warning")
+    if split.staleness.empty:
         return None
     stale = split.staleness[split.staleness["tokens"] > 0]
     tokens = int(stale["tokens"].sum())

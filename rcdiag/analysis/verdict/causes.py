@@ -5,22 +5,30 @@ A verdict is a claim about a cause. The order (rcdiag's; the sources of each rul
 `Cause.source`):
 1. **input defect** — a failed input check (misalignment, placeholders, temperature, truncation): the numbers
    measure the defect; fix it first. No correction.
-2. **not numerics** — tokens no precision explains (rcdiag.analysis.metrics.floor: |ℓ| beyond 15 nats on any model, beyond
-   2 nats — or a heavy tail — on a known dense one). Check the weight sync, the policy version, the tokenizer and
-   the alignment. No correction: it would hide the bug and keep training on another policy's data.
-3. **a change across training** — the mismatch jumped at one step (rcdiag.analysis.training.drift), or an analysis the
-   caller contributes (`Context.extra`: staleness from policy versions, routing, the probe's attribution).
+2. **the shape of a bug** — the first response positions of the sequences disagree and the gap fades (the two sides
+   saw different prompts), or a few sequences hold most of the mismatch (rows paired with the wrong sequence):
+   rcdiag.analysis.verdict.shapes. No correction. These read the data, so they hold on imports that record nothing.
+3. **not numerics** — tokens no precision explains (rcdiag.analysis.metrics.floor: |ℓ| beyond 15 nats on any
+   model, beyond 2 nats — or a heavy tail — on a known dense one). Check the weight sync, the policy version, the
+   tokenizer and the alignment. No correction: it would hide the bug and keep training on another policy's data.
+4. **a change across training** — the mismatch jumped at one step (rcdiag.analysis.training.drift), or an analysis
+   the caller contributes (`Context.extra`: weights unchanged or staleness from policy versions, routing).
    An alarm (no correction) when the new level is more than the run's dtype explains; else a warning.
-4. **drift** — the mismatch rises slowly across steps: a warning; re-check the threshold on the later steps.
-5. **numerical mismatch**, sized against the run's own floor (what its dtypes give at its token probabilities):
-   heavy-tailed (MoE routing flips: correct at token level, or replay the routes), above the floor (find the
-   setting: `rcdiag probe`), beyond a health band, or at the floor — healthy, whatever the fixed bands say.
+5. **drift** — the mismatch rises slowly across steps: a warning; re-check the threshold on the later steps.
+6. **numerical mismatch**, sized against the run's own floor (what its precision gives at its token
+   probabilities: each side's dtype, the engine's quantization and KV cache, rcdiag.analysis.metrics.precision):
+   heavy-tailed (beyond the run's noise AND what its precision can give: MoE routing flips — correct at token
+   level, or replay the routes), growing with position from an onset, above the floor (find the setting:
+   `rcdiag probe`), beyond a health band, at a floor large enough to bias the gradient (a quantized engine: a
+   token-level correction removes that bias), or at or below the floor — healthy, whatever the fixed bands say.
+What the run does not record (dtypes, architecture) is named in the numerical causes' evidence, with what was
+assumed in its place.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from rcdiag.analysis.metrics.floor import (
@@ -30,10 +38,10 @@ from rcdiag.analysis.metrics.floor import (
     FLIP_GAP,
     TAIL_K,
     TAIL_SHARE,
-    Floor,
     NoiseSummary,
 )
-from rcdiag.analysis.training.drift import ADVICE, CHANGE_ADVICE, Timeline
+from rcdiag.analysis.metrics.precision import Floor, Precision
+from rcdiag.analysis.training.drift import ADVICE, CHANGE_ADVICE
 from rcdiag.analysis.training.lag_cause import LagCause
 from rcdiag.analysis.verdict.health import (
     ALARM,
@@ -46,9 +54,12 @@ from rcdiag.analysis.verdict.health import (
     statuses,
     worst,
 )
+from rcdiag.analysis.verdict.model import Cause, Context
+from rcdiag.analysis.verdict.shapes import few_sequences, position_onset, prompt_mismatch
 
-CAUSE_KINDS = ("input_defect", "not_numerics", "step_change", "weights_unchanged", "staleness", "extra", "drift", "input_warning", "heavy_tail",
-               "above_floor", "bands", "floor", "no_data")
+CAUSE_KINDS = ("input_defect", "prompt_mismatch", "few_sequences", "not_numerics", "step_change", "weights_unchanged",
+               "staleness", "extra", "drift", "input_warning", "bit_exact", "heavy_tail", "position_onset",
+               "above_floor", "bands", "material_floor", "floor", "no_data")
 """Every kind of cause, in order of precedence."""
 FLOOR_BAND = "abs_log_ratio_mean"
 """The band the floor replaces: mean |ℓ| is judged against what the run's dtypes give, not a fixed number."""
@@ -58,44 +69,11 @@ recommendation follows it (the dashboard's Routing page, the notebook card)."""
 FLOOR_SOURCE = ("rcdiag's floor model: ℓ ≈ σ·(1 − p) per token for rounding-like noise, σ measured per dtype "
                 "(docs/metrics.md, 'The noise floor')")
 CHECKS_SOURCE = "rcdiag's input checks (docs/metrics.md, 'Input checks')"
-
-
-@dataclass(frozen=True)
-class Cause:
-    """One claim about the run: `title` what is wrong (a line), `evidence` the numbers behind it, `action` what to
-    do, `source` where the rule comes from; `correct` whether an IS correction may be advised (False where it
-    would hide a bug); `step` the step it names, if any."""
-
-    kind: str
-    status: str
-    title: str
-    evidence: tuple[str, ...] = ()
-    action: str = ""
-    source: str = ""
-    correct: bool = True
-    step: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "status": self.status, "title": self.title, "evidence": list(self.evidence),
-                "action": self.action, "source": self.source, "correct": self.correct, "step": self.step}
-
-
-@dataclass(frozen=True)
-class Context:
-    """What the verdict knows beyond the numbers: the coarser compute dtype of the two sides (None: not recorded),
-    the model's architecture ('dense', 'moe' or None), whether the rollout side is a prefill replay of given text,
-    the across-training timeline and causes other analyses contribute (ranked with the step change)."""
-
-    dtype: str | None = None
-    architecture: str | None = None
-    replay: bool = False
-    timeline: Timeline | None = None
-    extra: tuple[Cause, ...] = ()
-    noise: NoiseSummary | None = field(default=None)
-    refused: str | None = None
-    """Why the metrics refused the data (InputError text), if they did: the verdict is then n/a."""
-    probe: str | None = None
-    """The latest `rcdiag probe`'s answer (its top line), which the numerical causes cite as evidence."""
+MATERIAL = 0.05
+"""Mean |ℓ| beyond which the mismatch biases the gradient materially even at its floor: each token's weight is off by
+~5 % on average, which an IS correction removes on every token, not only where it clips (rcdiag's choice: the same
+5 % a recommended correction may add, BIAS_LIMIT; FlashRL and the FP8-RL reports train quantized rollouts with TIS
+on). Dense bf16 runs measured here: 0.0035 (sample model), 0.025–0.027 (SmolLM2)."""
 
 
 def _field(check: Any, name: str) -> Any:
@@ -139,11 +117,15 @@ def input_defects(checks: Iterable[Any]) -> list[Cause]:
     return found
 
 
-def not_numerics(noise: NoiseSummary | None, ctx: Context) -> Cause | None:
-    """Tokens no precision explains (rcdiag.analysis.metrics.floor's rules and sources)."""
+def not_numerics(noise: NoiseSummary | None, ctx: Context, floor: Floor | None = None,
+                 renormalised: bool = False) -> Cause | None:
+    """Tokens no precision explains (rcdiag.analysis.metrics.floor's rules and sources); a dense model's heavy tail
+    counts only where its tokens are also beyond what the run's precision can give (`NoiseSummary.heavy`). When the
+    engine renormalised over a top-p/top-k support (`renormalised`), b − a = −log S moves tokens by more than the
+    dense limits, so only the any-model limit stands."""
     if noise is None or noise.tokens == 0:
         return None
-    dense = ctx.architecture == "dense"
+    dense = ctx.architecture == "dense" and not renormalised
     evidence = []
     if noise.beyond_any:
         evidence.append(f"{noise.beyond_any:,} token(s) with |ℓ| > {ANY_LIMIT:g} nats (worst {noise.max_abs:.3g}): "
@@ -154,7 +136,7 @@ def not_numerics(noise: NoiseSummary | None, ctx: Context) -> Cause | None:
     if dense and noise.confident_flips:
         evidence.append(f"{noise.confident_flips:,} token(s) where the engine was confident (p ≥ ½) and the trainer "
                         f"> {FLIP_GAP:g} nats lower")
-    if dense and noise.tail_share > DENSE_TAIL_SHARE:
+    if dense and noise.heavy(floor, DENSE_TAIL_SHARE):
         evidence.append(f"{noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's noise scale: a dense "
                         "model's rounding noise has no such tail")
     if not evidence:
@@ -225,20 +207,32 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
     band_status = worst(bands.values())
     band_reasons = [f"{m} = {num(values[m])} ({s}: {BY_METRIC[m].limit(s)}; {BY_METRIC[m].source})"
                     for level in (ALARM, WARNING) for m, s in bands.items() if s == level]
+    if noise is not None and noise.bit_exact:
+        return Cause("bit_exact", HEALTHY, f"bit-exact on-policy: all {noise.tokens:,} tokens' log-probs are "
+                     "identical on both sides", (
+                         "every clean token has a = b to the last bit of the stored float32: kl, k3_kl and χ² are 0 "
+                         "and every ratio 1 exactly, in float64 (a k3 that only rounds to 0 proves nothing; this one "
+                         "is 0 token by token)",), "No correction needed: the trainer scores what the engine sampled. "
+                     "Keep the setup that makes it so (the same kernels, dtypes and batch-invariant reductions on "
+                     "both sides) and keep auditing it.", "prime-rl's bit audit (logprob_bit_mismatch); rcdiag "
+                     "counts bit-identical tokens (docs/metrics.md, 'The noise floor')")
     if noise is None or not math.isfinite(noise.sigma) or floor is None:
         if band_status == HEALTHY:
             return Cause("floor", HEALTHY, "every headline metric inside its healthy band", (),
                          "No correction needed; keep logging the mismatch metrics.", "rcdiag's health bands")
         return Cause("bands", band_status, "the mismatch is outside the health bands", tuple(band_reasons),
                      f"See the {RECOMMENDATION}.", "rcdiag's health bands (docs/metrics.md, 'Health bands')")
-    sizes = (f"noise scale σ̂ = {noise.sigma:.2g} (what {floor.dtype} typically gives: {floor.sigma_typical:.2g}, at "
-             f"most {floor.sigma_largest:.2g}{'' if floor.recorded else '; dtypes not recorded, bf16 assumed'}); "
-             f"mean |ℓ| {noise.mean_abs:.3g} against a {floor.dtype} floor of {floor.mean_abs_typical:.2g}–"
-             f"{floor.mean_abs_largest:.2g} at this run's token probabilities")
-    if noise.heavy_tail:
+    sizes = (f"noise scale σ̂ = {noise.sigma:.2g} against the {floor.dtype} floor's {floor.sigma_typical:.2g} "
+             f"(typical) to {floor.sigma_largest:.2g} (largest plausible); mean |ℓ| {noise.mean_abs:.3g} against "
+             f"{floor.mean_abs_typical:.2g}–{floor.mean_abs_largest:.2g} at this run's token probabilities")
+    unknown = ctx.not_recorded(floor)
+    identical = (f"; {noise.identical / noise.tokens:.1%} of tokens bit-identical on both sides"
+                 if noise.identical and noise.tokens else "")
+    told = (sizes + identical, *([f"not recorded: {unknown}"] if unknown else []))
+    if noise.heavy(floor):
         return Cause("heavy_tail", worst([WARNING, band_status]),
                      f"heavy-tailed mismatch: {noise.tail_share:.2%} of tokens lie beyond {TAIL_K:g}× the run's "
-                     f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (sizes, *band_reasons),
+                     f"noise scale (worst |ℓ| {noise.max_abs:.2g})", (*told, *band_reasons),
                      ("Unusual for a dense model, whose rounding noise has no such tail: check the weight sync, the "
                       f"policy version and the kernels (`rcdiag probe`) before correcting; the {RECOMMENDATION} says "
                       "whether a token-level correction is needed meanwhile." if ctx.architecture == "dense" else
@@ -248,22 +242,55 @@ def numerics(values: Mapping[str, Any], noise: NoiseSummary | None, floor: Floor
                       + ("" if ctx.architecture == "moe" else " On a dense model nothing numerical does: check "
                          "the weight sync and the policy version instead.")),
                      FLOOR_SOURCE + "; MoE: R3, arXiv 2510.11370")
-    if noise.sigma > floor.sigma_largest:
+    onset = position_onset(ctx.positions, floor)
+    if onset is not None:
+        return replace(onset, status=worst([onset.status, band_status]),
+                       evidence=(*onset.evidence, *told[1:], *band_reasons))
+    quantized = isinstance(ctx.dtype, Precision) and bool(ctx.dtype.quantization or ctx.dtype.kv_cache)
+    if noise.sigma > floor.sigma_largest or noise.mean_abs > floor.mean_abs_largest:
+        over = (f"σ̂ {noise.sigma:.2g} is ×{noise.sigma / floor.sigma_typical:.2g} its typical "
+                f"{floor.sigma_typical:.2g}" if noise.sigma > floor.sigma_largest else
+                f"mean |ℓ| {noise.mean_abs:.3g} is beyond the {floor.mean_abs_largest:.2g} it gives at this run's "
+                "token probabilities")
+        maybe_quantized = "" if quantized else (
+            " If the engine runs quantized (fp8/int8 weights, an fp8 KV cache), this may be its floor: record it "
+            "(`rcdiag score --quantization/--kv-cache-dtype`, `rcdiag import --quantization`) and the report "
+            "judges it against that.")
         return Cause("above_floor", worst([WARNING, band_status]),
-                     f"numerical mismatch above the {floor.dtype} floor: σ̂ {noise.sigma:.2g} is "
-                     f"×{noise.sigma / floor.sigma_typical:.2g} what {floor.dtype} typically gives",
-                     (sizes, *band_reasons), "Find the setting that adds it: `rcdiag probe RUN` recomputes the "
-                     "tokens under each dtype, attention kernel, batch shape and LM-head precision. "
-                     f"The {RECOMMENDATION} says whether a correction is needed meanwhile.", FLOOR_SOURCE)
+                     f"numerical mismatch above the {floor.dtype} floor: {over}", (*told, *band_reasons),
+                     "Find the setting that adds it: `rcdiag probe RUN` recomputes the tokens under each dtype, "
+                     f"attention kernel, batch shape and LM-head precision.{maybe_quantized} The {RECOMMENDATION} "
+                     "says whether a correction is needed meanwhile.", FLOOR_SOURCE)
+    if noise.mean_abs > MATERIAL:
+        return Cause("material_floor", worst([WARNING, band_status]),
+                     f"numerical mismatch at the {floor.dtype} floor, large enough to bias training: mean |ℓ| "
+                     f"{noise.mean_abs:.3g} (each token's weight off by ~{noise.mean_abs:.0%})", (*told, *band_reasons),
+                     "Correct it: an IS correction reweights every token by π_train/π_rollout, removing the bias "
+                     "whether or not it clips (FlashRL and the FP8-RL reports train quantized rollouts with TIS "
+                     f"on); the {RECOMMENDATION} gives the setting. To shrink the floor itself, quantize less (the "
+                     "KV cache in bf16, fp8 weights only) or align the trainer's quantization with the engine's.",
+                     FLOOR_SOURCE + f"; material above mean |ℓ| {MATERIAL:g} (docs/metrics.md, 'The noise floor')")
     if band_status != HEALTHY:
-        return Cause("bands", band_status, f"the mismatch is at the {floor.dtype} floor but outside the health "
-                     "bands", (sizes, *band_reasons), f"See the {RECOMMENDATION}.",
+        return Cause("bands", band_status, f"the mismatch is at or below the {floor.dtype} floor but outside the "
+                     "health bands", (*told, *band_reasons), f"See the {RECOMMENDATION}.",
                      "rcdiag's health bands (docs/metrics.md, 'Health bands')")
-    lower = {"bfloat16": "run the engine in float16 or float32 (the probe shows how much each removes)",
-             "float16": "run both sides in float32"}.get(floor.dtype, "nothing numerical is left to remove")
-    return Cause("floor", HEALTHY, f"numerical mismatch at the {floor.dtype} floor: mean |ℓ| {noise.mean_abs:.3g} "
-                 f"is what {floor.dtype} gives at this run's token probabilities", (sizes,),
+    lower = _lower(ctx.dtype if isinstance(ctx.dtype, Precision) else Precision.coarse(ctx.dtype), floor)
+    return Cause("floor", HEALTHY, f"numerical mismatch at or below the {floor.dtype} floor (mean |ℓ| "
+                 f"{noise.mean_abs:.3g} ≤ {floor.mean_abs_largest:.2g})", told,
                  f"No correction needed. To lower it, {lower}.", FLOOR_SOURCE)
+
+
+def _lower(precision: Precision, floor: Floor) -> str:
+    """What lowers the floor: the coarser side's precision, named."""
+    coarse, side = floor.coarsest, precision.coarser_side()
+    if precision.quantization or precision.kv_cache:
+        return "quantize less on the engine (the KV cache in bf16, weights in bf16)"
+    if coarse == "float32":
+        return "nothing numerical is left to remove (both sides compute in float32)"
+    finer = "float16 or float32" if coarse == "bfloat16" else "float32"
+    if side == "both":
+        return f"run both sides in {finer} (both compute in {coarse}; the probe shows how much each removes)"
+    return f"run the {side} in {finer} (it computes in {coarse}; the probe shows how much each removes)"
 
 
 def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> list[Cause]:
@@ -271,7 +298,7 @@ def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> 
     token, or metrics the data made the library refuse: `ctx.refused`) is `no_data` — n/a, which fails every gate —
     unless a failed input check explains it."""
     noise = ctx.noise
-    floor = noise.floor(ctx.dtype) if noise is not None else None
+    floor = ctx.floor()
     defects = input_defects(checks)
     errors = [c for c in defects if c.kind == "input_defect"]
     warnings = [c for c in defects if c.kind == "input_warning"]
@@ -282,13 +309,19 @@ def diagnose(values: Mapping[str, Any], checks: Iterable[Any], ctx: Context) -> 
         return [*errors, Cause("no_data", UNKNOWN, f"nothing judged: {why}", (),
                                "Fix the data the checks and the message point at, then re-run the report.",
                                CHECKS_SOURCE, correct=False), *warnings]
-    bug, change = not_numerics(noise, ctx), step_change(ctx, floor)
-    if bug is not None and change is not None:  # the step names when the tokens no precision explains appeared
-        change = Cause("step_change", ALARM, f"{change.title}: not numerical mismatch",
-                       change.evidence + bug.evidence, f"{CHANGE_ADVICE} {bug.action.split('. ', 1)[1]}",
-                       f"{change.source}; {bug.source}", correct=False, step=change.step)
+    shaped = [c for c in (prompt_mismatch(ctx.positions, floor), few_sequences(ctx.concentration, floor)) if c]
+    renormalised = any(_convention(c) for c in warnings)
+    bug, change = not_numerics(noise, ctx, floor, renormalised), step_change(ctx, floor)
+    if shaped and bug is not None:  # the shape names what the tokens no precision explains come from
+        shaped[0] = replace(shaped[0], evidence=(*shaped[0].evidence, *bug.evidence))
         bug = None
-    found = [*errors, bug, change, *ctx.extra, drift(ctx), *warnings,
+    if (bug is not None or shaped) and change is not None:  # the step names when they appeared
+        found = bug or shaped[0]
+        change = Cause("step_change", ALARM, f"{change.title}: not numerical mismatch",
+                       change.evidence + found.evidence, f"{CHANGE_ADVICE} {found.action.split('. ', 1)[1]}",
+                       f"{change.source}; {found.source}", correct=False, step=change.step)
+        bug = None
+    found = [*errors, *shaped, bug, change, *ctx.extra, drift(ctx), *warnings,
              _with_probe(numerics(values, noise, floor, ctx), ctx)]
     return [c for c in found if c is not None]
 
@@ -301,14 +334,24 @@ def _with_probe(cause: Cause, ctx: Context) -> Cause:
 
 
 def primary(causes: list[Cause]) -> Cause:
-    """The cause the verdict names: a failed input check, else nothing measured, else the first (by precedence)
-    of those at the most severe status."""
-    for kind in ("input_defect", "no_data"):
-        hit = next((c for c in causes if c.kind == kind), None)
+    """The cause the verdict names: a failed input check, else the shape of a bug, else a convention warning (a
+    top-p/top-k support, a manifest flag: the numbers then measure that setting, as a failed check's measure its
+    defect), else nothing measured, else the first (by precedence) of those at the most severe status."""
+    for kinds in (("input_defect",), SHAPE_KINDS, ("convention",), ("no_data",)):
+        hit = next((c for c in causes if c.kind in kinds or (kinds == ("convention",) and _convention(c))), None)
         if hit is not None:
             return hit
     status = worst(c.status for c in causes)
     return next(c for c in causes if c.status == status)
+
+
+SHAPE_KINDS = ("prompt_mismatch", "few_sequences")
+"""The bugs the mismatch's shape names (rcdiag.analysis.verdict.shapes)."""
+
+
+def _convention(cause: Cause) -> bool:
+    """An input warning whose fix is a setting and under which no correction is advised (CONVENTION_WARNINGS)."""
+    return cause.kind == "input_warning" and not cause.correct
 
 
 def _sentence(text: str) -> str:

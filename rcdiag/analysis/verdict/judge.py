@@ -20,7 +20,7 @@ from rcdiag.analysis.metrics.floor import NoiseSummary
 from rcdiag.analysis.verdict.causes import FLOOR_BAND, Cause, Context, diagnose, primary
 from rcdiag.analysis.verdict.health import BY_METRIC, COLOURS, HEALTHY, UNKNOWN, WARNING, num, statuses
 
-NUMERICAL_KINDS = ("heavy_tail", "above_floor", "bands", "floor")
+NUMERICAL_KINDS = ("bit_exact", "heavy_tail", "position_onset", "above_floor", "bands", "material_floor", "floor")
 """Causes that size numerical mismatch (rcdiag.analysis.verdict.causes.numerics)."""
 REPLAY_CAVEAT = ("the rollout side is a prefill replay of the text (vLLM re-reading the tokens), not the log-probs "
                  "the rollout sampled with: decode-time effects (batch composition, KV cache, the trainer's TP "
@@ -107,7 +107,7 @@ def _metric_status(values: Mapping[str, Any], context: Context) -> dict[str, str
     noise = context.noise
     if noise is not None and noise.sigma == noise.sigma and FLOOR_BAND in found:
         floor = noise.floor(context.dtype)
-        at_floor = floor.explains(noise) and not noise.heavy_tail and noise.mean_abs <= floor.mean_abs_largest
+        at_floor = floor.explains(noise.sigma) and not noise.heavy(floor) and noise.mean_abs <= floor.mean_abs_largest
         found[FLOOR_BAND] = HEALTHY if at_floor else WARNING
     return found
 

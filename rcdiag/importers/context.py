@@ -10,14 +10,11 @@ contradicts one is refused, naming both — a run never carries two answers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rcdiag.errors import ConfigError
 from rcdiag.store.context import correction_section, dtype_name, model_info, parse_settings
 from rcdiag.store.sections import ARCHITECTURES
-
-if TYPE_CHECKING:
-    from rcdiag.importers.common import Imported
 
 FORMAT_FRAMEWORK = {"verl": "verl", "verl-text": "verl", "trl": "trl", "swift": "swift", "slime": "slime",
                     "miles": "slime", "nemo-rl": "nemo-rl", "prime-rl": "prime-rl"}
@@ -60,8 +57,9 @@ class ImportContext:
 STATED = "rcdiag import (user: --{})"
 
 
-def apply_context(imported: Imported, context: ImportContext, tokenizer: str | None) -> None:
-    """Write the import's context sections (module docstring) into `imported.sections`."""
+def apply_context(imported: Any, context: ImportContext, tokenizer: str | None) -> None:
+    """Write the import's context sections (module docstring) into `imported.sections` (an importers.common.Imported:
+    not imported here, since common holds the ImportContext of its ImportOptions)."""
     sections, provenance = imported.sections, imported.sections.setdefault("provenance", {})
     engine = sections.setdefault("engine", {})
     meta = imported.conventions.get("meta_info") if isinstance(imported.conventions.get("meta_info"), dict) else {}

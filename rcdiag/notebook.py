@@ -477,13 +477,20 @@ class MaskWarning(UserWarning):
     """Token rows came without a `mask` column: every row counts as a valid (loss-bearing) token."""
 
 
-def write_run(path: Any, tokens: object, sequences: object | None = None, **kwargs: Any) -> Run:
-    """rcdiag.store.write_run, returning the notebook Run (same arguments). Tokens without a `mask` column are
-    all counted as valid; a MaskWarning says so (prompt or padding rows in them would skew every metric)."""
+def write_run(path: Any, tokens: object, sequences: object | None = None, manifest: dict[str, Any] | None = None,
+              *, tokenizer: str | None = None, **kwargs: Any) -> Run:
+    """rcdiag.store.write_run, returning the notebook Run (same arguments: `write_run(path, tokens, sequences,
+    manifest)`). `tokenizer`: the policy's tokenizer directory, recorded as the manifest's `tokenizer` section so
+    reports, the dashboard and `run.sequence(i)` show token text instead of `[id]`. Tokens without a `mask` column
+    are all counted as valid; a MaskWarning says so (prompt or padding rows in them would skew every metric)."""
+    if tokenizer is not None:
+        from rcdiag.store.manifest import abs_path
+
+        manifest = {**(manifest or {}), "tokenizer": {"path": abs_path(tokenizer)}}
     columns = tokens.keys() if isinstance(tokens, Mapping) else getattr(
         tokens, "column_names", getattr(tokens, "columns", ["mask"]))  # Arrow table, DataFrame
     if "mask" not in list(columns):
         warnings.warn("the tokens have no 'mask' column: every row counts as a valid response token; add a "
                       "boolean 'mask' (False for prompt/padding/tool tokens) if some rows are not trained on",
                       MaskWarning, stacklevel=2)
-    return Run(store_writer.write_run(path, tokens, sequences, **kwargs).path)
+    return Run(store_writer.write_run(path, tokens, sequences, manifest, **kwargs).path)

@@ -6,10 +6,11 @@ from typing import Annotated
 
 import typer
 
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.defaults import DEFAULT_THRESHOLD, IS_MODES
 from rcdiag.analysis.keys import KEY_STYLES
-from rcdiag.analysis.training.trend import DEFAULT_MODE
 from rcdiag.trackers.export import TARGETS, export_run
+
+_FROM = "the run's recorded trainer setting, else the --keys framework's default, else"
 
 
 def command(
@@ -18,9 +19,12 @@ def command(
     dest: Annotated[Path, typer.Argument(help="TensorBoard log dir | dir for wandb/offline-run-* | CSV/JSONL file.")],
     keys: Annotated[str, typer.Option(
         "--keys", help=f"Key names (and the convention computing them): {' | '.join(KEY_STYLES)}.")] = "canonical",
-    mode: Annotated[str, typer.Option("--mode", help="IS mode of the trainer (for its IS keys).")] = DEFAULT_MODE,
-    threshold: Annotated[float, typer.Option("--threshold", help="IS threshold C of the trainer.")] = DEFAULT_THRESHOLD,
-    lower: Annotated[float | None, typer.Option("--lower", help="Optional lower bound L.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", help=f"IS mode of the IS keys: {' | '.join(IS_MODES)} [default: {_FROM} {IS_MODES[0]}].")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", help=f"IS threshold C [default: {_FROM} {DEFAULT_THRESHOLD:g}].")] = None,
+    lower: Annotated[float | None, typer.Option(
+        "--lower", help="Optional lower bound L [default: the run's recorded trainer setting].")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Write the run's per-step metrics as tracker scalars at global_step = step (a run without steps is step 0),
@@ -41,3 +45,5 @@ def command(
     if not quiet:
         typer.echo(f"Wrote {result.scalars} scalars ({len(result.keys)} keys × {result.steps} step(s)) to "
                    f"{result.path}")
+        if result.setting is not None:
+            typer.echo(result.setting.sentence())

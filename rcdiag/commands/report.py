@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rcdiag.analysis.keys import KEY_STYLES
 from rcdiag.distributed import RAY_HELP
 from rcdiag.errors import ConfigError
 from rcdiag.report.options import CONVENTIONS, DEFAULT_COMPARISON_DIR, FAIL_ON, ReportOptions
@@ -36,8 +37,11 @@ def command(
     convention: Annotated[str | None, typer.Option(
         "--convention", help=f"Formulas: {' | '.join(CONVENTIONS)} (docs/metrics.md; default: the --keys "
         "framework's, else canonical).")] = None,
-    threshold: Annotated[float, typer.Option("--threshold", help="IS threshold C.")] = DEFAULTS.threshold,
-    lower: Annotated[float | None, typer.Option("--lower", help="Optional lower bound L.")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", help="IS threshold C [default: the run's recorded trainer setting, else the --keys "
+        f"framework's default, else {DEFAULTS.threshold}].")] = None,
+    lower: Annotated[float | None, typer.Option(
+        "--lower", help="Optional lower bound L [default: the run's recorded trainer setting].")] = None,
     thresholds: Annotated[str | None, typer.Option(
         "--thresholds", help="Sweep grid, comma-separated (default "
         f"{','.join(f'{c:g}' for c in DEFAULTS.thresholds)}).")] = None,
@@ -56,8 +60,9 @@ def command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; only each run's verdict line "
                                                              "(what a CI log keeps).")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="auto|local|ADDRESS", help=RAY_HELP)] = None,
-    keys: Annotated[str, typer.Option("--keys", help="metrics.json key names: canonical | verl | swift | trl (the "
-                                      "framework's logged keys; implies that --convention).")] = DEFAULTS.keys,
+    keys: Annotated[str, typer.Option("--keys", help=f"metrics.json key names: {' | '.join(KEY_STYLES)} (the "
+                                      "framework's logged keys; implies that --convention; its correction defaults "
+                                      "are --threshold's when the run records none).")] = DEFAULTS.keys,
 ) -> None:
     """Write report.md, a self-contained report.html, PNG plots and metrics.json for one or more runs.
 

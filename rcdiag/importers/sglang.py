@@ -63,7 +63,7 @@ def read(path: Path, opts: ImportOptions, fmt: str = "sglang") -> Imported:
     fields = {"rollout_logprobs": "meta_info.output_token_logprobs"}
     check_presence(records, fields)
     check_lengths(records, fields)
-    lacks = ["trainer logprobs: `rcdiag score --rescore-both RUN` replays the stored tokens",
+    lacks = ["trainer logprobs: not in the rows",
              "sampling settings (temperature, top-p/top-k): not in the rows", "train_entropy"]
     imported = Imported(fmt=fmt, path=path, records=records, conventions=dict(CONVENTIONS), lacks=lacks)
     routes.attach(imported, str(path))

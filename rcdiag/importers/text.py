@@ -24,8 +24,18 @@ from rcdiag.tokenizers import load_tokenizer
 NON_REWARD = {"step", "gen_step", "prompt", "completion", "advantage", "advantages", "entropy", "solution",
               "num_turns", "extra", "prompt_id"}
 LACKS = ["token ids (text only: retokenized, lossy — special tokens were stripped when the text was decoded)",
-         "rollout logprobs and trainer logprobs: run `rcdiag score --rescore-both RUN` to compute both sides",
+         "rollout logprobs and trainer logprobs (text only)",
          "sampling settings (temperature, top-p/top-k)", "loss mask (every response token counts as valid)"]
+
+
+TEXT_ONLY = {
+    "trl": " — TRL's completions log cannot hold token ids or log-probs; for the sampled ids and both sides' "
+           "log-probs per token, record the trainer with rcdiag.record.trl.record_grpo (README: Recording from "
+           "inside training)",
+    "verl-text": " — rollout_data_dir holds decoded text; the gen-batch dump (skip.rollout.enable=True, `rcdiag "
+                 "import verl`) or rcdiag.record.verl.record_verl_batch keeps the sampled ids",
+}
+"""Per format: where the sampled token ids can be had instead of retokenized text."""
 
 
 def _trl_rows(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
@@ -130,5 +140,6 @@ def read(path: Path, opts: ImportOptions, fmt: str = "trl") -> Imported:
                    "step_field": "gen_step" if rows and "gen_step" in rows[0][2] else "step"}
     return Imported(fmt=fmt, path=path, records=records, conventions=conventions,
                     lacks=EXTRA_LACKS.get(fmt, []) + LACKS,
-                    retokenized=True, warnings=["retokenized from text: token ids may differ from those sampled"],
+                    retokenized=True, warnings=["retokenized from text: token ids may differ from those sampled"
+                                                + TEXT_ONLY.get(fmt, "")],
                     sections={"tokenizer": tokenizer_section(opts.tokenizer, tokenizer)})

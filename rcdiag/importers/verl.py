@@ -255,8 +255,8 @@ def read(path: Path, opts: ImportOptions, fmt: str = "verl") -> Imported:
     check_presence(records, {"rollout_logprobs": "rollout_log_probs", "mask": "response_mask"})
     lacks = ["sampling settings (temperature, top-p/top-k, logprobs mode): not in the cache", "train_entropy"]
     if not all(have_train):
-        lacks.insert(0, "old_log_probs (trainer side; computed after the cache is written): run "
-                        "`rcdiag score --rescore-both` or add old_log_probs to the dump")
+        lacks.insert(0, "old_log_probs (the trainer side: verl recomputes it after the gen batch is dumped, so the "
+                        "dump never holds it)")
     if records and records[0].rollout_logprobs is None:
         lacks.insert(0, "rollout_log_probs (set actor_rollout_ref.rollout.calculate_log_probs=True)")
     conventions = {**CONVENTIONS, "train_logprobs": "old_log_probs" if any(have_train) else "none"}

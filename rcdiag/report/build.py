@@ -142,6 +142,7 @@ def judge(run: Any, options: ReportOptions = ReportOptions(), map_files: Any = N
     the verdict — without the bootstrap, worst items or recommendation (finish_report). The notebook card calls it
     too, so its verdict is the report's. The lag findings read the sequences table and hash every prompt on a
     thread of their own while the passes run (or their cache entry loads): they need nothing from them."""
+    options = options.for_run(run)  # the trainer's own C and L where the run records them (ReportOptions.for_run)
     lag = in_background(lag_findings, run, options.threshold)
     scan, library = cached_passes(run, options, map_files)
     lengths = (scan.info.seq_id, scan.info.response_len)

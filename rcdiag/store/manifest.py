@@ -11,6 +11,10 @@ JSON-minded code and users) or `run.info` (this typed view). Conventions, enforc
   `model_hash`) reads as `sha256:<hex>`.
 - sampling settings live flat in `engine` (`engine.temperature/top_p/top_k`); the first release's
   `engine.sampling.{temperature,top_p,top_k}` (synthetic fixtures, old notebooks) reads as the flat form.
+- context a run carries besides its rows (rcdiag.store.sections): the policy's architecture (`model`), the
+  engine's quantization and KV-cache dtype (`engine.quantization`, `engine.kv_cache_dtype`), the trainer's own
+  correction settings (`trainer.correction`), and where each stated fact came from (`provenance`). What no
+  source said stays absent: never a default dressed as a fact.
 
 A file that is not a JSON object, lacks `schema_version`, or holds a field of the wrong type is refused at the
 door with a RunDirError naming the file and the field, never an AttributeError deeper down.
@@ -27,6 +31,20 @@ from rcdiag import __version__
 from rcdiag.errors import InputError, RunDirError
 from rcdiag.store.files import MANIFEST_NAME, MAX_MANIFEST_BYTES, now, write_json_atomic
 from rcdiag.store.safefile import read_json
+from rcdiag.store.sections import (
+    ARCHITECTURES,
+    ROLLOUT_MEASURED,
+    TRAINER_MEASURED,
+    Checkpoints,
+    Correction,
+    Engine,
+    Measured,
+    ModelInfo,
+    ModelRef,
+    Source,
+    TokenizerRef,
+    Trainer,
+)
 
 SCHEMA_VERSION = 1
 HASH_PREFIX = "sha256:"
@@ -44,7 +62,10 @@ _CHECKS: dict[str, tuple[tuple[type, ...], str]] = {
     "bool | None": ((bool,), "true or false"),
     "list[str]": ((list,), "a list"),
     "dict[str, Any]": ((dict,), "an object"),
+    "dict[str, str]": ((dict,), "an object"),
 }
+NESTED: dict[str, type] = {"Correction | None": Correction}
+"""Field annotations that are sections of their own (trainer.correction): read and written recursively."""
 
 
 def rcdiag_version() -> str:
@@ -79,6 +100,9 @@ def _section(cls: type, raw: Any, where: str, name: str) -> Any:
         if key not in raw or raw[key] is None:
             continue
         value = raw[key]
+        if str(spec.type) in NESTED:
+            values[key] = _section(NESTED[str(spec.type)], value, where, f"{name}.{key}")
+            continue
         types, says = _CHECKS[str(spec.type)]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise _refuse(where, f"{name}.{key}", f"is {value!r}, expected {says}")
@@ -91,119 +115,12 @@ def _section(cls: type, raw: Any, where: str, name: str) -> Any:
 def _emit(section: Any) -> dict[str, Any]:
     """A section back as a JSON object: known fields that are set, then the extra keys."""
     out = {f.name: getattr(section, f.name) for f in fields(section) if f.name != "extra"}
+    out = {k: _emit(v) if isinstance(v, tuple(NESTED.values())) else v for k, v in out.items()}
     return {**{k: v for k, v in out.items() if v is not None}, **section.extra}
 
 
-@dataclass
-class Source:
-    """Where the rows came from: `generated`, `imported:<format>`, `manual`, … (+ importer conventions in extra)."""
-    kind: str | None = "manual"
-    retokenized: bool = False
-    path: str | None = None
-    lacks: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Engine:
-    """The rollout engine and its sampling settings (flat; see the module docstring). None = not recorded: a
-    reader that needs a value falls back to the default of the setting itself (rcdiag.score.config.EngineSettings),
-    which is defined there once."""
-    name: str | None = None
-    version: str | None = None
-    model: str | None = None
-    logprobs_mode: str | None = None
-    dtype: str | None = None
-    engine_dtype: str | None = None
-    """The dtype asked of the engine (`--engine-dtype`; `auto` lets vLLM choose)."""
-    dtype_resolved: str | None = None
-    """The dtype the built engine resolved it to (rcdiag.score.engine.engine_facts)."""
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    allow_truncated_sampling: bool | None = None
-    seed: int | None = None
-    enable_prefix_caching: bool | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
-    replayed: bool | None = None
-    """True once `rcdiag score --rescore-both` replaced the rollout side by a prefill replay (Measured)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def requested_dtype(self) -> str | None:
-        """The dtype asked of the engine: `engine_dtype`, else the first release's `dtype`."""
-        return self.engine_dtype or self.dtype
-
-
-@dataclass
-class Trainer:
-    """The trainer side's settings (`rcdiag score`'s rescore stage, or what an importer learned)."""
-    model: str | None = None
-    model_hash: str | None = None
-    dtype: str | None = None
-    temperature: float | None = None
-    attn_implementation: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ModelRef:
-    """One model named by the run (`models.engine`, …): its local path and content hash."""
-    path: str | None = None
-    hash: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-ROLLOUT_MEASURED = {
-    "sampled": "the engine's log-probs of the tokens it sampled (decode, as the rollout used them)",
-    "prefill_replay": "the engine re-reading given tokens as a prompt (prefill): decode-time effects (batch "
-                      "composition, KV cache, the trainer's TP layout and engine version) are not in these numbers",
-}
-"""What `rollout_logprob` measured (Manifest.measured.rollout)."""
-TRAINER_MEASURED = {
-    "pi_old": "the trainer's log-probs of the batch before its update (π_old: a recompute, or rcdiag's rescoring)",
-    "pi_theta_microstep": "π_θ at the micro-step, while the policy is being updated (no π_old recompute: prime-rl)",
-}
-"""What `train_logprob` measured (Manifest.measured.trainer)."""
-
-
-@dataclass
-class Measured:
-    """What each side's log-probs are (ROLLOUT_MEASURED, TRAINER_MEASURED); None = not recorded. A manifest that
-    does not say reads it from what it does say: a replayed engine (`engine.replayed`, set by `rcdiag score
-    --rescore-both`) → "prefill_replay", whatever was written before (the replay overwrote the rollout side); a
-    generated run → "sampled"; a rescored trainer side (`trainer.model`) → "pi_old"."""
-    rollout: str | None = None
-    trainer: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class TokenizerRef:
-    """The run's tokenizer (`tokenizer`): its local path and vocabulary fingerprint, which `rcdiag score`'s
-    vocabulary check holds a training model against (rcdiag.score.tokenizer_check)."""
-    path: str | None = None
-    vocab_size: int | None = None
-    """Tokens with the added ones (len(AutoTokenizer))."""
-    base_vocab_size: int | None = None
-    hash: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Checkpoints:
-    """What `rcdiag score --checkpoint` wrote (CHECKPOINTS_SECTION): its files, relative to the run, and each
-    checkpoint's version label (name → policy version) that the lag split reads."""
-    logprobs: str | None = None
-    attribution: str | None = None
-    versions: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 _TOP = ("schema_version", "rcdiag_version", "created", "source", "engine", "trainer", "models", "warnings",
-        "counts", "measured", "tokenizer", CHECKPOINTS_SECTION)
+        "counts", "measured", "tokenizer", CHECKPOINTS_SECTION, "model", "provenance")
 
 
 @dataclass
@@ -222,6 +139,12 @@ class Manifest:
     measured: Measured = field(default_factory=Measured)
     tokenizer: TokenizerRef | None = None
     checkpoints: Checkpoints | None = None
+    model: ModelInfo | None = None
+    """The policy model's architecture (`model`, rcdiag.store.sections.ModelInfo)."""
+    provenance: dict[str, str] = field(default_factory=dict)
+    """Where each stated context fact came from, by its manifest path ("engine.dtype": "rcdiag score
+    --rescore-only --engine-dtype", "trainer.correction": "trl.GRPOConfig (record_grpo)", …): what a user or a
+    trainer's config said, as opposed to what rcdiag measured or generated itself."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -266,6 +189,8 @@ class Manifest:
                                                                             "tokenizer"),
             checkpoints=None if raw.get(CHECKPOINTS_SECTION) is None else _section(
                 Checkpoints, raw[CHECKPOINTS_SECTION], where, CHECKPOINTS_SECTION),
+            model=None if raw.get("model") is None else _model_info(raw["model"], where),
+            provenance=_provenance(raw.get("provenance"), where),
             extra={k: v for k, v in raw.items() if k not in _TOP})
         _infer_measured(manifest)
         return manifest
@@ -292,6 +217,10 @@ class Manifest:
             out["tokenizer"] = _emit(self.tokenizer)
         if self.checkpoints is not None:
             out[CHECKPOINTS_SECTION] = _emit(self.checkpoints)
+        if self.model is not None:
+            out["model"] = _emit(self.model)
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
         out["warnings"] = list(self.warnings)
         if self.counts:
             out["counts"] = dict(self.counts)
@@ -359,6 +288,21 @@ def _trainer(raw: Any, where: str) -> Trainer:
     trainer = _section(Trainer, raw, where, "trainer")
     trainer.model_hash = sha256_form(trainer.model_hash)
     return trainer
+
+
+def _model_info(raw: Any, where: str) -> ModelInfo:
+    info = _section(ModelInfo, raw, where, "model")
+    if info.architecture is not None and info.architecture not in ARCHITECTURES:
+        raise _refuse(where, "model.architecture", f"is {info.architecture!r}, expected one of "
+                      f"{', '.join(ARCHITECTURES)}")
+    return info
+
+
+def _provenance(raw: Any, where: str) -> dict[str, str]:
+    value = _or(raw, {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _refuse(where, "provenance", f"is {value!r}, expected an object of strings")
+    return {str(k): v for k, v in value.items()}
 
 
 def _model(raw: Any, where: str, name: str) -> ModelRef:

@@ -42,13 +42,16 @@ TOKEN_OPTIONAL = pa.schema([
     ("train_routes", pa.list_(pa.int16())),
     ("engine_route_probs", pa.list_(pa.float32())),
     ("train_route_probs", pa.list_(pa.float32())),
+    ("turn", pa.int32()),
 ])
 """Token columns a run may carry (written only when the source has them; a run without them opens unchanged):
 `policy_version` the version of the weights that generated the token, where a dump records it per token (AReaL
 `versions`); `advantage` the token's advantage (NeMo-RL, prime-rl, OpenRLHF per-token advantages); for
 mixture-of-experts models each side's routes (`engine_routes`, `train_routes`: the top-k expert ids of every MoE
 layer, layer-major, L·k values) and router probabilities (`*_route_probs`: L·(k+1) values), laid out and checked by
-rcdiag.store.routes."""
+rcdiag.store.routes; `turn` the assistant turn of a multi-turn response the token belongs to (0, 1, …: the k-th run
+of loss-mask tokens and the environment tokens after it), written by importers and the Recorder where a response
+has more than one turn (rcdiag.importers.common.turn_index)."""
 
 SEQUENCE_OPTIONAL = pa.schema([
     ("policy_version", pa.int64()),
@@ -75,7 +78,7 @@ FULL_SEQUENCE_SCHEMA = pa.schema(list(SEQUENCE_SCHEMA) + list(SEQUENCE_OPTIONAL)
 KEY_COLUMNS = ("seq_id", "pos")
 LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob")
 INTEGER_COLUMNS = ("seq_id", "pos", "token_id", "sample_index", "prompt_len", "response_len", "step",
-                   "policy_version", "policy_version_min", "trainer_version")
+                   "policy_version", "policy_version_min", "trainer_version", "turn")
 
 
 def as_table(data: object, *, source: str = "<data>") -> pa.Table:

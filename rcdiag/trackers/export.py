@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag.analysis.defaults import DEFAULT_THRESHOLD
+from rcdiag.analysis.correction.trainer_defaults import TrainerSetting, choose_correction
 from rcdiag.analysis.keys import KEY_STYLES, key_convention, tracker_table
 from rcdiag.analysis.training.lag_trend import LAG_NAMES
-from rcdiag.analysis.training.trend import DEFAULT_MODE, INTERVAL_NAMES, TREND_COLUMNS, trend
+from rcdiag.analysis.training.trend import INTERVAL_NAMES, TREND_COLUMNS, trend
 from rcdiag.errors import ConfigError, InputError, RcdiagError
 from rcdiag.store.names import safe_name
 from rcdiag.store.outdir import check_outside_runs
@@ -43,12 +43,14 @@ def export_table(keys: str | None, columns: Any = None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What was written: the path (event file, W&B run directory or table file), steps and scalars written."""
+    """What was written: the path (event file, W&B run directory or table file), steps and scalars written, and
+    the IS setting of the IS keys (the trainer's recorded one unless given: rcdiag.analysis.correction.trainer_defaults)."""
 
     path: Path
     steps: int
     scalars: int
     keys: list[str]
+    setting: TrainerSetting | None = None
 
 
 def tracker_rows(frame: Any, keys: str) -> list[tuple[int, dict[str, float]]]:
@@ -199,13 +201,15 @@ def exported_by_rcdiag(path: Path, fmt: str, columns: tuple[str, ...] | None = N
     return bool(names) and names[0] == "step" and set(names[1:]) <= _known_keys()
 
 
-def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonical", *, mode: str = DEFAULT_MODE,
-               threshold: float = DEFAULT_THRESHOLD, lower: float | None = None, silent: bool = True) -> ExportResult:
+def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonical", *, mode: str | None = None,
+               threshold: float | None = None, lower: float | None = None, silent: bool = True) -> ExportResult:
     """Export the per-step trend of `run` (computed under the convention of `keys`) to `to` at `dest`.
 
-    `to`: tensorboard (dest = log directory; the file goes to dest/<run name>/) | wandb (dest = the directory that gets wandb/offline-run-*) | csv |
-    jsonl (dest = the file). `keys`: verl | swift | trl | canonical (export_table). `mode`, `threshold`
-    and `lower` should match the trainer's IS setting so its IS keys compare.
+    `to`: tensorboard (dest = log directory; the file goes to dest/<run name>/) | wandb (dest = the directory that
+    gets wandb/offline-run-*) | csv | jsonl (dest = the file). `keys`: one of KEY_STYLES (export_table). The IS
+    keys are computed at `mode` / `threshold` / `lower`; each one not given is the run's recorded trainer
+    setting (`trainer.correction`: record_grpo writes TRL's), else the `keys` framework's default (TRL:
+    sequence_mask at C=3), else rcdiag's (token_truncate at C=2) — `ExportResult.setting` says which and why.
     """
     if to not in TARGETS:
         raise ConfigError(f"unknown --to {to!r}; choose one of {', '.join(TARGETS)}")
@@ -220,11 +224,12 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
     else:
         check_table_dest(path, to)
     opened = run if isinstance(run, Run) else open_run(run)
-    frame = trend(opened, convention, mode, threshold, lower, silent=silent)
+    setting = choose_correction(opened, keys, mode=mode, threshold=threshold, lower=lower, convention=convention)
+    frame = trend(opened, convention, setting.mode, setting.threshold, setting.lower, silent=silent)
     rows = tracker_rows(frame, keys)
     name = Path(os.path.abspath(opened.path)).name
-    config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": convention, "mode": mode,
-              "threshold": threshold, "lower": lower}
+    config = {"rcdiag_run": str(opened.path), "keys": keys, "convention": convention, "mode": setting.mode,
+              "threshold": setting.threshold, "lower": setting.lower, "is_setting": setting.sentence()}
     if to == "tensorboard":
         written = write_tensorboard(rows, path, name)
     elif to == "wandb":
@@ -232,4 +237,4 @@ def export_run(run: Any, to: str, dest: str | os.PathLike, keys: str = "canonica
     else:
         written = _write_table(rows, path, to)
     names = sorted({k for _, values in rows for k in values})
-    return ExportResult(written, len(rows), sum(len(v) for _, v in rows), names)
+    return ExportResult(written, len(rows), sum(len(v) for _, v in rows), names, setting)

@@ -110,8 +110,14 @@ def _json_float(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def prime_records(rng: np.random.Generator, step: int, rank: int, n: int, *, noise: float = 0.05) -> list[dict]:
-    """Token-export records of one rank: a packed micro-batch split by sequence_lengths, one record each."""
+def prime_records(rng: np.random.Generator, step: int, rank: int, n: int, *, noise: float = 0.05,
+                  layout: str = "weights", run_id: str | None = None, sft: tuple[int, ...] = ()) -> list[dict]:
+    """Token-export records of one rank: a packed micro-batch split by sequence_lengths, one record each.
+    `layout` (rcdiag.importers.prime_rl.LAYOUTS): "weights" (559b447: rl/ce/ref_kl weight columns), "multi_tenant"
+    (941019f: `training_mode`, per-token `rewards`, `run_id`, `export_step` — the run's own step, here step + 100
+    for the trainer's), "early" (e971d90: `training_mode` and `rewards`); records at `sft` indexes are
+    training_mode "sft" (CE on teacher tokens: `_compute_export_tensors` returns no ratio columns, and the
+    inference log-probs are the zeros the packer leaves)."""
     out = []
     for k in range(n):
         prompt = rng.integers(1, VOCAB, int(rng.integers(3, 8)))
@@ -138,15 +144,31 @@ def prime_records(rng: np.random.Generator, step: int, rank: int, n: int, *, noi
                 "is_masked_low": (loss_mask & (advantages < 0) & (prob_delta < -0.2)).tolist(),
                 "rl_weights": [None] * token_ids.size, "ce_weights": [None] * token_ids.size,
                 "ref_kl_weights": [None] * token_ids.size}
+        head: dict = {}
+        if layout != "weights":
+            for name in ("rl_weights", "ce_weights", "ref_kl_weights"):
+                del cols[name]
+            cols["rewards"] = [float(k)] * token_ids.size
+            head["training_mode"] = "sft" if k in sft else "rl"
+            if k in sft:
+                cols["inference_logprobs"] = [0.0] * token_ids.size
+                for name in ("mismatch_kl", "log_importance_ratio", "importance_ratio", "prob_delta", "is_masked",
+                             "is_masked_high", "is_masked_low"):
+                    cols[name] = [None] * token_ids.size
+        if layout == "multi_tenant":
+            head.update(export_step=step + 100, run_id=run_id)
         floats = {k2: [_json_float(float(v)) if isinstance(v, float) else v for v in vals]
                   for k2, vals in cols.items()}
         out.append({"schema_version": 1, "step": step, "rank": rank, "micro_step": k // 2,
-                    "micro_sequence_idx": k % 2, "export_sequence_idx": k, "env_name": "math", **floats})
+                    "micro_sequence_idx": k % 2, "export_sequence_idx": k, "env_name": "math", **head, **floats})
     return out
 
 
-def write_prime(root: Path, step: int, ranks: dict[int, list[dict]], *, stable: bool = True) -> Path:
-    step_dir = root / "token_exports" / f"step_{step}"
+def write_prime(root: Path, step: int, ranks: dict[int, list[dict]], *, stable: bool = True,
+                run_id: str | None = None) -> Path:
+    """One step directory, as `TokenExporter._export_dir` names it: `root/token_exports/step_<step>`, or with a
+    `run_id` (multi-tenant) `root/<run_id>/token_exports/step_<step>`."""
+    step_dir = (root if run_id is None else root / run_id) / "token_exports" / f"step_{step}"
     step_dir.mkdir(parents=True, exist_ok=True)
     for rank, records in ranks.items():
         with open(step_dir / f"rank_{rank}.jsonl", "w", encoding="utf-8") as f:

@@ -82,7 +82,10 @@ def test_readme_jsonl_and_trl_commands(tmp_path, capsys):
     assert main(["import", "jsonl", str(tmp_path / "rollouts.jsonl"), "--out", str(tmp_path / "mine"),
                  "--response-ids-field", "completion_ids", "--rollout-logprobs-field", "logprobs", "-q"]) == 0
     assert_run_matches(rcdiag.open_run(tmp_path / "mine"), truth, train=False, mask=False, prompts=False)
-    assert "lacks       trainer logprobs" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "lacks       trainer logprobs" in said
+    # one next step, the right one: the rows hold the engine's sampled log-probs, so only the trainer side is missing
+    assert said.count("--rescore") == 1 and f"Next: rcdiag score --rescore-only {tmp_path / 'mine'}" in said
     (tmp_path / "completions").mkdir()
     pd.DataFrame({"step": [1], "prompt": ["hello world"], "completion": ["it is five"]}).to_parquet(
         tmp_path / "completions/completions_00001.parquet")
@@ -90,7 +93,8 @@ def test_readme_jsonl_and_trl_commands(tmp_path, capsys):
     assert main(["import", "trl", str(tmp_path / "completions"), "--out", str(tmp_path / "trl"),
                  "--tokenizer", str(tokenizer), "-q"]) == 0
     text = capsys.readouterr().out
-    assert f"RETOKENIZED text with no logprobs: run `rcdiag score --rescore-both {tmp_path / 'trl'}`" in text
+    assert text.count("--rescore") == 1 and f"Next: rcdiag score --rescore-both {tmp_path / 'trl'} --model" in text
+    assert "record the trainer with rcdiag.record.trl.record_grpo" in text  # the way to the ids TRL cannot log
     assert rcdiag.open_run(tmp_path / "trl").manifest["source"]["retokenized"] is True
 
 

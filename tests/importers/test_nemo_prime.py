@@ -160,3 +160,55 @@ def test_cli_import_prime_rl_and_nemo(tmp_path, capsys):
     write_nemo(tmp_path / "logs/train_data_step2.jsonl", nemo_step(rng, 3))
     assert main(["import", "nemo-rl", str(tmp_path / "logs"), "-o", str(tmp_path / "n"), "-q"]) == 0
     assert "steps       1 (2 … 2)" in capsys.readouterr().out
+
+
+def test_prime_rl_multi_tenant_layout(tmp_path):
+    """prime-rl 941019f's per-run directories: `<output>/<run_id>/token_exports/step_<export_step>`, records with
+    run_id / export_step / training_mode / rewards and no weight columns. The run's own step (export_step) is the
+    step; a training_mode "sft" record (CE on teacher tokens) is masked, never counted as RL tokens; rewards
+    become the sequences' rewards. Several runs in one output dir: refused, naming them."""
+    rng = np.random.default_rng(7)
+    for step in (1, 2):
+        ranks = {0: prime_records(rng, step, 0, 4, layout="multi_tenant", run_id="run-a", sft=(1,))}
+        write_prime(tmp_path / "out", step + 100, ranks, run_id="run-a")
+    run, imported = import_run("prime-rl", tmp_path / "out", tmp_path / "run", Q)
+    seqs, tokens = run.sequences(), run.tokens()
+    assert sorted(set(seqs["step"])) == [101, 102]
+    assert seqs["reward"].tolist() == [0.0, 1.0, 2.0, 3.0] * 2
+    sft = seqs.index[seqs["reward"] == 1.0]
+    assert not tokens[tokens.seq_id.isin(sft)]["mask"].any()
+    assert tokens[~tokens.seq_id.isin(sft)]["mask"].any()
+    assert any("training_mode sft" in w for w in imported.warnings)
+    assert "multi_tenant" in imported.conventions["layout_version"]
+    write_prime(tmp_path / "out", 101, {0: prime_records(rng, 1, 0, 2, layout="multi_tenant", run_id="run-b")},
+                run_id="run-b")
+    with pytest.raises(InputError, match="2 runs' token exports here .run-a, run-b.*import one"):
+        import_run("prime-rl", tmp_path / "out", tmp_path / "run2", Q)
+    run_b, _ = import_run("prime-rl", tmp_path / "out" / "run-b", tmp_path / "run-b", Q)
+    assert len(run_b.sequences()) == 2
+
+
+def test_prime_rl_early_layout_without_stable_markers(tmp_path):
+    """prime-rl e971d90's first export: training_mode and rewards, one directory, no STABLE marker: every step is
+    read, with a warning that says what that risks."""
+    rng = np.random.default_rng(8)
+    for step in (1, 2):
+        write_prime(tmp_path / "out", step, {0: prime_records(rng, step, 0, 3, layout="early")}, stable=False)
+    run, imported = import_run("prime-rl", tmp_path / "out", tmp_path / "run", Q)
+    assert sorted(set(run.sequences()["step"])) == [1, 2]
+    assert any("predates prime-rl's STABLE markers" in w for w in imported.warnings)
+
+
+def test_multi_turn_dumps_keep_turn_boundaries(tmp_path):
+    """NeMo-RL's multi-turn samples (assistant, tool, assistant: token_loss_mask 1 on generated tokens only) get a
+    per-token `turn` column: the k-th assistant message and the tool output after it are turn k."""
+    rng = np.random.default_rng(9)
+    write_nemo(tmp_path / "logs" / "train_data_step1.jsonl", nemo_step(rng, 6, multi_turn=True))
+    run, _ = import_run("nemo-rl", tmp_path / "logs", tmp_path / "run", Q)
+    tokens = run.tokens()
+    assert "turn" in tokens.columns
+    for _, rows in tokens.groupby("seq_id"):
+        mask, turn = rows["mask"].to_numpy(), rows["turn"].to_numpy()
+        starts = mask & ~np.concatenate([[False], mask[:-1]])
+        assert (turn == np.maximum(np.cumsum(starts) - 1, 0)).all()
+    assert tokens["turn"].max() == 1  # two assistant turns at most in these dumps

@@ -43,7 +43,7 @@ def test_trl_parquet(tmp_path, tokenizer_dir):
     assert tokens["mask"].all()
     source = run.manifest["source"]
     assert source["retokenized"] is True and source["kind"] == "imported:trl"
-    assert any("--rescore-both" in item for item in source["lacks"])
+    assert any(item.startswith("rollout logprobs and trainer logprobs") for item in source["lacks"])
 
 
 def test_trl_conversational_prompt_uses_chat_template(tmp_path, tokenizer_dir):

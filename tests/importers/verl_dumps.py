@@ -68,14 +68,18 @@ class _Batch(dict):
 
 def save_rollout_skip(dump_dir: Path, truth: list[Truth], pkg_root: Path, *, gen_step: int = 1,
                       train_step: int | None = None, numpy_method: bool = False, bf16_old: bool = False,
-                      monkeypatch=None) -> Path:
-    """Write one RolloutSkip step directory; returns the gen_batch.dp path."""
+                      monkeypatch=None, current: bool = False) -> Path:
+    """Write one RolloutSkip step directory; returns the gen_batch.dp path. `current`: verl @ 1dda039's
+    SkipManager layout (verl/utils/skip/rollout_skip.py: `skip.rollout.enable=True` writes
+    {dump_dir}/{exp}_{project}/GBS{n}_N{n}_in{p}_out{r}/{step}/gen_batch.dp + meta.json {"global_steps": step}) and
+    what its gen batch holds: the rollout side only (old_log_probs are computed after the dump)."""
     module = pkg_root / "verl" / "protocol.py"
     module.parent.mkdir(parents=True, exist_ok=True)
     (module.parent / "__init__.py").touch()
     module.write_text(PROTOCOL)
     train_step = gen_step if train_step is None else train_step
-    step_dir = dump_dir / "exp_proj" / f"GBS{len(truth)}_N2_in16_out14" / f"genstep_{gen_step:06d}"
+    step_dir = dump_dir / "exp_proj" / f"GBS{len(truth)}_N2_in16_out14" / (
+        str(train_step) if current else f"genstep_{gen_step:06d}")
     step_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(pkg_root))
     try:
@@ -83,6 +87,8 @@ def save_rollout_skip(dump_dir: Path, truth: list[Truth], pkg_root: Path, *, gen
         from verl.protocol import DataProto
 
         tensors = verl_tensors(truth)
+        if current:
+            tensors.pop("old_log_probs")
         if bf16_old:
             tensors["old_log_probs"] = tensors["old_log_probs"].to(torch.bfloat16)
         if numpy_method:
@@ -102,7 +108,8 @@ def save_rollout_skip(dump_dir: Path, truth: list[Truth], pkg_root: Path, *, gen
             step_dir / "new_batch.dp")
         DataProto(batch=batch, non_tensor_batch={"uid": uids, "score": scores},
                   meta_info={"temperature": 1.0}).save_to_disk(step_dir / "gen_batch.dp")
-        (step_dir / "meta.json").write_text(json.dumps({"global_steps": train_step, "gen_steps": gen_step}))
+        (step_dir / "meta.json").write_text(json.dumps({"global_steps": train_step} if current else
+                                                       {"global_steps": train_step, "gen_steps": gen_step}))
         with open(step_dir.parent / "train_step__gen_step.txt", "a") as handle:
             handle.write(f"{train_step} {gen_step}\n")
     finally:

@@ -23,7 +23,7 @@ def test_help_shows_examples(capsys, monkeypatch):
     flat = " ".join(out.split())
     for text in ("rcdiag report runs/sample", "--fail-if \"k3_kl>1e-3\" --fail-if \"ess<0.9\"",
                  "rcdiag report runs/bf16 runs/fp16 --out reports/bf16-vs-fp16", "--convention", "--thresholds",
-                 "[default: 2.0]", "canonical | swift | verl | trl"):
+                 "else 2.0]", "canonical | swift | verl | trl"):
         assert text in flat, text
 
 
@@ -39,8 +39,11 @@ def test_report_then_api_agrees(synthetic_runs, tmp_path, capsys):
     assert stdout.strip().splitlines()[-2] == f"Wrote {out}/report.html, report.md, metrics.json"
     assert stdout.strip().splitlines()[-1].startswith(f"Next: open {out}/report.html")
     data = json.loads((out / "metrics.json").read_text())
+    setting = data["options"].pop("is_setting")
     assert data["options"] == {"convention": "verl", "threshold": 2.0, "lower": None, "thresholds": [1.5, 2.0, 4.0],
                                "keys": "canonical"}
+    assert (setting["mode"], setting["threshold"], setting["origin"]) == ("token_truncate", 2.0, "rcdiag")
+    assert "no trainer settings recorded" in setting["why"]
     want = rcdiag.compute_metrics(rcdiag.open_run(run.path), convention="verl")
     assert data["metrics"]["k3_kl"] == pytest.approx(want["k3_kl"], rel=1e-12)
     assert sorted({row["threshold"] for row in data["sweep"]}) == [1.5, 2.0, 4.0]

@@ -320,7 +320,8 @@ def simulate(data: Any, mode: str | CorrectionMode, threshold: Any = DEFAULT,
     or a gate family's name (dppo_tv, token_binary_kl, roll_segment_ratio, skyrl_outlier, nemo_seq_logprob_error …;
     analysis.correction.gate_defs.GATES), simulated by analysis.correction.gates.simulate_gate with `threshold` = δ (default: the
     gate's own) and its options (`advantages=`, `normalize_std=`).
-    `threshold` C (None: no upper bound — TRL's clip_max=None, convention trl only; a verl "L_U" string is the band
+    `threshold` C (default: the run's recorded trainer C — `trainer.correction`, e.g. TRL's 3.0 — else the `keys`
+    framework's default, else DEFAULT_THRESHOLD; None: no upper bound — TRL's clip_max=None, convention trl only; a verl "L_U" string is the band
     L, U as verl reads rollout_is_threshold) and `lower` L; booleans and non-numeric strings are refused. `convention`
     picks the framework's formulas (canonical | swift | verl | trl; default canonical, or the framework named by
     `keys`). `rejection`: verl options such as "token_k3:0.01" or ("seq_mean_k1", 2.0, 0.5), chained (see also
@@ -342,7 +343,13 @@ def simulate(data: Any, mode: str | CorrectionMode, threshold: Any = DEFAULT,
     if gate_options:
         raise ConfigError(f"{', '.join(gate_options)}: options of the gate families only (mode {mode!r} is an IS "
                           "mode)")
-    threshold, lower = split_band(DEFAULT_THRESHOLD if threshold is DEFAULT else threshold, lower)
+    if threshold is DEFAULT:  # a run's own trainer's C where it records one (rcdiag.analysis.correction.trainer_defaults)
+        from rcdiag.analysis.correction.trainer_defaults import choose_correction
+
+        name = get_mode(mode).name
+        threshold = choose_correction(data, keys, mode=name if name in MODES else None,
+                                      convention=convention).threshold
+    threshold, lower = split_band(threshold, lower)
     conv = key_convention(keys, convention)
     chosen = get_mode(mode).with_bounds(math.inf if threshold is None else threshold, lower)
     accumulator = ISAccumulator([chosen], conv, rejection=rejection, keep_weights=return_weights,

@@ -52,11 +52,11 @@ def test_phases_bars_and_summary(tmp_path: Path, sample_model: Path, vllm_engine
 
 
 @pytest.mark.parametrize(("source", "engine", "trainer", "done", "quiet"), [
-    ("generated", {"name": "vllm"}, {"name": "transformers"}, "generated and rescored", "generated + rescored"),
+    ("generated", {"name": "vllm"}, {"name": "transformers", "model": "/m"}, "generated and rescored", "generated + rescored"),
     ("generated", {"name": "vllm"}, None, "generated, not rescored yet", "generated"),
-    ("imported:verl", {"name": "vllm"}, {"name": "transformers"}, "imported from verl and rescored",
+    ("imported:verl", {"name": "vllm"}, {"name": "transformers", "model": "/m"}, "imported from verl and rescored",
      "imported from verl + rescored"),
-    ("imported:slime", {"name": "vllm", "replayed": True}, {"name": "transformers"},
+    ("imported:slime", {"name": "vllm", "replayed": True}, {"name": "transformers", "model": "/m"},
      "imported from slime, replayed in the engine and rescored",
      "imported from slime + replayed in the engine + rescored"),
 ])

@@ -95,7 +95,7 @@ def _distribution(ref: data.RunRef) -> None:
     spec = distview.run_histogram(*ref.key)
     if spec is None:
         return
-    c = judged.OPTIONS.threshold
+    c = judged.report(*ref.key).options.threshold  # the run's own C (its recorded trainer setting, else the default)
     st.markdown(f"**Where the mismatch lies**: ℓ = log π_train − log π_rollout of every valid token (log counts). "
                 f"A narrow peak at 0 is a healthy run; the tokens right of ℓ = {math.log(c):.2f} (the trainer gives "
                 f"them over {c:g}× the engine's probability) are what token_truncate at C = {c:g} clips. More on "

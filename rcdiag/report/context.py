@@ -8,11 +8,10 @@ field and an older one left among the section's extras reads the same (`recorded
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from rcdiag.analysis.metrics.precision import Precision
+from rcdiag.store.context import model_info
 from rcdiag.store.manifest import Engine, Manifest, Trainer
 
 
@@ -149,17 +148,12 @@ def unrecorded(manifest: Any) -> tuple[str, ...]:
     return (f"{', '.join(missing)} (the checks read them from the data alone)",)
 
 
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
-"""config.json keys that make a model a mixture of experts (Qwen2/3-MoE, Mixtral, DeepSeek, OLMoE …)."""
-CONFIG_LIMIT = 1 << 20
-"""A config.json larger than this is not read (a manifest may point anywhere)."""
-
-
 def architecture(manifest: Any) -> str | None:
-    """'moe' or 'dense' for the run's model — from the manifest where it records it, else from the model
-    directory's config.json (a regular file under CONFIG_LIMIT bytes); None when unknown (most imports)."""
+    """'moe' or 'dense' for the run's model — from the manifest where it records it (its `model` section first),
+    else from the model directory's config.json (rcdiag.store.context.model_info: a bounded regular file); None when
+    unknown (most imports)."""
     info = _info(manifest)
-    sections = [info.engine, info.trainer, *info.models.values()]
+    sections = [info.model, info.engine, info.trainer, *info.models.values()]
     spec = info.extra.get("spec")
     for section in sections:
         found = recorded(section, "architecture")
@@ -167,26 +161,12 @@ def architecture(manifest: Any) -> str | None:
             return found
     if isinstance(spec, dict) and spec.get("architecture") in ("moe", "dense"):
         return spec["architecture"]
-    models = [recorded(info.trainer, "model"), recorded(info.engine, "model"),
+    models = [recorded(info.model, "config"), recorded(info.trainer, "model"), recorded(info.engine, "model"),
               spec.get("model") if isinstance(spec, dict) else None,
               *(ref.path for ref in info.models.values())]
     for model in models:
         if isinstance(model, str) and model:
-            found = _config_architecture(Path(model))
+            found = model_info(model)
             if found is not None:
-                return found
+                return found["architecture"]
     return None
-
-
-def _config_architecture(model: Path) -> str | None:
-    config = model / "config.json"
-    try:
-        if not config.is_file() or config.stat().st_size > CONFIG_LIMIT:
-            return None
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    inner = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
-    return "moe" if any(isinstance(inner.get(k), int) and inner[k] > 1 for k in MOE_KEYS) else "dense"

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rcdiag.store.context import dtype_name
+
 DTYPE_SIGMA: dict[str, tuple[float, float]] = {
     "bfloat16": (0.045, 0.10),
     "float16": (0.0045, 0.0125),
@@ -71,17 +73,10 @@ class Floor:
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
 """Finer to coarser; the coarser side of a run sets its floor."""
-_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
-            "torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
-
-
 def canonical_dtype(dtype: Any) -> str | None:
-    """'bfloat16' | 'float16' | 'float32' for a recorded compute dtype (bf16, torch.float16 …); None when it is none
-    of them ('auto', missing)."""
-    if dtype is None:
-        return None
-    name = _ALIASES.get(str(dtype).lower(), str(dtype).lower())
-    return name if name in DTYPE_ORDER else None
+    """'bfloat16' | 'float16' | 'float32' for a recorded compute dtype (bf16, torch.float16 …:
+    rcdiag.store.context.dtype_name); None when it is none of them ('auto', missing)."""
+    return dtype_name(dtype)
 
 
 def quant_family(name: Any) -> str | None:

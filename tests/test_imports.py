@@ -197,13 +197,18 @@ def test_layers_and_private_names() -> None:
     assert breaches == [], "\n".join(breaches)
 
 
-def test_rules_catch_a_readded_lazy_import(tmp_path: Path) -> None:
-    """Re-adding the first wave's `runstore → notebook` lazy import (inside a method) must fail both rules."""
+def _copy_sources(tmp_path: Path) -> None:
+    """rcdiag/ and app/'s modules copied under `tmp_path`, for a test to plant a breach in."""
     for base in ("rcdiag", "app"):
         for file in (ROOT / base).rglob("*.py"):
             target = tmp_path / file.relative_to(ROOT)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(file.read_text())
+
+
+def test_rules_catch_a_readded_lazy_import(tmp_path: Path) -> None:
+    """Re-adding the first wave's `runstore → notebook` lazy import (inside a method) must fail both rules."""
+    _copy_sources(tmp_path)
     run_file = tmp_path / "rcdiag/store/run.py"
     run_file.write_text(run_file.read_text() + "\n\ndef _notebook():\n    import rcdiag.notebook\n\n"
                         "    return rcdiag.notebook\n")
@@ -214,11 +219,7 @@ def test_rules_catch_a_readded_lazy_import(tmp_path: Path) -> None:
 
 def test_rules_catch_a_wing_back_arrow(tmp_path: Path) -> None:
     """The pass engine importing the verdict (a back-arrow between wings, even inside a function) is a breach."""
-    for base in ("rcdiag", "app"):
-        for file in (ROOT / base).rglob("*.py"):
-            target = tmp_path / file.relative_to(ROOT)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(file.read_text())
+    _copy_sources(tmp_path)
     engine = tmp_path / "rcdiag/analysis/passes/engine.py"
     engine.write_text(engine.read_text() + "\n\ndef _judge():\n    from rcdiag.analysis.verdict import health\n\n"
                       "    return health\n")

@@ -136,8 +136,10 @@ class StatusChange:
 
 def step_verdicts(rows: Iterable[Mapping[str, Any]], context: Context = Context()) -> list[Verdict]:
     """The verdict of each per-step row (rcdiag.trend's: metrics, the IS mode's ess / is_weight_mean, the noise
-    columns) from its numbers alone: input checks and the timeline judge the run, not a step."""
-    base = replace(context, timeline=None, extra=(), noise=None)
+    columns) from its numbers alone: input checks, the timeline and the run's shape (its position bands and how Σ|ℓ|
+    spreads over its sequences) judge the run, not a step — a run-wide few-sequences finding would otherwise stamp
+    every step, including those without the sequences."""
+    base = replace(context, timeline=None, extra=(), noise=None, positions=None, concentration=None)
     return [verdict(row, (), base) for row in rows]
 
 

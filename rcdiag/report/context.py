@@ -140,8 +140,10 @@ def unrecorded(manifest: Any) -> tuple[str, ...]:
     """What else the verdict would want and the run does not record (beyond the dtypes and the architecture, which
     the verdict names itself): the sampling settings."""
     engine = _engine(_info(manifest))
+    # a writer that records top-p but leaves top-k unset means "off" (rcdiag score stores top_k ≤ 0 as None)
+    top_k = engine.top_k if engine.top_p is None else (engine.top_k if engine.top_k is not None else -1)
     missing = [name for name, value in (("temperature", engine.temperature), ("top-p", engine.top_p),
-                                         ("top-k", engine.top_k), ("logprobs mode", engine.logprobs_mode))
+                                         ("top-k", top_k), ("logprobs mode", engine.logprobs_mode))
                if value is None]
     if not missing:
         return ()
